@@ -1,0 +1,107 @@
+"""The ``vitscope`` command. Errors print one line on stderr and exit 2 (a traceback with --debug)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import vitscope
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line."""
+
+
+def add_common(parser: argparse.ArgumentParser, *, data: bool = True, model: bool = True) -> None:
+    if model:
+        parser.add_argument("--model", default="vit-micro", help="preset, timm:NAME, or run folder / weights file")
+        parser.add_argument("--weights", default=None, help="local weights file for the model")
+    if data:
+        parser.add_argument("--dataset", default="synthetic", help="dataset name (synthetic needs no directory)")
+        parser.add_argument("--data-dir", default=None, help="dataset folder or archive")
+        parser.add_argument("--num-images", type=int, default=None, help="use only the first N images")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="output folder")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vitscope", description=vitscope.__doc__)
+    parser.add_argument("--version", action="version", version=f"vitscope {vitscope.__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("models", help="list model presets with parameter counts")
+    analyze = commands.add_parser("analyze", help="measure a model on a dataset")
+    kinds = analyze.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
+    locality = kinds.add_parser("locality", help="per-head mean attention distance and entropy")
+    add_common(locality)
+    locality.add_argument("--unit", default="normalized", choices=["normalized", "patch", "pixel"])
+    locality.add_argument("--no-renormalize", dest="renormalize", action="store_false",
+                          help="keep the raw patch mass of each row instead of renormalising it")
+    return parser
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from vitscope.models import PRESETS, count_parameters, create
+
+    print(f"{'preset':<14}{'params':>12}  {'image':>5} {'patch':>5} {'depth':>5} {'width':>5} {'heads':>5}")
+    for name, cfg in PRESETS.items():
+        params = count_parameters(create(name))
+        print(f"{name:<14}{params:>12,}  {cfg.img_size:>5} {cfg.patch_size:>5} {cfg.depth:>5} "
+              f"{cfg.embed_dim:>5} {cfg.num_heads:>5}")
+    return 0
+
+
+def cmd_analyze_locality(args: argparse.Namespace) -> int:
+    import torch
+
+    from vitscope.analyze import measure_locality, write_locality
+    from vitscope.data import load_dataset
+    from vitscope.models import load
+    from vitscope.provenance import provenance, resolve_device
+    from vitscope.report.figures import behaviour_space
+
+    device = resolve_device(args.device)
+    torch.manual_seed(args.seed)
+    dataset = load_dataset(args.dataset, args.data_dir, "eval").subset(args.num_images)
+    model = load(args.model, weights=args.weights)
+    out = Path(args.out or "vitscope-locality")
+    result = measure_locality(model, dataset, batch_size=args.batch_size, device=device,
+                              renormalize=args.renormalize, unit=args.unit)
+    config = {"model": args.model, "weights": args.weights, "batch_size": args.batch_size,
+              "num_images": len(dataset), "renormalize": args.renormalize, "unit": args.unit}
+    meta = provenance(config=config, seed=args.seed, dataset=args.dataset, dataset_root=args.data_dir, device=device)
+    files = write_locality(out, result, meta)
+    files["figure"] = behaviour_space({args.model: result.stats}, out / "behaviour_space.png", unit=args.unit)
+    summary = result.summary()
+    print(f"min early-layer MAD {summary['min_early_mad']:.4f} ({args.unit}) over {len(dataset)} images")
+    for kind, path in files.items():
+        print(f"{kind:>7}: {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"models": cmd_models, "analyze": cmd_analyze_locality}
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:
+        print("vitscope: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # one line for users, the full story with --debug
+        if args.debug:
+            raise
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(f"vitscope: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

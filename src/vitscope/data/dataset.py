@@ -1,0 +1,77 @@
+"""Decoded image datasets held as uint8 tensors, and batching for evaluation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class ImageDataset:
+    """A labelled image set in memory.
+
+    ``images`` is uint8 (N, C, H, W); ``labels`` int64 (N,); ``classes`` the class names; ``mean`` and
+    ``std`` the per-channel statistics (in [0, 1] units) used to normalise model inputs. ``extras`` may
+    hold dense targets such as ``boxes`` (N, 4) pixels x0, y0, x1, y1, ``masks`` (N, H, W) and ``depth``.
+    """
+
+    name: str
+    split: str
+    images: Tensor
+    labels: Tensor
+    classes: list[str]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    root: str | None = None
+    extras: dict[str, Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.images.dtype != torch.uint8 or self.images.ndim != 4:
+            raise ValueError(f"images must be uint8 (N, C, H, W), got {self.images.dtype} {tuple(self.images.shape)}")
+        if len(self.labels) != len(self.images):
+            raise ValueError(f"{len(self.images)} images but {len(self.labels)} labels")
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        return self.images[index], int(self.labels[index])
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def image_size(self) -> int:
+        return int(self.images.shape[-1])
+
+    def subset(self, count: int | None) -> ImageDataset:
+        """The first ``count`` images (all when None)."""
+        if count is None or count >= len(self):
+            return self
+        extras = {k: v[:count] for k, v in self.extras.items()}
+        return ImageDataset(self.name, self.split, self.images[:count], self.labels[:count], self.classes,
+                            self.mean, self.std, self.root, extras)
+
+
+def normalize(images: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
+    """uint8 or [0, 1] float images (B, C, H, W) -> float32 standardised per channel."""
+    x = images.float()
+    if images.dtype == torch.uint8:
+        x = x / 255.0
+    m = torch.tensor(mean, device=x.device).view(1, -1, 1, 1)
+    s = torch.tensor(std, device=x.device).view(1, -1, 1, 1)
+    return (x - m) / s
+
+
+def eval_batches(dataset: ImageDataset, batch_size: int, device: torch.device | str = "cpu"
+                 ) -> Iterator[tuple[Tensor, Tensor]]:
+    """Normalised float images (B, C, H, W) and labels (B,) on ``device``, in dataset order."""
+    if batch_size < 1:
+        raise ValueError(f"batch size {batch_size} must be >= 1")
+    for start in range(0, len(dataset), batch_size):
+        images = dataset.images[start : start + batch_size].to(device, non_blocking=True)
+        yield normalize(images, dataset.mean, dataset.std), dataset.labels[start : start + batch_size].to(device)

@@ -1,0 +1,51 @@
+"""Writing result files atomically: a temporary file beside the target, then a rename."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_json(path: str | Path, payload: Mapping[str, Any]) -> Path:
+    """JSON with NaN and infinities written as null (valid JSON for every reader)."""
+    return atomic_write_bytes(path, (json.dumps(_json_safe(payload), indent=2) + "\n").encode())
+
+
+def write_csv(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """CSV with a header from the first row's keys."""
+    rows = list(rows)
+    buffer = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return atomic_write_bytes(path, buffer.getvalue().encode())

@@ -1,0 +1,48 @@
+"""Vision Transformers: vitscope's own model, presets, checkpoints and loading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from vitscope.models.checkpoint import load_model, load_weights, save_model
+from vitscope.models.config import ViTConfig
+from vitscope.models.layout import TokenLayout
+from vitscope.models.presets import PRESETS, count_parameters, create, preset_config
+from vitscope.models.sites import AttentionSite, attention_sites, token_layout
+from vitscope.models.vit import VisionTransformer
+
+
+def load(spec: str, weights: str | Path | None = None, **overrides: Any) -> nn.Module:
+    """A model from ``spec``: a preset name, ``timm:<name>`` or a vitscope run folder / weights file.
+
+    Presets and timm architectures start from random weights unless ``weights`` names a local file.
+    """
+    spec = str(spec)
+    if spec in PRESETS:
+        model = create(spec, **overrides)
+    elif spec.startswith("timm:"):
+        from vitscope.models.timm_adapter import create_timm
+
+        model = create_timm(spec[len("timm:") :], **overrides)
+    elif Path(spec).exists():
+        if weights is not None:
+            raise ValueError(f"{spec} already holds weights; drop weights={weights!r}")
+        return load_model(spec, **overrides)
+    else:
+        raise ValueError(
+            f"unknown model spec {spec!r}; use a preset ({', '.join(PRESETS)}), timm:NAME, "
+            "or the path of a vitscope run folder or .safetensors file"
+        )
+    if weights is not None:
+        load_weights(model, weights)
+    return model
+
+
+__all__ = [
+    "PRESETS", "AttentionSite", "TokenLayout", "ViTConfig", "VisionTransformer", "attention_sites",
+    "count_parameters", "create", "load", "load_model", "load_weights", "preset_config", "save_model",
+    "token_layout",
+]
