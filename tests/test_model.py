@@ -5,7 +5,7 @@ import timm
 import torch
 
 from vitscope.attention import use_fused_attention
-from vitscope.models import PRESETS, ViTConfig, VisionTransformer, count_parameters, create, load, save_model
+from vitscope.models import PRESETS, VisionTransformer, ViTConfig, count_parameters, create, load, save_model
 
 
 @pytest.fixture

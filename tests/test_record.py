@@ -120,4 +120,4 @@ def test_bad_arguments():
     with vitscope.record_attention(model, keep="stats") as rec:
         pass
     with pytest.raises(ValueError, match="no forward pass"):
-        rec.stats
+        _ = rec.stats

@@ -41,7 +41,40 @@ def build_parser() -> argparse.ArgumentParser:
     locality.add_argument("--unit", default="normalized", choices=["normalized", "patch", "pixel"])
     locality.add_argument("--no-renormalize", dest="renormalize", action="store_false",
                           help="keep the raw patch mass of each row instead of renormalising it")
+    train = commands.add_parser("train", help="train a model from a config file (or resume a run)")
+    train.add_argument("--config", default=None, help="YAML, JSON or TOML file of TrainConfig keys")
+    train.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config key (repeatable; dotted keys reach into model_options)")
+    train.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run")
+    train.add_argument("--out", default=None, help="run folder (same as --set out=DIR)")
+    train.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N")
     return parser
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import json
+
+    from vitscope.train import TrainConfig, TrainingInterrupted, load_config, train
+
+    shortcuts = [f"{key}={value}" for key, value in (("out", args.out), ("device", args.device)) if value]
+    if args.resume:
+        saved = Path(args.resume) / "config.json"
+        if not saved.is_file():
+            raise FileNotFoundError(f"{saved} does not exist; --resume needs a run folder written by vitscope train")
+        from vitscope.train.config import apply_overrides
+
+        values = apply_overrides(json.loads(saved.read_text())["config"], shortcuts + args.assignments)
+        values["out"] = str(args.resume)
+        cfg = TrainConfig.from_dict(values)
+    else:
+        cfg = load_config(args.config, args.assignments + shortcuts)
+    try:
+        summary = train(cfg, resume=bool(args.resume))
+    except TrainingInterrupted as err:
+        print(f"vitscope: {err}", file=sys.stderr)
+        return 130
+    print(f"top-1 {summary['eval']['top1']:.4f} after {summary['epochs']} epochs; run folder {summary['run_dir']}")
+    return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -86,7 +119,7 @@ def cmd_analyze_locality(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"models": cmd_models, "analyze": cmd_analyze_locality}
+    handlers = {"models": cmd_models, "analyze": cmd_analyze_locality, "train": cmd_train}
     if args.command is None:
         parser.print_help()
         return 0

@@ -15,7 +15,7 @@ import torch
 
 from vitscope.data.dataset import ImageDataset
 
-SHAPES = ("circle", "square", "triangle", "cross", "ring", "ell", "bar", "half-disc")
+SHAPES = ("bar", "ring", "cross", "circle", "triangle", "square", "ell", "half-disc")  # most distinct first
 # per-channel statistics of the default training split (4096 images of 32 px), in [0, 1] units
 SYNTHETIC_MEAN = (0.50, 0.50, 0.50)
 SYNTHETIC_STD = (0.21, 0.21, 0.21)
@@ -47,7 +47,8 @@ def _shape_mask(name: str, u: np.ndarray, v: np.ndarray, r: float) -> np.ndarray
 
 def _texture(rng: np.random.Generator, yy: np.ndarray, xx: np.ndarray) -> np.ndarray:
     """A two-colour stripe, checker or noise texture, (H, W, 3) in [0, 1]."""
-    c1, c2 = rng.uniform(0.0, 1.0, size=(2, 3))
+    c1 = rng.uniform(0.0, 1.0, size=3)
+    c2 = np.clip(c1 + rng.uniform(-0.25, 0.25, size=3), 0.0, 1.0)  # a low-contrast pattern inside the shape
     kind = rng.integers(3)
     if kind == 0:
         angle, freq = rng.uniform(0, np.pi), rng.uniform(0.5, 1.5)
@@ -68,9 +69,11 @@ def render_scene(seed: int, split: str, index: int, image_size: int, num_classes
     yy, xx = np.mgrid[0:s, 0:s].astype(np.float32)
     # background: a colour gradient, a little noise, and distractor strokes
     a, b = rng.uniform(0.1, 0.9, size=(2, 3))
+    dark = bool(rng.integers(2))  # object and background sit on opposite halves of the brightness range
+    a, b = (a * 0.45, b * 0.45) if dark else (0.55 + a * 0.45, 0.55 + b * 0.45)
     ramp = (yy / max(s - 1, 1))[..., None]
     image = a * (1 - ramp) + b * ramp + rng.normal(0, 0.04, size=(s, s, 3))
-    for _ in range(rng.integers(3, 7)):
+    for _ in range(rng.integers(2, 5)):
         y0, x0 = rng.uniform(0, s, size=2)
         angle, length = rng.uniform(0, np.pi), rng.uniform(0.15, 0.4) * s
         along = (xx - x0) * np.cos(angle) + (yy - y0) * np.sin(angle)
@@ -79,13 +82,15 @@ def render_scene(seed: int, split: str, index: int, image_size: int, num_classes
         image[stroke] = rng.uniform(0, 1, size=3)
     # the object
     label = int(rng.integers(num_classes))
-    r = rng.uniform(0.18, 0.3) * s
+    r = rng.uniform(0.22, 0.36) * s
     cy, cx = rng.uniform(r, s - r, size=2)
     theta = rng.uniform(0, 2 * np.pi)
     u = (xx - cx) * np.cos(theta) + (yy - cy) * np.sin(theta)
     v = -(xx - cx) * np.sin(theta) + (yy - cy) * np.cos(theta)
     inside = _shape_mask(SHAPES[label], u, v, r)
-    image = np.where(inside[..., None], _texture(rng, yy, xx), image)
+    texture = _texture(rng, yy, xx)
+    texture = 0.55 + 0.45 * texture if dark else 0.45 * texture
+    image = np.where(inside[..., None], texture, image)
     # depth: ground plane receding towards the top; the object stands nearer, tilted slightly
     depth = 2.0 + 8.0 * (1.0 - yy / max(s - 1, 1))
     obj_depth = rng.uniform(1.0, 0.6 * depth[int(cy), int(cx)] + 0.5)

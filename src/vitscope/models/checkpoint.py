@@ -32,7 +32,10 @@ def find_model_file(path: str | Path) -> Path:
     """The weights file for a run folder (its model.safetensors) or the file itself."""
     path = Path(path)
     if path.is_dir():
-        candidates = [path / MODEL_FILE, path / "checkpoints" / "last" / MODEL_FILE]
+        candidates = [path / MODEL_FILE]
+        pointer = path / "checkpoints" / "LATEST"  # written by vitscope.train.checkpoint
+        if pointer.is_file():
+            candidates.append(path / "checkpoints" / pointer.read_text().strip() / MODEL_FILE)
         for candidate in candidates:
             if candidate.is_file():
                 return candidate

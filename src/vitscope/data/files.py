@@ -1,0 +1,128 @@
+"""Reading image trees from a folder or from a .zip / .tar / .tar.gz archive, decoding to uint8 tensors.
+
+An archive is read in place (streamed, never unpacked to disk); the decoded tensors are cached by
+``sources.py``, so each image is decoded once. A folder or archive whose only top-level entry is a
+folder is looked into.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import zipfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
+
+
+def is_archive(path: Path) -> bool:
+    return path.is_file() and path.name.lower().endswith(ARCHIVE_SUFFIXES)
+
+
+class FileTree:
+    """Read-only view of the files below a folder or inside an archive, by relative POSIX path."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser()
+        if not self.root.exists():
+            raise FileNotFoundError(
+                f"data directory {self.root} does not exist; pass --data-dir with the dataset's folder"
+            )
+        self._archive: tarfile.TarFile | zipfile.ZipFile | None = None
+        if self.root.is_file():
+            if not is_archive(self.root):
+                raise ValueError(
+                    f"{self.root} is a file but not a .zip, .tar or .tar.gz archive; pass a folder or an archive"
+                )
+            self._files = self._archive_members()
+        else:
+            self._files = sorted(
+                p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file()
+            )
+        self.prefix = self._single_top_folder()
+
+    def _archive_members(self) -> list[str]:
+        if self.root.name.lower().endswith(".zip"):
+            self._archive = zipfile.ZipFile(self.root)
+            return sorted(n for n in self._archive.namelist() if not n.endswith("/"))
+        self._archive = tarfile.open(self.root)
+        return sorted(m.name for m in self._archive.getmembers() if m.isfile())
+
+    def _single_top_folder(self) -> str:
+        prefix = ""
+        while True:
+            tops = {f[len(prefix):].split("/", 1)[0] for f in self._files if f.startswith(prefix)}
+            nested = [f for f in self._files if f.startswith(prefix) and "/" in f[len(prefix):]]
+            if len(tops) == 1 and nested and len(nested) == sum(f.startswith(prefix) for f in self._files):
+                prefix += tops.pop() + "/"
+            else:
+                return prefix
+
+    def files(self, under: str = "") -> list[str]:
+        """Relative paths (below the single top folder, if any) that start with ``under``."""
+        start = self.prefix + under
+        return [f[len(self.prefix):] for f in self._files if f.startswith(start)]
+
+    def exists(self, path: str) -> bool:
+        full = self.prefix + path
+        return any(f == full or f.startswith(full.rstrip("/") + "/") for f in self._files)
+
+    def read(self, path: str) -> bytes:
+        full = self.prefix + path
+        if self._archive is None:
+            return (self.root / full).read_bytes()
+        if isinstance(self._archive, zipfile.ZipFile):
+            return self._archive.read(full)
+        return self._archive.extractfile(full).read()
+
+    def read_many(self, paths: list[str]) -> Iterator[tuple[str, bytes]]:
+        """(path, bytes) for each path, in one sequential pass over an archive."""
+        if isinstance(self._archive, tarfile.TarFile):
+            wanted = {self.prefix + p for p in paths}
+            found = {}
+            for member in self._archive:
+                if member.name in wanted:
+                    found[member.name[len(self.prefix):]] = self._archive.extractfile(member).read()
+            for path in paths:
+                yield path, found[path]
+        else:
+            for path in paths:
+                yield path, self.read(path)
+
+    def describe(self, limit: int = 8) -> str:
+        shown = sorted({"/".join(f.split("/")[:2]) for f in self.files()})[:limit]
+        return ", ".join(shown) or "(empty)"
+
+
+def decode_images(tree: FileTree, paths: list[str], size: int | None = None) -> torch.Tensor:
+    """Decode ``paths`` to a uint8 RGB tensor (N, 3, H, W); all images must share one size (or be resized
+    to ``size`` x ``size``). An unreadable image raises a ValueError naming it."""
+    blobs = list(tree.read_many(paths))
+
+    def decode(item: tuple[str, bytes]) -> torch.Tensor:
+        path, data = item
+        try:
+            with Image.open(io.BytesIO(data)) as handle:
+                image = torch.from_numpy(np.asarray(handle.convert("RGB")).copy()).permute(2, 0, 1)
+        except (UnidentifiedImageError, OSError, ValueError) as err:
+            where = PurePosixPath(tree.root.name) / tree.prefix / path
+            raise ValueError(f"cannot decode image {where}: {err}") from None
+        if size is not None and image.shape[-2:] != (size, size):
+            from torchvision.transforms.v2.functional import resize
+
+            image = resize(image, [size, size], antialias=True)
+        return image
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        images = list(pool.map(decode, blobs))
+    shapes = {tuple(im.shape) for im in images}
+    if len(shapes) > 1:
+        raise ValueError(f"images have different sizes {sorted(shapes)[:3]}; pass an image size to resize them")
+    return torch.stack(images) if images else torch.zeros(0, 3, size or 0, size or 0, dtype=torch.uint8)

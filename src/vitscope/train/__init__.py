@@ -1,0 +1,10 @@
+"""Training: protocols, the supervised trainer, checkpoints and distributed helpers."""
+
+from vitscope.train.config import TrainConfig, load_config
+from vitscope.train.protocols import ABLATION, COMPONENTS, Protocol, canonical_protocol, expand_conditions
+from vitscope.train.trainer import TrainingDiverged, TrainingInterrupted, evaluate, train
+
+__all__ = [
+    "ABLATION", "COMPONENTS", "Protocol", "TrainConfig", "TrainingDiverged", "TrainingInterrupted",
+    "canonical_protocol", "evaluate", "expand_conditions", "load_config", "train",
+]
