@@ -48,7 +48,54 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run")
     train.add_argument("--out", default=None, help="run folder (same as --set out=DIR)")
     train.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N")
+    study = commands.add_parser("study", help="run a study end to end")
+    studies = study.add_subparsers(dest="study", metavar="STUDY", required=True)
+    loc = studies.add_parser("locality", help="training protocol vs spatial locality (arXiv 2605.16390)")
+    loc.add_argument("--dataset", default="synthetic", help="cifar10, cifar100, tiny-imagenet, imagefolder, synthetic")
+    loc.add_argument("--data-dir", default=None, help="dataset folder or archive")
+    loc.add_argument("--conditions", default=None, help="baseline,modern | ablation | NAME,... (default by preset)")
+    loc.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
+    loc.add_argument("--epochs", type=int, default=None)
+    loc.add_argument("--preset", default="demo", choices=["paper", "demo"])
+    loc.add_argument("--train-images", type=int, default=None, help="use only the first N training images")
+    loc.add_argument("--eval-images", type=int, default=None, help="analyse only the first N evaluation images")
+    loc.add_argument("--batch-size", type=int, default=None)
+    loc.add_argument("--device", default="auto")
+    loc.add_argument("--out", default="vitscope-study")
+    demo = commands.add_parser("demo", help="the locality study's demo preset on built-in data (~10 min on a CPU)")
+    demo.add_argument("--out", default="vitscope-demo")
+    demo.add_argument("--device", default="auto")
     return parser
+
+
+def run_locality_study(**options) -> Path:
+    from vitscope.report.locality import build_report
+    from vitscope.studies.locality import LocalityStudy, run
+
+    study = LocalityStudy(**options)
+    run(study)
+    return build_report(study.out)
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds {args.seeds!r} must be comma-separated integers, e.g. 0,1,2") from None
+    default = "baseline,baseline+cutmix" if args.preset == "demo" else "baseline,modern"
+    report = run_locality_study(dataset=args.dataset, data_dir=args.data_dir,
+                                conditions=(args.conditions or default).split(","), seeds=seeds, preset=args.preset,
+                                epochs=args.epochs, batch_size=args.batch_size, train_images=args.train_images,
+                                eval_images=args.eval_images, device=args.device, out=args.out)
+    print(f"report: {report}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    report = run_locality_study(conditions=["baseline", "baseline+cutmix"], seeds=[0], preset="demo",
+                                device=args.device, out=args.out)
+    print(f"report: {report.resolve()}")
+    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -108,7 +155,8 @@ def cmd_analyze_locality(args: argparse.Namespace) -> int:
               "num_images": len(dataset), "renormalize": args.renormalize, "unit": args.unit}
     meta = provenance(config=config, seed=args.seed, dataset=args.dataset, dataset_root=args.data_dir, device=device)
     files = write_locality(out, result, meta)
-    files["figure"] = behaviour_space({args.model: result.stats}, out / "behaviour_space.png", unit=args.unit)
+    panel = {args.model: (result.stats.mad.numpy(), result.stats.entropy.numpy())}
+    files["figure"] = behaviour_space(panel, out / "behaviour_space.png", unit=args.unit)
     summary = result.summary()
     print(f"min early-layer MAD {summary['min_early_mad']:.4f} ({args.unit}) over {len(dataset)} images")
     for kind, path in files.items():
@@ -119,7 +167,8 @@ def cmd_analyze_locality(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"models": cmd_models, "analyze": cmd_analyze_locality, "train": cmd_train}
+    handlers = {"models": cmd_models, "analyze": cmd_analyze_locality, "train": cmd_train, "study": cmd_study,
+                "demo": cmd_demo}
     if args.command is None:
         parser.print_help()
         return 0

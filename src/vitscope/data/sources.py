@@ -14,6 +14,7 @@ Decoded images are cached as uint8 tensors (safetensors) in ``$VITSCOPE_CACHE`` 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -142,6 +143,12 @@ def _download(name: str, root: Path) -> None:
         dataset_cls(str(root), train=train, download=True)
 
 
+@functools.lru_cache(maxsize=4)
+def _cached_synthetic(split: str, options: tuple) -> ImageDataset:
+    """Generated scenes are deterministic, so repeated loads in one process share one copy."""
+    return synthetic_scenes(split, **dict(options))
+
+
 def load_dataset(name: str, root: str | Path | None = None, split: str = "train", *, image_size: int | None = None,
                  download: bool = False, **options: Any) -> ImageDataset:
     """The labelled ``split`` ('train' or 'eval'; 'test' and 'val' accepted) of dataset ``name``.
@@ -153,7 +160,7 @@ def load_dataset(name: str, root: str | Path | None = None, split: str = "train"
     if name == "synthetic":
         if image_size is not None:
             options["image_size"] = image_size
-        return synthetic_scenes(split, **options)
+        return _cached_synthetic(split, tuple(sorted(options.items())))
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
     if options:

@@ -1,0 +1,59 @@
+"""Timing helpers shared by the benchmark scripts: medians over repeats, measured in one process."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 10, warmup: int = 2, sync: bool = False) -> float:
+    """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if sync:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if sync:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: int = 2,
+                        sync: bool = False) -> dict[str, float]:
+    """Median seconds per function, running them in alternation so drift and noise hit all alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if sync:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if sync:
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def machine() -> str:
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
+    cpu = platform.processor() or platform.machine()
+    return f"CPU {cpu}, {torch.get_num_threads()} threads (torch {torch.__version__})"
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    """A Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""One pipeline per study."""

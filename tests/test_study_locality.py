@@ -1,0 +1,128 @@
+"""The locality study: resumable, results files, claims, and a report that renders in a real browser."""
+
+import csv
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vitscope.report.locality import build_report
+from vitscope.studies.locality import LocalityStudy, run
+from vitscope.studies.locality_results import claims, min_early_mad, summarize
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def tiny_study(out: Path, **changes) -> LocalityStudy:
+    options = {"conditions": ["baseline", "baseline+cutmix"], "seeds": [0, 1], "epochs": 1, "train_images": 256,
+               "eval_images": 32, "batch_size": 64, "device": "cpu", "out": str(out), "progress": False}
+    return LocalityStudy(**{**options, **changes})
+
+
+@pytest.fixture(scope="module")
+def finished_study(tmp_path_factory):
+    out = tmp_path_factory.mktemp("study")
+    study = tiny_study(out)
+    run(study)
+    build_report(out)
+    return out
+
+
+def test_results_files(finished_study):
+    out = finished_study
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 2 * 2 * 4 * 4  # conditions x seeds x layers x heads
+    assert {r["condition"] for r in rows} == {"baseline", "baseline+cutmix"} and {r["layer"] for r in rows} == {
+        "1", "2", "3", "4"}
+    summary = list(csv.DictReader((out / "summary.csv").open()))
+    assert [s["condition"] for s in summary] == ["baseline", "baseline+cutmix"] and summary[0]["seeds"] == "2"
+    payload = json.loads((out / "results.json").read_text())
+    assert payload["schema_version"] == 1 and payload["study"] == "locality"
+    assert payload["provenance"]["dataset"] == "synthetic"
+    # the numbers in the table are those of each run's own analysis file
+    run_file = json.loads((out / "runs" / "baseline" / "seed-1" / "locality.json").read_text())
+    mine = [float(r["mad"]) for r in rows if r["condition"] == "baseline" and r["seed"] == "1"]
+    assert np.allclose(mine, np.asarray(run_file["mad"]).ravel())
+
+
+def test_rerun_reuses_finished_work(finished_study):
+    before = {p: p.stat().st_mtime_ns for p in finished_study.glob("runs/*/*/model.safetensors")}
+    run(tiny_study(finished_study))
+    after = {p: p.stat().st_mtime_ns for p in finished_study.glob("runs/*/*/model.safetensors")}
+    assert before == after and len(before) == 4
+
+
+def test_killed_study_completes_on_rerun(tmp_path):
+    study = tiny_study(tmp_path / "s", seeds=[0])
+    run(study)
+    # simulate a kill: one run lost its analysis and final weights, keeping only a mid-run checkpoint state
+    victim = study.run_dir("baseline+cutmix", 0)
+    (victim / "locality.json").unlink()
+    (victim / "summary.json").unlink()
+    (victim / "model.safetensors").unlink()
+    payload = run(study)
+    assert {r["condition"] for r in payload["runs"]} == {"baseline", "baseline+cutmix"}
+    assert (victim / "locality.json").is_file() and (victim / "model.safetensors").is_file()
+
+
+def test_claims_with_known_answers():
+    def record(condition, seed, early, acc):
+        mad = np.full((8, 8), 0.4)
+        mad[:2] = early
+        return {"condition": condition, "seed": seed, "accuracy": acc, "mad": mad.tolist(),
+                "entropy": np.ones((8, 8)).tolist(), "layers": list(range(8)), "skipped": np.zeros((8, 8)).tolist()}
+
+    records = [record("baseline", s, 0.3 + 0.01 * s, 0.50) for s in range(3)]
+    records += [record("baseline+cutmix", s, 0.01 + 0.001 * s, 0.56) for s in range(3)]
+    assert min_early_mad(records[0]) == pytest.approx(0.3)
+    found = {(c["claim"], c["measure"]): c for c in claims(records)}
+    mad = found[("conditions with cutmix vs without", "min_early_mad")]
+    assert mad["difference"] == pytest.approx(0.011 - 0.31, abs=1e-9)
+    assert mad["ci95_high"] < 0 and mad["interval_excludes_zero"]
+    acc = found[("baseline+cutmix vs baseline (cutmix alone)", "accuracy")]
+    assert acc["difference"] == pytest.approx(0.06)
+    rows = summarize(records)
+    assert rows[0]["min_early_mad_mean"] == pytest.approx(0.31) and rows[1]["accuracy_mean"] == pytest.approx(0.56)
+
+
+def test_bad_study_options():
+    with pytest.raises(ValueError, match="unknown component"):
+        LocalityStudy(conditions=["baseline+dropout"])
+    with pytest.raises(ValueError, match="preset"):
+        LocalityStudy(preset="huge")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_report_renders_in_headless_chromium(finished_study, tmp_path):
+    report = finished_study / "report.html"
+    text = report.read_text()
+    assert "src=\"http" not in text and "<script" not in text  # self-contained
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                          "--disable-component-update", "--disable-sync", "--no-first-run",
+                          f"--user-data-dir={tmp_path / 'profile'}",
+                          "--virtual-time-budget=3000", "--dump-dom", report.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-500:]
+    assert dom.stdout.count("<img") >= 6 and dom.stdout.count("<table") >= 5
+    assert "Claims checked" in dom.stdout and "baseline+cutmix" in dom.stdout
+    shot = tmp_path / "report.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--no-first-run", f"--user-data-dir={tmp_path / 'profile2'}", f"--screenshot={shot}",
+                    "--window-size=1200,3000", report.as_uri()], capture_output=True, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 20_000  # figures were decoded and painted
+
+
+@pytest.mark.skipif(not (SHARED / "cifar10_jpg.tar.gz").exists(), reason="../shared/data is not present")
+def test_real_cifar10_images_tiny_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path / "cache"))
+    study = LocalityStudy(dataset="cifar10", data_dir=str(SHARED / "cifar10_jpg.tar.gz"), conditions=["baseline"],
+                          seeds=[0], preset="paper", epochs=1, train_images=256, eval_images=64, batch_size=64,
+                          device="cpu", out=str(tmp_path / "cifar"), progress=False)
+    payload = run(study)
+    record = payload["runs"][0]
+    assert record["grid_size"] == [8, 8] and record["train_config"]["model"] == "vit-compact"
+    assert len(record["mad"]) == 8 and record["num_images"] == 64 and record["accuracy"] is not None
