@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.metrics import UNITS, attention_entropy, mean_attention_distance
-from vitscope.models import AttentionSite, attention_sites
+from vitscope.models import AttentionSite, TokenLayout, attention_sites
 from vitscope.models.vit import resolve_block_indices
 
 
@@ -30,6 +30,7 @@ class AttentionStats:
     ``mad`` and ``entropy`` are (layers, heads); ``images`` counts the images seen per layer and
     ``skipped`` (layers, heads) the (image, head) entries left out because no query row had patch mass.
     ``layers`` holds the 0-based indices of the recorded layers; ``options`` the metric options used.
+    Models whose layers differ in head count (Swin, PVT) are padded with NaN; ``heads`` has the counts.
     """
 
     layers: list[int]
@@ -38,12 +39,13 @@ class AttentionStats:
     images: Tensor
     skipped: Tensor
     options: dict[str, Any] = field(default_factory=dict)
+    heads: list[int] = field(default_factory=list)
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per (layer, head), both numbered from 1 as in files and reports."""
         out = []
         for li, layer in enumerate(self.layers):
-            for head in range(self.mad.shape[1]):
+            for head in range(self.heads[li] if self.heads else self.mad.shape[1]):
                 out.append({
                     "layer": layer + 1,
                     "head": head + 1,
@@ -65,14 +67,12 @@ class AttentionStats:
 class _StatsAccumulator:
     """Running sums for one layer's MAD and entropy per head."""
 
-    def __init__(self, site: AttentionSite, options: dict[str, Any]):
-        self.site = site
+    def __init__(self, options: dict[str, Any]):
         self.options = options
         self.mad_sum = self.mad_count = self.ent_sum = self.ent_count = None
         self.images = 0
 
-    def update(self, probs: Tensor) -> None:
-        layout = self.site.layout
+    def update(self, probs: Tensor, layout: TokenLayout) -> None:
         with torch.no_grad():
             probs = probs.detach()
             mad = mean_attention_distance(
@@ -102,14 +102,16 @@ class AttentionRecording:
         self.keep = keep
         self.options = options
         self._maps: list[list[Tensor]] = [[] for _ in sites]
-        self._acc = [_StatsAccumulator(site, options) for site in sites]
+        self._acc = [_StatsAccumulator(options) for _ in sites]
+        self.layouts: list[TokenLayout | None] = [None for _ in sites]
 
     def _observer(self, slot: int):
-        def observe(probs: Tensor) -> None:
+        def observe(probs: Tensor, layout: TokenLayout) -> None:
+            self.layouts[slot] = layout
             if self.keep == "maps":
                 self._maps[slot].append(probs.detach())
             else:
-                self._acc[slot].update(probs)
+                self._acc[slot].update(probs, layout)
 
         return observe
 
@@ -127,16 +129,22 @@ class AttentionRecording:
         if any(acc.mad_sum is None for acc in self._acc):
             raise ValueError("no forward pass was recorded; run the model inside the 'with' block")
 
+        width = max(len(a.mad_sum) for a in self._acc)
+
+        def padded(values: list[Tensor], fill: float) -> Tensor:
+            return torch.stack([torch.cat([v, v.new_full((width - len(v),), fill)]) for v in values])
+
         def mean(total: Tensor, count: Tensor) -> Tensor:
             return torch.where(count > 0, total / count.clamp(min=1), torch.nan).float().cpu()
 
         return AttentionStats(
             layers=[site.index for site in self.sites],
-            mad=torch.stack([mean(a.mad_sum, a.mad_count) for a in self._acc]),
-            entropy=torch.stack([mean(a.ent_sum, a.ent_count) for a in self._acc]),
+            mad=padded([mean(a.mad_sum, a.mad_count) for a in self._acc], torch.nan),
+            entropy=padded([mean(a.ent_sum, a.ent_count) for a in self._acc], torch.nan),
             images=torch.tensor([a.images for a in self._acc]),
-            skipped=torch.stack([(a.images - a.mad_count).long().cpu() for a in self._acc]),
+            skipped=padded([(a.images - a.mad_count).long().cpu() for a in self._acc], 0),
             options=dict(self.options),
+            heads=[len(a.mad_sum) for a in self._acc],
         )
 
 

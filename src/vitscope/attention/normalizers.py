@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from vitscope.attention import fused
+
 _MAX_ITER = 64
 
 
@@ -97,17 +99,51 @@ def entmax_threshold(z: Tensor, alpha: float) -> Tensor:
     return tau
 
 
+def _eager_sparsemax(x: Tensor) -> Tensor:
+    z = _shifted(x, 1.0)
+    return (z - sparsemax_threshold(z)).clamp_(min=0.0)
+
+
+def _eager_entmax15(x: Tensor) -> Tensor:
+    z = _shifted(x, 0.5)
+    return (z - entmax15_threshold(z)).clamp_(min=0.0).square_()
+
+
+def _eager_alpha(x: Tensor, alpha: float) -> Tensor:
+    z = _shifted(x, alpha - 1.0)
+    y = (z - entmax_threshold(z, alpha)).clamp_(min=0.0).pow_(1.0 / (alpha - 1.0))
+    return y / y.sum(dim=-1, keepdim=True)
+
+
+def _solve(x: Tensor, kernel_name: str, eager, **constants: float) -> Tensor:
+    """Probabilities in the compute dtype: the fused kernel where it applies, rows it could not prove
+    converged (and every row otherwise) from the exact eager solver."""
+    if fused.use_fused(x):
+        out = fused.run_kernel(kernel_name, x, **constants)
+        if out is not None:
+            y, converged = out
+            redo = ~converged.reshape(-1)
+            if bool(redo.any()):
+                flat = y.view(-1, y.shape[-1])
+                flat[redo] = eager(x.reshape(-1, x.shape[-1])[redo], **constants).to(y.dtype)
+            return y
+    return eager(x, **constants)
+
+
 class _SparsemaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        z = _shifted(x, 1.0)
-        y = (z - sparsemax_threshold(z)).clamp_(min=0.0)
+        y = _solve(x, "sparsemax", _eager_sparsemax)
         ctx.save_for_backward(y)
         return y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         (y,) = ctx.saved_tensors
+        if fused.use_fused(y):
+            out = fused.run_kernel("sparsemax_backward", grad, y)
+            if out is not None:
+                return out.to(grad.dtype)
         inside = y > 0
         g = torch.where(inside, grad.to(y.dtype), 0.0)
         mean = g.sum(dim=-1, keepdim=True) / inside.sum(dim=-1, keepdim=True)
@@ -117,23 +153,20 @@ class _SparsemaxFunction(torch.autograd.Function):
 class _Entmax15Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        z = _shifted(x, 0.5)
-        y = (z - entmax15_threshold(z)).clamp_(min=0.0).square_()
+        y = _solve(x, "entmax15", _eager_entmax15)
         ctx.save_for_backward(y)
         return y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         (y,) = ctx.saved_tensors
-        return _entmax_backward(grad, y, y.sqrt())
+        return _entmax_backward(grad, y, 0.5)
 
 
 class _EntmaxAlphaFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, alpha: float) -> Tensor:
-        z = _shifted(x, alpha - 1.0)
-        y = (z - entmax_threshold(z, alpha)).clamp_(min=0.0).pow_(1.0 / (alpha - 1.0))
-        y = y / y.sum(dim=-1, keepdim=True)
+        y = _solve(x, "alpha", _eager_alpha, alpha=alpha)
         ctx.alpha = alpha
         ctx.save_for_backward(y)
         return y.to(x.dtype)
@@ -141,12 +174,17 @@ class _EntmaxAlphaFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         (y,) = ctx.saved_tensors
-        weight = torch.where(y > 0, y.pow(2.0 - ctx.alpha), 0.0)
-        return _entmax_backward(grad, y, weight), None
+        return _entmax_backward(grad, y, 2.0 - ctx.alpha), None
 
 
-def _entmax_backward(grad: Tensor, y: Tensor, weight: Tensor) -> Tensor:
-    """Closed-form vector-Jacobian product of entmax: w * g - w * sum(w * g) / sum(w)."""
+def _entmax_backward(grad: Tensor, y: Tensor, exponent: float) -> Tensor:
+    """Closed-form vector-Jacobian product of alpha-entmax with w = y**(2 - alpha) on the support:
+    w * g - w * sum(w * g) / sum(w)."""
+    if fused.use_fused(y):
+        out = fused.run_kernel("entmax_backward", grad, y, exponent=exponent)
+        if out is not None:
+            return out.to(grad.dtype)
+    weight = y.sqrt() if exponent == 0.5 else torch.where(y > 0, y.pow(exponent), 0.0)
     wg = weight * grad.to(y.dtype)
     q = wg.sum(dim=-1, keepdim=True) / weight.sum(dim=-1, keepdim=True)
     return (wg - q * weight).to(grad.dtype)

@@ -15,18 +15,29 @@ from vitscope.models.sites import AttentionSite, attention_sites, token_layout
 from vitscope.models.vit import VisionTransformer
 
 
-def load(spec: str, weights: str | Path | None = None, **overrides: Any) -> nn.Module:
+def load(spec: str, weights: str | Path | None = None, *, attention: str | None = None, num_registers: int = 0,
+         img_size: int | None = None, **overrides: Any) -> nn.Module:
     """A model from ``spec``: a preset name, ``timm:<name>`` or a vitscope run folder / weights file.
 
-    Presets and timm architectures start from random weights unless ``weights`` names a local file.
+    Presets and timm architectures start from random weights unless ``weights`` names a local file (timm
+    or original-repository key names for timm models). ``attention``, ``num_registers`` and ``img_size``
+    modify the model: for vitscope models they are config options; for timm ViTs the normaliser is
+    swapped and registers added with the weights kept, and the positional embedding is resampled.
     """
     spec = str(spec)
-    if spec in PRESETS:
-        model = create(spec, **overrides)
-    elif spec.startswith("timm:"):
-        from vitscope.models.timm_adapter import create_timm
+    if spec.startswith("timm:"):
+        from vitscope.models.timm_adapter import create_timm, load_timm_weights, modify
 
         model = create_timm(spec[len("timm:") :], **overrides)
+        if weights is not None:
+            load_timm_weights(model, weights)
+        return modify(model, attention=attention, num_registers=num_registers, img_size=img_size)
+    vit_options = {k: v for k, v in (("attention", attention), ("img_size", img_size)) if v is not None}
+    if num_registers:
+        vit_options["num_registers"] = num_registers
+    overrides = {**overrides, **vit_options}
+    if spec in PRESETS:
+        model = create(spec, **overrides)
     elif Path(spec).exists():
         if weights is not None:
             raise ValueError(f"{spec} already holds weights; drop weights={weights!r}")

@@ -1,4 +1,10 @@
-"""Attention sites: the places in a model where attention probabilities can be observed."""
+"""Attention sites: the places in a model where attention probabilities can be observed.
+
+vitscope's own ``Attention`` hands its probabilities to an observer directly. timm's attention modules
+(ViT, DeiT-III, DINO, DINOv2, CLIP, Swin, PVT-v2) are switched to their manual path for the duration
+(``fused_attn = False``) and read at the input of their ``attn_drop``, which is where that path's
+probabilities are; every attribute changed is restored on detach.
+"""
 
 from __future__ import annotations
 
@@ -7,42 +13,75 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from vitscope.attention import Attention
 from vitscope.models.layout import TokenLayout
-from vitscope.models.vit import VisionTransformer
 
-# An observer receives the attention probabilities (B, heads, Tq, Tk) of one forward pass.
-ProbsObserver = Callable[[Tensor], None]
+# An observer receives one forward pass's probabilities in canonical form (B, heads, Tq, Tk) and the
+# layout that says which rows and columns are which tokens.
+ProbsObserver = Callable[[Tensor, TokenLayout], None]
+# Turns a module's raw probabilities into canonical form and gives their layout.
+Canonical = Callable[[Tensor], tuple[Tensor, TokenLayout]]
 
 
 @dataclass(frozen=True)
 class AttentionSite:
-    """One attention layer: its module path, 0-based index, token layout and a way to observe it.
-
-    ``attach(observer)`` starts delivering probabilities to ``observer`` and returns a function that
-    undoes exactly what it changed.
-    """
+    """One attention layer: its module path, 0-based index, and ``attach(observer) -> detach``."""
 
     name: str
     index: int
-    layout: TokenLayout
-    attach: Callable[[ProbsObserver], Callable[[], None]]
+    module: nn.Module
+    canonical: Canonical
+
+    def attach(self, observer: ProbsObserver) -> Callable[[], None]:
+        def deliver(probs: Tensor) -> None:
+            observer(*self.canonical(probs))
+
+        install = getattr(self.canonical, "install", None)  # geometry read at forward time (PVT)
+        uninstall = install() if install is not None else (lambda: None)
+        if isinstance(self.module, Attention):
+            detach = _attach_vitscope(self.module, deliver)
+        else:
+            detach = _attach_timm(self.module, deliver)
+
+        def undo() -> None:
+            detach()
+            uninstall()
+
+        return undo
 
 
-def _vitscope_attach(module: nn.Module) -> Callable[[ProbsObserver], Callable[[], None]]:
-    def attach(observer: ProbsObserver) -> Callable[[], None]:
-        previous = module.observer
-        module.observer = lambda _module, probs: observer(probs)
+def _attach_vitscope(module: Attention, deliver: Callable[[Tensor], None]) -> Callable[[], None]:
+    previous = module.observer
+    module.observer = lambda _module, probs: deliver(probs)
 
-        def detach() -> None:
-            module.observer = previous
+    def detach() -> None:
+        module.observer = previous
 
-        return detach
+    return detach
 
-    return attach
+
+def _attach_timm(module: nn.Module, deliver: Callable[[Tensor], None]) -> Callable[[], None]:
+    if not hasattr(module, "attn_drop") or not hasattr(module, "fused_attn"):
+        raise ValueError(f"{type(module).__name__} has no manual attention path to record; vitscope supports "
+                         "timm's ViT, DeiT, DINO, DINOv2, CLIP, Swin and PVT-v2 attention")
+    previous = module.fused_attn
+    module.fused_attn = False
+    handle = module.attn_drop.register_forward_hook(lambda _m, inputs, _out: deliver(inputs[0]))
+
+    def detach() -> None:
+        handle.remove()
+        module.fused_attn = previous
+
+    return detach
+
+
+def static(layout: TokenLayout) -> Canonical:
+    """Canonical form for plain ViTs: probabilities are already (B, heads, T, T)."""
+    return lambda probs: (probs, layout)
 
 
 def token_layout(model: nn.Module) -> TokenLayout:
-    """The token layout of a plain ViT (vitscope's, or any with the timm contract)."""
+    """The token layout of a plain ViT (vitscope's, or timm's VisionTransformer family)."""
     grid = getattr(model, "grid_size", None) or getattr(getattr(model, "patch_embed", None), "grid_size", None)
     if grid is None:
         raise ValueError(f"{type(model).__name__} exposes no grid_size; load it through vitscope.models.load")
@@ -58,12 +97,14 @@ def token_layout(model: nn.Module) -> TokenLayout:
 
 def attention_sites(model: nn.Module) -> list[AttentionSite]:
     """Every attention layer of ``model`` in block order."""
-    if isinstance(model, VisionTransformer):
-        layout = token_layout(model)
-        return [
-            AttentionSite(f"blocks.{i}.attn", i, layout, _vitscope_attach(block.attn))
-            for i, block in enumerate(model.blocks)
-        ]
+    from vitscope.models.hierarchical import hierarchical_sites
+
+    if hasattr(model, "blocks") and hasattr(model, "num_prefix_tokens"):
+        canonical = static(token_layout(model))
+        return [AttentionSite(f"blocks.{i}.attn", i, block.attn, canonical) for i, block in enumerate(model.blocks)]
+    sites = hierarchical_sites(model)
+    if sites is not None:
+        return sites
     raise ValueError(
         f"cannot record attention from a {type(model).__name__}; build it with vitscope.models.create "
         "or load it with vitscope.models.load('timm:NAME')"

@@ -1,0 +1,125 @@
+"""Forward + backward time of vitscope's normalisers against the `entmax` package and plain softmax.
+
+Usage: python benchmarks/bench_normalizers.py [--device cpu|cuda] [--dtype float32|bfloat16] [--batch-scale 1]
+Shapes: compact ViT attention (batch 128, 8 heads, 65 x 65) and ViT-S/16 (batch 32, 6 heads, 197 x 197), times
+``--batch-scale``. Every row is measured in the same run (medians of interleaved repeats). ``err`` is the largest
+deviation from a float64 solution (bisection with 200 steps) on that input. Peak memory is the forward's
+extra memory beyond input and output, in units of the logits tensor (CUDA allocator; on the CPU the fused kernel
+keeps only per-row scalars, see attention/fused.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import entmax
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import interleaved_medians, machine, table  # noqa: E402
+from vitscope.attention import entmax as vs_entmax  # noqa: E402
+from vitscope.attention import entmax15 as vs_entmax15  # noqa: E402
+from vitscope.attention import sparsemax as vs_sparsemax  # noqa: E402
+
+CASES = {
+    "entmax15": (vs_entmax15, entmax.entmax15, 1.5),
+    "sparsemax": (vs_sparsemax, entmax.sparsemax, 2.0),
+    "entmax:1.3": (lambda x: vs_entmax(x, 1.3), lambda x: entmax.entmax_bisect(x, 1.3), 1.3),
+    "entmax:1.7": (lambda x: vs_entmax(x, 1.7), lambda x: entmax.entmax_bisect(x, 1.7), 1.7),
+}
+SHAPES = {"compact 65x65": (128, 8, 65, 65), "ViT-S 197x197": (32, 6, 197, 197)}
+
+
+def fwd_bwd(fn, x: torch.Tensor, grad: torch.Tensor):
+    def run():
+        x.grad = None
+        fn(x).backward(grad)
+
+    return run
+
+
+def truth(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    return entmax.entmax_bisect(x.double(), alpha, n_iter=200)
+
+
+def peak_memory_ratio(fn, x: torch.Tensor) -> str:
+    """Extra peak memory of one forward beyond input and output, in logits-tensor units (CUDA only)."""
+    if x.device.type != "cuda":
+        return "n/a (CPU)"
+    with torch.no_grad():
+        fn(x)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        y = fn(x)
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base - y.numel() * y.element_size()
+    return f"{max(extra, 0) / (x.numel() * 4):.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--batch-scale", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    sync = args.device == "cuda"
+    rows = []
+    for shape_name, shape in SHAPES.items():
+        shape = (shape[0] * args.batch_scale, *shape[1:])
+        torch.manual_seed(0)
+        base = torch.randn(shape, device=args.device) * 2
+        grad = torch.randn(shape, device=args.device, dtype=dtype)
+        x = base.to(dtype).requires_grad_()
+        for name, (ours, ref, alpha) in CASES.items():
+            fns = {"softmax": fwd_bwd(lambda t: torch.softmax(t, -1), x, grad), "vitscope": fwd_bwd(ours, x, grad),
+                   "entmax": fwd_bwd(ref, x, grad)}
+            med = interleaved_medians(fns, args.repeats, sync=sync)
+            exact = truth(x.detach(), alpha)
+            err_ours = float((ours(x.detach()).double() - exact).abs().max())
+            err_ref = float((ref(x.detach()).double() - exact).abs().max())
+            mem = peak_memory_ratio(ours, x.detach())
+            rows.append([shape_name, name, f"{med['vitscope'] * 1e3:.1f}", f"{med['entmax'] * 1e3:.1f}",
+                         f"{med['softmax'] * 1e3:.1f}", f"{med['entmax'] / med['vitscope']:.1f}x",
+                         f"{med['vitscope'] / med['softmax']:.2f}x", f"{err_ours:.1e} / {err_ref:.1e}", mem])
+    print(f"machine: {machine()}; dtype {args.dtype}; batch scale {args.batch_scale}; forward + backward, median ms")
+    print(table(rows, ["shape", "normaliser", "vitscope ms", "entmax pkg ms", "softmax ms", "speed-up vs pkg",
+                       "vs softmax", "max err (ours / pkg)", "peak extra (x logits)"]))
+    print()
+    print(training_steps(args.device, args.repeats))
+
+
+def training_steps(device: str, repeats: int) -> str:
+    """A full vit-compact training step (batch 128, AdamW) with each normaliser, against softmax."""
+    from timm.optim import create_optimizer_v2
+
+    from vitscope.models import create
+
+    images = torch.randn(128, 3, 32, 32, device=device)
+    labels = torch.randint(0, 100, (128,), device=device)
+
+    def stepper(attention: str):
+        torch.manual_seed(0)
+        model = create("vit-compact", attention=attention).to(device)
+        optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
+
+        def step():
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+
+    names = ["softmax", "entmax15", "sparsemax", "entmax:1.3"]
+    med = interleaved_medians({n: stepper(n) for n in names}, repeats, sync=device == "cuda")
+    rows = [[n, f"{med[n] * 1e3:.0f}", f"{med[n] / med['softmax']:.2f}x"] for n in names]
+    return "vit-compact training step, batch 128\n" + table(rows, ["attention", "median ms", "vs softmax step"])
+
+
+if __name__ == "__main__":
+    main()

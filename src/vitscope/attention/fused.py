@@ -1,0 +1,154 @@
+"""Fused fast paths for the sparse normalisers, compiled with ``torch.compile`` (C++ on CPU, Triton on GPU).
+
+Each fast forward runs a fixed number of threshold iterations inside one fused kernel, so a row stays in
+cache across iterations, then returns a per-row ``converged`` flag. Exactness does not depend on the
+iteration count: rows that have not provably converged are finished by the exact eager solvers in
+``normalizers.py``. Every iteration starts from the lower bound ``max(-1, mean(z) - n**(-1/p))`` (power-mean
+inequality), which is close to the root for the near-uniform rows of freshly initialised models.
+
+Disable with ``VITSCOPE_FUSED=0`` or ``set_fused(False)``; if compilation fails (no C++ compiler, say)
+the eager solvers are used and a warning says so once.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+# below this many elements a fused kernel does not pay for its launch and compile cost
+MIN_ELEMENTS = 1 << 15
+ENTMAX15_ITERS = 3
+SPARSEMAX_ITERS = 4
+ALPHA_ITERS = 6
+
+_enabled = os.environ.get("VITSCOPE_FUSED", "1") != "0"
+_compiled: dict[str, Callable] = {}
+
+
+def set_fused(enabled: bool) -> None:
+    """Turn the compiled fast paths on or off for this process."""
+    global _enabled
+    _enabled = enabled
+
+
+def fused_enabled() -> bool:
+    return _enabled
+
+
+def use_fused(x: Tensor) -> bool:
+    return _enabled and x.numel() >= MIN_ELEMENTS and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _lower_bound(z: Tensor, power: float) -> Tensor:
+    """max(-1, mean(z) - n**(-1/power)): below the threshold for every row whose maximum is 0 (a row with
+    -inf entries has mean -inf and falls back to -1)."""
+    return (z.mean(dim=-1, keepdim=True) - z.shape[-1] ** (-1.0 / power)).clamp(min=-1.0)
+
+
+def _entmax15_forward(x: Tensor) -> tuple[Tensor, Tensor]:
+    z = x.float() * 0.5
+    z = z - z.amax(dim=-1, keepdim=True)
+    tau = _lower_bound(z, 2.0)
+    for _ in range(ENTMAX15_ITERS):  # Newton on ||[z - tau]_+||_2 - 1, from below
+        gap = (z - tau).clamp(min=0.0)
+        s1 = gap.sum(dim=-1, keepdim=True)
+        s2 = (gap * gap).sum(dim=-1, keepdim=True)
+        tau = tau + (s2 - s2.sqrt()) / s1
+    gap = (z - tau).clamp(min=0.0)
+    size = (gap > 0).sum(dim=-1, keepdim=True).to(z.dtype)
+    s1 = gap.sum(dim=-1, keepdim=True)
+    s2 = (gap * gap).sum(dim=-1, keepdim=True)
+    exact = tau + (s1 - (s1 * s1 - size * (s2 - 1.0)).clamp(min=0.0).sqrt()) / size
+    converged = (z > exact).sum(dim=-1, keepdim=True).to(z.dtype) == size
+    return (z - exact).clamp(min=0.0).square(), converged
+
+
+def _sparsemax_forward(x: Tensor) -> tuple[Tensor, Tensor]:
+    z = x.float()
+    z = z - z.amax(dim=-1, keepdim=True)
+    tau = _lower_bound(z, 1.0)
+    for _ in range(SPARSEMAX_ITERS):  # Michelot: closed form on the current support
+        inside = z > tau
+        tau = (torch.where(inside, z, 0.0).sum(dim=-1, keepdim=True) - 1.0) / inside.sum(dim=-1, keepdim=True)
+    inside = z > tau
+    size = inside.sum(dim=-1, keepdim=True)
+    exact = (torch.where(inside, z, 0.0).sum(dim=-1, keepdim=True) - 1.0) / size
+    converged = (z > exact).sum(dim=-1, keepdim=True) == size
+    return (z - exact).clamp(min=0.0), converged
+
+
+def _alpha_forward(x: Tensor, alpha: float) -> tuple[Tensor, Tensor]:
+    power = 1.0 / (alpha - 1.0)
+    z = x.float() * (alpha - 1.0)
+    z = z - z.amax(dim=-1, keepdim=True)
+    tau = _lower_bound(z, power)
+    step = torch.zeros_like(tau)
+    for _ in range(ALPHA_ITERS):  # Newton on ||[z - tau]_+||_p - 1, from below
+        gap = (z - tau).clamp(min=0.0)
+        gap_pm1 = gap.pow(power - 1.0)
+        total = (gap_pm1 * gap).sum(dim=-1, keepdim=True)
+        step = (total - total.pow(1.0 - 1.0 / power)) / gap_pm1.sum(dim=-1, keepdim=True)
+        tau = tau + step
+    y = (z - tau).clamp(min=0.0).pow(power)
+    converged = step.abs() <= 16 * torch.finfo(torch.float32).eps
+    return y / y.sum(dim=-1, keepdim=True), converged
+
+
+def _entmax_backward(grad: Tensor, y: Tensor, exponent: float) -> Tensor:
+    weight = torch.where(y > 0, y.pow(exponent), 0.0) if exponent != 0.5 else y.sqrt()
+    wg = weight * grad.float()
+    return wg - weight * (wg.sum(dim=-1, keepdim=True) / weight.sum(dim=-1, keepdim=True))
+
+
+def _sparsemax_backward(grad: Tensor, y: Tensor) -> Tensor:
+    inside = y > 0
+    g = torch.where(inside, grad.float(), 0.0)
+    mean = g.sum(dim=-1, keepdim=True) / inside.sum(dim=-1, keepdim=True)
+    return torch.where(inside, g - mean, 0.0)
+
+
+_KERNELS = {"entmax15": _entmax15_forward, "sparsemax": _sparsemax_forward, "alpha": _alpha_forward,
+            "entmax_backward": _entmax_backward, "sparsemax_backward": _sparsemax_backward}
+
+
+def kernel(name: str, **constants: float) -> Callable | None:
+    """The compiled kernel ``name`` with Python-float ``constants`` baked in (one compilation per value,
+    never a symbolic float), or None when compilation is unavailable."""
+    global _enabled
+    key = name + repr(sorted(constants.items()))
+    if key not in _compiled:
+        base = _KERNELS[name]
+
+        def bound(*tensors: Tensor):
+            return base(*tensors, **constants)
+
+        # a distinct code object per kernel and constant, so each gets its own compile cache
+        code = bound.__code__.replace(co_name=f"vitscope_{name}_{len(_compiled)}")
+        specialised = types.FunctionType(code, bound.__globals__, code.co_name, None, bound.__closure__)
+        try:
+            _compiled[key] = torch.compile(specialised, dynamic=False)
+        except Exception as err:  # pragma: no cover - depends on the toolchain
+            warnings.warn(f"vitscope: fused normalisers disabled ({err}); using the eager solvers", stacklevel=2)
+            _enabled = False
+            return None
+    return _compiled[key]
+
+
+def run_kernel(name: str, *tensors: Tensor, **constants: float):
+    """Call a compiled kernel; on a compilation failure fall back (return None) and disable fusion."""
+    global _enabled
+    fn = kernel(name, **constants)
+    if fn is None:
+        return None
+    try:
+        return fn(*tensors)
+    except Exception as err:  # pragma: no cover - depends on the toolchain
+        warnings.warn(f"vitscope: fused normalisers disabled ({type(err).__name__}: {err}); using the eager "
+                      "solvers", stacklevel=2)
+        _enabled = False
+        return None

@@ -1,0 +1,116 @@
+"""Attention geometry of hierarchical timm models: Swin window attention and PVT-v2 reduced keys.
+
+Swin: window-local token indices are mapped to global grid coordinates with the cyclic shift undone;
+padded tokens are dropped (padded query rows removed, padded keys zeroed). Canonical maps are
+(B, heads, windows x window_area, window_area): every real token's row over its window's keys;
+distances are in the stage's own patch units (``patch_size`` is the stage stride in pixels).
+
+PVT-v2: queries on the stage's full grid, keys on the reduced grid (strided convolution, or the 7x7
+pool of the linear variant); distances between query centres and key-cell centres are in pixels, so
+``patch_size`` is 1 and the 'patch' and 'pixel' units both read pixels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from vitscope.models.layout import TokenLayout
+
+
+def _centres(starts: Tensor, ends: Tensor) -> Tensor:
+    return (starts + ends).to(torch.float32) / 2
+
+
+class SwinWindows:
+    """Canonical form and layout of one Swin block's window attention."""
+
+    def __init__(self, resolution: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], stride: int):
+        (h, w), (wh, ww), (sh, sw) = resolution, window, shift
+        hp, wp = math.ceil(h / wh) * wh, math.ceil(w / ww) * ww
+        self.num_windows, self.area = (hp // wh) * (wp // ww), wh * ww
+        win_r, win_c, loc_r, loc_c = torch.meshgrid(torch.arange(hp // wh), torch.arange(wp // ww), torch.arange(wh),
+                                                    torch.arange(ww), indexing="ij")
+        rows, cols = (win_r * wh + loc_r).reshape(-1), (win_c * ww + loc_c).reshape(-1)  # shifted, padded frame
+        valid = (rows < h) & (cols < w)
+        coords = torch.stack([(rows + sh) % h, (cols + sw) % w], dim=1).float().view(self.num_windows, self.area, 2)
+        dist = torch.cdist(coords, coords).reshape(-1, self.area)  # (windows x area, area)
+        self.query_index = valid.nonzero().squeeze(1)
+        key_valid = valid.view(self.num_windows, 1, self.area).expand(-1, self.area, -1).reshape(-1, self.area)
+        self.key_valid = None if bool(valid.all()) else key_valid[self.query_index].float()
+        self.layout = TokenLayout(0, (h, w), stride, distances=dist[self.query_index])
+
+    def __call__(self, probs: Tensor) -> tuple[Tensor, TokenLayout]:
+        windows, heads = self.num_windows, probs.shape[1]
+        batch = probs.shape[0] // windows
+        canon = probs.view(batch, windows, heads, self.area, self.area).permute(0, 2, 1, 3, 4)
+        canon = canon.reshape(batch, heads, windows * self.area, self.area)
+        if self.key_valid is not None:
+            canon = canon[:, :, self.query_index.to(probs.device)] * self.key_valid.to(probs.device)
+        return canon, self.layout
+
+
+class PvtReducedKeys:
+    """Canonical form and layout of one PVT-v2 attention; the feature size is read at each forward."""
+
+    def __init__(self, module: nn.Module, stride: int):
+        self.module, self.stride = module, stride
+        self.feat_size: tuple[int, int] | None = None
+        self._cache: dict[tuple[int, int], TokenLayout] = {}
+
+    def install(self) -> callable:
+        handle = self.module.register_forward_pre_hook(lambda _m, args: setattr(self, "feat_size", tuple(args[1])))
+        return handle.remove
+
+    def _layout(self, h: int, w: int) -> TokenLayout:
+        if (h, w) not in self._cache:
+            s = self.stride
+            q = torch.stack(torch.meshgrid((torch.arange(h) + 0.5) * s, (torch.arange(w) + 0.5) * s, indexing="ij"),
+                            dim=-1).reshape(-1, 2)
+            if getattr(self.module, "pool", None) is not None:  # linear variant: adaptive 7x7 average pool
+                cells = self.module.pool.output_size
+                cells = (cells, cells) if isinstance(cells, int) else cells
+                axes = [_centres(torch.tensor([math.floor(j * n / c) for j in range(c)]),
+                                 torch.tensor([math.ceil((j + 1) * n / c) for j in range(c)]))
+                        for n, c in zip((h, w), cells, strict=True)]
+            elif getattr(self.module, "sr", None) is not None:
+                r = self.module.sr.stride[0]
+                axes = [(torch.arange(n // r) * r + r / 2).float() for n in (h, w)]
+            else:
+                axes = [torch.arange(n) + 0.5 for n in (h, w)]
+            k = torch.stack(torch.meshgrid(axes[0] * s, axes[1] * s, indexing="ij"), dim=-1).reshape(-1, 2)
+            self._cache[(h, w)] = TokenLayout(0, (h, w), 1, distances=torch.cdist(q.float(), k.float()))
+        return self._cache[(h, w)]
+
+    def __call__(self, probs: Tensor) -> tuple[Tensor, TokenLayout]:
+        if self.feat_size is None:
+            raise RuntimeError("PVT attention ran without its feature size; record through vitscope.record_attention")
+        return probs, self._layout(*self.feat_size)
+
+
+def hierarchical_sites(model: nn.Module):
+    """Attention sites of a timm Swin or PVT-v2 model in block order, or None for other models."""
+    from vitscope.models.sites import AttentionSite
+
+    name = type(model).__name__
+    sites = []
+    if name == "SwinTransformer":
+        img = model.patch_embed.img_size
+        for s, stage in enumerate(model.layers):
+            for b, block in enumerate(stage.blocks):
+                stride = img[0] // block.input_resolution[0]
+                geometry = SwinWindows(tuple(block.input_resolution), tuple(block.window_size),
+                                       tuple(block.shift_size), stride)
+                sites.append(AttentionSite(f"layers.{s}.blocks.{b}.attn", len(sites), block.attn, geometry))
+        return sites
+    if name == "PyramidVisionTransformerV2":
+        stride = 1
+        for s, stage in enumerate(model.stages):
+            stride *= stage.downsample.proj.stride[0] if stage.downsample is not None else 1
+            for b, block in enumerate(stage.blocks):
+                sites.append(AttentionSite(f"stages.{s}.blocks.{b}.attn", len(sites), block.attn,
+                                           PvtReducedKeys(block.attn, stride)))
+        return sites
+    return None

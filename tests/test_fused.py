@@ -1,0 +1,61 @@
+"""The compiled fast paths: exact against the `entmax` package, including rows that need the eager finish."""
+
+import entmax as reference
+import pytest
+import torch
+
+from vitscope.attention import entmax, entmax15, fused, sparsemax
+
+CASES = [(entmax15, lambda x: reference.entmax15(x), 1.5, "entmax15"),
+         (sparsemax, lambda x: reference.sparsemax(x), 2.0, "sparsemax"),
+         (lambda x: entmax(x, 1.3), lambda x: reference.entmax_bisect(x, 1.3, n_iter=100), 1.3, "alpha"),
+         (lambda x: entmax(x, 1.7), lambda x: reference.entmax_bisect(x, 1.7, n_iter=100), 1.7, "alpha")]
+
+
+def big_batch(n: int, scale: float, seed: int = 0) -> torch.Tensor:
+    torch.manual_seed(seed)
+    x = torch.randn(max(fused.MIN_ELEMENTS // n + 1, 64), n) * scale
+    x[0] = 0.0  # all equal
+    x[1, :3] = 5.0  # ties at the top
+    x[2, 0] = 1e4  # one huge logit
+    x[3, ::2] = float("-inf")  # masked keys
+    return x
+
+
+@pytest.mark.parametrize("ours,theirs,alpha,kernel", CASES)
+@pytest.mark.parametrize("n,scale", [(65, 2.0), (197, 0.5), (1025, 0.5)])
+def test_fused_matches_package(ours, theirs, alpha, kernel, n, scale):
+    x = big_batch(n, scale).requires_grad_()
+    assert fused.use_fused(x)
+    y = ours(x)
+    finite = x.detach().masked_fill(~torch.isfinite(x.detach()), -1e9).double().requires_grad_()
+    y_ref = theirs(finite)
+    torch.testing.assert_close(y.double(), y_ref, atol=1e-5, rtol=0)
+    assert torch.all(y[3, ::2] == 0) and torch.all(y >= 0)
+    g = torch.randn_like(y)
+    (gx,) = torch.autograd.grad(y, x, g)
+    (gr,) = torch.autograd.grad(y_ref, finite, g.double())
+    tol = 1e-5 if alpha in (1.5, 2.0, 1.3) else 5e-4  # alpha > 1.5: y**(2-alpha) amplifies fp32 rounding at tiny y
+    torch.testing.assert_close(gx.double()[4:], gr[4:], atol=tol, rtol=0)
+    assert any(key.startswith(kernel) for key in fused._compiled)  # the compiled path really ran
+
+
+def test_fused_equals_eager_and_can_be_switched_off():
+    x = big_batch(65, 1.0)
+    fast = entmax15(x)
+    fused.set_fused(False)
+    try:
+        assert not fused.use_fused(x)
+        slow = entmax15(x)
+    finally:
+        fused.set_fused(True)
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=0)
+
+
+def test_rows_the_kernel_cannot_prove_are_finished_exactly():
+    # near-uniform long rows need more iterations than the kernel runs: the eager finish must take over
+    x = big_batch(1025, 0.5, seed=3)
+    y, converged = fused.run_kernel("entmax15", x)
+    assert not bool(converged.all())
+    exact = entmax15(x)
+    torch.testing.assert_close(exact.double(), reference.entmax15(x.double()), atol=1e-6, rtol=0)
