@@ -41,6 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
     locality.add_argument("--unit", default="normalized", choices=["normalized", "patch", "pixel"])
     locality.add_argument("--no-renormalize", dest="renormalize", action="store_false",
                           help="keep the raw patch mass of each row instead of renormalising it")
+    norms = kinds.add_parser("norms", help="token norms per layer and high-norm (artifact) tokens")
+    add_common(norms)
+    norms.add_argument("--threshold", default="percentile:98", help="percentile:Q, absolute:T or auto")
+    norms.add_argument("--detect-layer", type=int, default=0,
+                       help="layer (numbered from 1) whose patch tokens set the threshold; 0 = the last")
+    for sub in (locality, norms):
+        sub.add_argument("--img-size", type=int, default=None,
+                         help="input side in pixels (resamples a timm ViT's positional embedding)")
+        sub.add_argument("--attention", default=None, help="swap the normaliser: softmax, sparsemax, entmax15, "
+                                                           "entmax:ALPHA")
+        sub.add_argument("--num-registers", type=int, default=0, help="add R register tokens to a plain ViT")
     train = commands.add_parser("train", help="train a model from a config file (or resume a run)")
     train.add_argument("--config", default=None, help="YAML, JSON or TOML file of TrainConfig keys")
     train.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
@@ -135,39 +146,82 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_analyze_locality(args: argparse.Namespace) -> int:
+def prepare_analysis(args: argparse.Namespace, default_out: str):
+    """Device, dataset, model, output folder and the provenance of an ``analyze`` command."""
     import torch
 
-    from vitscope.analyze import measure_locality, write_locality
     from vitscope.data import load_dataset
     from vitscope.models import load
     from vitscope.provenance import provenance, resolve_device
-    from vitscope.report.figures import behaviour_space
 
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     dataset = load_dataset(args.dataset, args.data_dir, "eval").subset(args.num_images)
-    model = load(args.model, weights=args.weights)
-    out = Path(args.out or "vitscope-locality")
-    result = measure_locality(model, dataset, batch_size=args.batch_size, device=device,
-                              renormalize=args.renormalize, unit=args.unit)
-    config = {"model": args.model, "weights": args.weights, "batch_size": args.batch_size,
-              "num_images": len(dataset), "renormalize": args.renormalize, "unit": args.unit}
+    options = {"attention": args.attention, "num_registers": args.num_registers}
+    if args.model.startswith("timm:") and args.img_size:
+        options["img_size"] = args.img_size
+    model = load(args.model, weights=args.weights, **options)
+    config = {k: v for k, v in vars(args).items() if k not in ("command", "analysis", "debug")}
+    config["num_images"] = len(dataset)
     meta = provenance(config=config, seed=args.seed, dataset=args.dataset, dataset_root=args.data_dir, device=device)
-    files = write_locality(out, result, meta)
-    panel = {args.model: (result.stats.mad.numpy(), result.stats.entropy.numpy())}
-    files["figure"] = behaviour_space(panel, out / "behaviour_space.png", unit=args.unit)
-    summary = result.summary()
-    print(f"min early-layer MAD {summary['min_early_mad']:.4f} ({args.unit}) over {len(dataset)} images")
+    return device, dataset, model, Path(args.out or default_out), meta
+
+
+def print_files(files: dict[str, Path]) -> None:
     for kind, path in files.items():
-        print(f"{kind:>7}: {path}")
+        print(f"{kind:>10}: {path}")
+
+
+def cmd_analyze_locality(args: argparse.Namespace) -> int:
+    from vitscope.analyze import measure_locality, write_locality
+    from vitscope.report.figures import behaviour_space, per_layer
+
+    device, dataset, model, out, meta = prepare_analysis(args, "vitscope-locality")
+    result = measure_locality(model, dataset, batch_size=args.batch_size, device=device,
+                              renormalize=args.renormalize, unit=args.unit, img_size=args.img_size)
+    files = write_locality(out, result, meta)
+    mad, entropy = result.stats.mad.numpy(), result.stats.entropy.numpy()
+    files["figure"] = behaviour_space({args.model: (mad, entropy)}, out / "behaviour_space.png", unit=args.unit)
+    files["per-layer"] = per_layer({args.model: mad}, f"MAD ({args.unit})", out / "mad_per_layer.png")
+    print(f"min early-layer MAD {result.summary()['min_early_mad']:.4f} ({args.unit}) over {len(dataset)} images")
+    print_files(files)
     return 0
+
+
+def cmd_analyze_norms(args: argparse.Namespace) -> int:
+    from vitscope.analyze.inputs import model_batches
+    from vitscope.analyze.norms import measure_norms, write_norms
+    from vitscope.report.norm_figures import high_norm_maps, norm_histograms
+
+    device, dataset, model, out, meta = prepare_analysis(args, "vitscope-norms")
+    result = measure_norms(model, dataset, threshold=args.threshold, detect_layer=args.detect_layer - 1,
+                           batch_size=args.batch_size, device=device, img_size=args.img_size)
+    files = write_norms(out, result, meta)
+    files["histograms"] = norm_histograms([n.numpy().ravel() for n in result.norms], result.names,
+                                          result.threshold.value, result.threshold.spec, out / "norm_histograms.png")
+    if result.tokens["kind"] == "plain":
+        grid = result.tokens["patches"]["grid"]
+        count = min(16, len(dataset))
+        images, _ = next(model_batches(model, dataset.subset(count), count, "cpu", args.img_size))
+        shown = (images - images.amin(dim=(1, 2, 3), keepdim=True))
+        shown = (shown / shown.amax(dim=(1, 2, 3), keepdim=True)).permute(0, 2, 3, 1).numpy()
+        maps = result.norms[result.detect_layer][:count, result.prefix :].view(count, *grid).numpy()
+        files["maps"] = high_norm_maps(shown, maps, result.threshold.value, out / "high_norm_maps.png")
+    top = result.summary()[result.detect_layer]
+    print(f"threshold {result.threshold.spec} = {result.threshold.value:.4g}; high-norm patch tokens at layer "
+          f"{result.detect_layer + 1}: {top['high_norm_fraction']:.2%}")
+    print_files(files)
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    return {"locality": cmd_analyze_locality, "norms": cmd_analyze_norms}[args.analysis](args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"models": cmd_models, "analyze": cmd_analyze_locality, "train": cmd_train, "study": cmd_study,
+    handlers = {"models": cmd_models, "analyze": cmd_analyze, "train": cmd_train, "study": cmd_study,
                 "demo": cmd_demo}
     if args.command is None:
         parser.print_help()

@@ -18,8 +18,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitscope.metrics import UNITS, attention_entropy, mean_attention_distance
+from vitscope.metrics import UNITS
+from vitscope.metrics.locality import locality_from_row_sums, locality_row_sums
+from vitscope.metrics.norms import token_norms
 from vitscope.models import AttentionSite, TokenLayout, attention_sites
+from vitscope.models.sites import token_blocks
 from vitscope.models.vit import resolve_block_indices
 
 
@@ -64,26 +67,67 @@ class AttentionStats:
         return float(torch.nan_to_num(self.mad[picks], nan=float("inf")).min())
 
 
+def softmax_row_sums(scaled_q: Tensor, k: Tensor, distances: Tensor, prefix: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``locality_row_sums`` of softmax(q k^T) restricted to patches, without keeping the probabilities."""
+    probs = (scaled_q.float() @ k.float().transpose(-2, -1)).softmax(dim=-1)
+    return locality_row_sums(probs[..., prefix:, prefix:], distances)
+
+
+_KERNELS: dict[str, Any] = {}
+
+
+def _kernel(fn):
+    """``fn`` compiled into fused passes when torch.compile works here, else ``fn`` itself."""
+    if fn.__name__ not in _KERNELS:
+        try:
+            _KERNELS[fn.__name__] = torch.compile(fn, dynamic=None)
+        except Exception:  # pragma: no cover - depends on the toolchain
+            _KERNELS[fn.__name__] = fn
+    return _KERNELS[fn.__name__]
+
+
 class _StatsAccumulator:
-    """Running sums for one layer's MAD and entropy per head."""
+    """Running sums for one layer's MAD and entropy per head (definitions in vitscope.metrics.locality)."""
 
     def __init__(self, options: dict[str, Any]):
         self.options = options
         self.mad_sum = self.mad_count = self.ent_sum = self.ent_count = None
         self.images = 0
+        self._distances: dict[tuple, tuple[Tensor, float]] = {}
+
+    def _geometry(self, layout: TokenLayout, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, float]:
+        key = (id(layout.distances), layout.grid_size, device, dtype)
+        if key not in self._distances:
+            dist = layout.distance_matrix().to(device, dtype)
+            unit = self.options["unit"]
+            scale = {"patch": 1.0, "pixel": float(layout.patch_size), "normalized": 1.0 / float(dist.max())}[unit]
+            self._distances[key] = (dist, scale)
+        return self._distances[key]
 
     def update(self, probs: Tensor, layout: TokenLayout) -> None:
+        """Add one batch of probabilities (B, heads, Tq, Tk)."""
         with torch.no_grad():
-            probs = probs.detach()
-            mad = mean_attention_distance(
-                probs,
-                None if layout.distances is not None else layout.grid_size,
-                num_prefix_tokens=layout.num_prefix_tokens,
-                distances=layout.distances,
-                patch_size=layout.patch_size,
-                **self.options,
-            ).double()
-            ent = attention_entropy(probs, num_prefix_tokens=layout.num_prefix_tokens).double()
+            prefix = layout.num_prefix_tokens
+            block = probs.detach()[..., prefix:, prefix:]
+            block = block if block.dtype == torch.float64 else block.float()
+            dist, scale = self._geometry(layout, block.device, block.dtype)
+            if tuple(dist.shape) != tuple(block.shape[-2:]):
+                raise ValueError(f"attention patch block {tuple(block.shape[-2:])} does not match the layout's "
+                                 f"distances {tuple(dist.shape)}; check num_prefix_tokens and grid_size")
+            self._add(_kernel(locality_row_sums)(block, dist), block.shape[-1], scale)
+
+    def update_softmax(self, scaled_q: Tensor, k: Tensor, layout: TokenLayout) -> None:
+        """Add one batch given the scaled queries and keys (B, heads, T, head_dim) of a softmax attention."""
+        with torch.no_grad():
+            prefix = layout.num_prefix_tokens
+            dist, scale = self._geometry(layout, k.device, torch.float32)
+            sums = _kernel(softmax_row_sums)(scaled_q.detach(), k.detach(), dist, prefix)
+            self._add(sums, k.shape[-2] - prefix, scale)
+
+    def _add(self, sums: tuple[Tensor, Tensor, Tensor], num_keys: int, scale: float) -> None:
+        mad, ent = locality_from_row_sums(*sums, num_keys=num_keys, scale=scale,
+                                          renormalize=self.options["renormalize"])
+        mad, ent = mad.double(), ent.double()
         if self.mad_sum is None:
             zeros = torch.zeros(mad.shape[1], dtype=torch.float64, device=mad.device)
             self.mad_sum, self.mad_count, self.ent_sum, self.ent_count = (zeros.clone() for _ in range(4))
@@ -91,7 +135,7 @@ class _StatsAccumulator:
         self.mad_count += (~mad.isnan()).sum(0)
         self.ent_sum += torch.nan_to_num(ent, nan=0.0).sum(0)
         self.ent_count += (~ent.isnan()).sum(0)
-        self.images += probs.shape[0]
+        self.images += mad.shape[0]
 
 
 class AttentionRecording:
@@ -112,6 +156,13 @@ class AttentionRecording:
                 self._maps[slot].append(probs.detach())
             else:
                 self._acc[slot].update(probs, layout)
+
+        return observe
+
+    def _softmax_observer(self, slot: int):
+        def observe(scaled_q: Tensor, k: Tensor, layout: TokenLayout) -> None:
+            self.layouts[slot] = layout
+            self._acc[slot].update_softmax(scaled_q, k, layout)
 
         return observe
 
@@ -176,8 +227,85 @@ def record_attention(
     detachers = []
     try:
         for slot, site in enumerate(sites):
-            detachers.append(site.attach(recording._observer(slot)))
+            if keep == "stats":
+                detachers.append(site.attach_streaming(recording._observer(slot), recording._softmax_observer(slot)))
+            else:
+                detachers.append(site.attach(recording._observer(slot)))
         yield recording
     finally:
         for detach in reversed(detachers):
             detach()
+
+
+class TokenRecording:
+    """What ``record_tokens`` yields. Per recorded block, over every batch seen: ``tokens`` (B, T, D) output
+    tokens before the final norm, ``normed`` the same after the model's final norm (plain ViTs; None for
+    hierarchical models), or with ``keep="norms"`` only ``norms`` (B, T) and ``normed_norms``."""
+
+    def __init__(self, names: list[str], keep: str, final_norm: nn.Module | None):
+        self.names, self.keep, self.final_norm = names, keep, final_norm
+        self._raw: list[list[Tensor]] = [[] for _ in names]
+        self._normed: list[list[Tensor]] = [[] for _ in names]
+
+    def _add(self, slot: int, output: Tensor) -> None:
+        with torch.no_grad():
+            tokens = output.detach()
+            tokens = tokens.flatten(1, -2) if tokens.ndim > 3 else tokens  # Swin: (B, H, W, C) -> (B, HW, C)
+            normed = self.final_norm(tokens) if self.final_norm is not None else None
+            if self.keep == "norms":
+                tokens = token_norms(tokens)
+                normed = token_norms(normed) if normed is not None else None
+            self._raw[slot].append(tokens)
+            if normed is not None:
+                self._normed[slot].append(normed)
+
+    def _gather(self, chunks: list[list[Tensor]]) -> list[Tensor | None]:
+        return [torch.cat(c) if c else None for c in chunks]
+
+    @property
+    def tokens(self) -> list[Tensor]:
+        if self.keep != "tokens":
+            raise ValueError("tokens were not kept; record with keep='tokens'")
+        return self._gather(self._raw)
+
+    @property
+    def normed(self) -> list[Tensor | None]:
+        if self.keep != "tokens":
+            raise ValueError("tokens were not kept; record with keep='tokens'")
+        return self._gather(self._normed)
+
+    @property
+    def norms(self) -> list[Tensor]:
+        return self._gather(self._raw) if self.keep == "norms" else [token_norms(t) for t in self.tokens]
+
+    @property
+    def normed_norms(self) -> list[Tensor | None]:
+        if self.keep == "norms":
+            return self._gather(self._normed)
+        return [token_norms(t) if t is not None else None for t in self.normed]
+
+
+@contextmanager
+def record_tokens(model: nn.Module, layers: Sequence[int] | int | None = None, keep: str = "tokens"
+                  ) -> Iterator[TokenRecording]:
+    """Record each chosen block's output tokens (0-based block indices; None = all) while the block runs.
+
+    ``keep="norms"`` stores only token norms (B, T), a thousand times less memory than the tokens. The
+    model is left exactly as it was on exit, also after an error."""
+    if keep not in ("tokens", "norms"):
+        raise ValueError(f"keep={keep!r} is unknown; use 'tokens' or 'norms'")
+    blocks = token_blocks(model)
+    if isinstance(layers, int):
+        layers = [layers]
+    chosen = resolve_block_indices(layers, len(blocks))
+    plain = hasattr(model, "num_prefix_tokens")
+    recording = TokenRecording([blocks[i][0] for i in chosen], keep, getattr(model, "norm", None) if plain else None)
+    handles = []
+    try:
+        for slot, i in enumerate(chosen):
+            handles.append(blocks[i][1].register_forward_hook(
+                lambda _m, _inputs, output, slot=slot: recording._add(slot, output)))
+        yield recording
+    finally:
+        for handle in handles:
+            handle.remove()

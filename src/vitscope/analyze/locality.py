@@ -10,7 +10,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from vitscope.data import ImageDataset, eval_batches
+from vitscope.analyze.inputs import model_batches
+from vitscope.data import ImageDataset
 from vitscope.files import write_csv, write_json
 from vitscope.record import AttentionStats, record_attention
 
@@ -35,7 +36,7 @@ class LocalityResult:
 
     def summary(self) -> dict[str, Any]:
         per_layer = [
-            {"layer": layer + 1, "mad": float(self.stats.mad[i].nanmean()),
+            {"layer": layer + 1, "heads": self.stats.heads[i], "mad": float(self.stats.mad[i].nanmean()),
              "entropy": float(self.stats.entropy[i].nanmean())}
             for i, layer in enumerate(self.stats.layers)
         ]
@@ -46,15 +47,17 @@ class LocalityResult:
 @torch.no_grad()
 def measure_locality(model: nn.Module, dataset: ImageDataset, *, batch_size: int = 128,
                      device: torch.device | str = "cpu", renormalize: bool = True, unit: str = "normalized",
-                     progress: bool = True) -> LocalityResult:
-    """Stream ``dataset`` through ``model`` in eval mode and collect MAD and entropy per layer and head."""
+                     progress: bool = True, img_size: int | None = None) -> LocalityResult:
+    """Stream ``dataset`` through ``model`` in eval mode and collect MAD and entropy per layer and head.
+
+    Images are resized to the model's input size (``img_size`` for models without a fixed one)."""
     model = model.to(device).eval()
     correct, seen = 0, 0
     num_classes = getattr(model, "num_classes", None) or getattr(getattr(model, "cfg", None), "num_classes", 0)
     score = num_classes == dataset.num_classes
     bar = tqdm(total=len(dataset), unit="img", desc="locality", disable=not progress, dynamic_ncols=True)
     with record_attention(model, keep="stats", renormalize=renormalize, unit=unit) as rec:
-        for images, labels in eval_batches(dataset, batch_size, device):
+        for images, labels in model_batches(model, dataset, batch_size, device, img_size):
             logits = model(images)
             if score:
                 correct += int((logits.argmax(dim=-1) == labels).sum())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -47,15 +48,30 @@ class Attention(nn.Module):
         self.normalizer = make_normalizer(normalizer) if isinstance(normalizer, str) else normalizer
         self.fused = True
         self.observer: AttentionObserver | None = None
+        # Called with scaled queries and keys (B, heads, T, head_dim) while the fused path stays on; used
+        # by streaming statistics, which need probabilities but not the manual path's output.
+        self.probe: Callable[[Tensor, Tensor], None] | None = None
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """``attn_mask`` (broadcastable to (B, heads, T, T)) is boolean (True = attend) or additive, as in
+        ``scaled_dot_product_attention`` and timm; ``is_causal`` masks keys after each query."""
+        if is_causal:
+            causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device).tril()
+            attn_mask = causal if attn_mask is None else attn_mask & causal if attn_mask.dtype == torch.bool \
+                else attn_mask.masked_fill(~causal, float("-inf"))
         B, T, C = x.shape
         q, k, v = self._qkv(x)
         if self.fused and self.normalizer.is_softmax and self.observer is None:
             drop = self.attn_drop.p if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+            if self.probe is not None and attn_mask is None:
+                self.probe(q * self.scale, k)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
         else:
-            probs = self.normalizer((q * self.scale) @ k.transpose(-2, -1))
+            logits = (q * self.scale) @ k.transpose(-2, -1)
+            if attn_mask is not None:
+                logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+                    else logits + attn_mask
+            probs = self.normalizer(logits)
             if self.observer is not None:
                 self.observer(self, probs)
             out = self.attn_drop(probs) @ v

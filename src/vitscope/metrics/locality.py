@@ -113,3 +113,27 @@ def attention_entropy(attn: Tensor, *, num_prefix_tokens: int, normalized: bool 
         num_keys = block.shape[-1]
         rows = rows / math.log(num_keys) if num_keys > 1 else torch.zeros_like(rows)
     return _row_mean(rows, mass.squeeze(-1) > 0)
+
+
+def locality_row_sums(block: Tensor, distances: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per query row of patch-to-patch attention (B, H, Nq, Nk): patch mass, sum_j A d and sum_j A log A.
+
+    MAD and entropy follow from these (``locality_from_row_sums``); one pass over ``block``, so it fuses
+    well under ``torch.compile``."""
+    mass = block.sum(dim=-1)
+    weighted = (block * distances).sum(dim=-1)
+    plogp = torch.special.xlogy(block, block).sum(dim=-1)
+    return mass, weighted, plogp
+
+
+def locality_from_row_sums(mass: Tensor, weighted: Tensor, plogp: Tensor, *, num_keys: int, scale: float,
+                           renormalize: bool = True) -> tuple[Tensor, Tensor]:
+    """(MAD, normalised entropy), each (B, heads), from row sums; ``scale`` converts distances to the unit.
+
+    The renormalised row entropy is -sum (A/m) log(A/m) = log m - (sum A log A) / m."""
+    valid = mass > 0
+    safe = mass.clamp(min=torch.finfo(mass.dtype).tiny)
+    rows_mad = weighted / safe if renormalize else weighted
+    rows_ent = safe.log() - plogp / safe
+    rows_ent = rows_ent / math.log(num_keys) if num_keys > 1 else torch.zeros_like(rows_ent)
+    return _row_mean(rows_mad, valid) * scale, _row_mean(rows_ent, valid)

@@ -106,7 +106,7 @@ def hierarchical_sites(model: nn.Module):
                 sites.append(AttentionSite(f"layers.{s}.blocks.{b}.attn", len(sites), block.attn, geometry))
         return sites
     if name == "PyramidVisionTransformerV2":
-        stride = 1
+        stride = model.patch_embed.proj.stride[0]  # the stem
         for s, stage in enumerate(model.stages):
             stride *= stage.downsample.proj.stride[0] if stage.downsample is not None else 1
             for b, block in enumerate(stage.blocks):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from vitscope.attention import Attention
@@ -19,6 +20,8 @@ from vitscope.models.layout import TokenLayout
 # An observer receives one forward pass's probabilities in canonical form (B, heads, Tq, Tk) and the
 # layout that says which rows and columns are which tokens.
 ProbsObserver = Callable[[Tensor, TokenLayout], None]
+# Receives scaled queries and keys (B, heads, T, head_dim) of a softmax attention, and its layout.
+SoftmaxObserver = Callable[[Tensor, Tensor, TokenLayout], None]
 # Turns a module's raw probabilities into canonical form and gives their layout.
 Canonical = Callable[[Tensor], tuple[Tensor, TokenLayout]]
 
@@ -46,6 +49,25 @@ class AttentionSite:
         def undo() -> None:
             detach()
             uninstall()
+
+        return undo
+
+    def attach_streaming(self, observer: ProbsObserver, softmax_observer: SoftmaxObserver) -> Callable[[], None]:
+        """Like ``attach``, but a vitscope softmax attention keeps its fused path and hands its scaled
+        queries and keys to ``softmax_observer``, which recomputes softmax(q k^T) only for itself."""
+        module = self.module
+        if not (isinstance(module, Attention) and module.normalizer.is_softmax and module.fused):
+            return self.attach(observer)
+        previous = module.probe
+        _, layout = self.canonical(torch.empty(0))  # plain ViT: the layout does not depend on the maps
+
+        def probe(scaled_q: Tensor, k: Tensor) -> None:
+            softmax_observer(scaled_q, k, layout)
+
+        module.probe = probe
+
+        def undo() -> None:
+            module.probe = previous
 
         return undo
 
@@ -109,3 +131,15 @@ def attention_sites(model: nn.Module) -> list[AttentionSite]:
         f"cannot record attention from a {type(model).__name__}; build it with vitscope.models.create "
         "or load it with vitscope.models.load('timm:NAME')"
     )
+
+
+def token_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The transformer blocks whose outputs are the model's tokens, in order (plain ViTs, Swin, PVT-v2)."""
+    if hasattr(model, "blocks") and hasattr(model, "num_prefix_tokens"):
+        return [(f"blocks.{i}", block) for i, block in enumerate(model.blocks)]
+    stages = getattr(model, "layers", None) or getattr(model, "stages", None)
+    if stages is not None and all(hasattr(stage, "blocks") for stage in stages):
+        prefix = "layers" if hasattr(model, "layers") else "stages"
+        return [(f"{prefix}.{s}.blocks.{b}", block) for s, stage in enumerate(stages)
+                for b, block in enumerate(stage.blocks)]
+    raise ValueError(f"cannot record tokens from a {type(model).__name__}; load it with vitscope.models.load")

@@ -100,7 +100,8 @@ def add_registers(model: nn.Module, count: int) -> None:
 def modify(model: nn.Module, *, attention: str | None = None, num_registers: int = 0,
            img_size: int | None = None) -> nn.Module:
     """Apply the modifications described in the module docstring, in place; returns the model."""
-    if img_size is not None:
+    fixed_size = getattr(getattr(model, "patch_embed", None), "img_size", None) is not None
+    if img_size is not None and fixed_size:  # models without a fixed size (PVT-v2) take any input as it is
         if not hasattr(model, "set_input_size"):
             raise ValueError(f"{type(model).__name__} cannot change its input size; drop img_size=")
         model.set_input_size(img_size=img_size)

@@ -1,0 +1,63 @@
+"""Cost of streaming attention statistics (MAD + entropy per head) against a plain evaluation forward.
+
+Usage: python benchmarks/bench_record.py [--device cpu|cuda] [--repeats 5]
+Models: vitscope's vit-compact (batch 128, 32 px) and timm's vit_small_patch16_224 (batch 16, 224 px), random
+weights. Also checks that memory does not grow with the number of batches recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import vitscope  # noqa: E402
+from common import interleaved_medians, machine, table  # noqa: E402
+from vitscope.models import load  # noqa: E402
+
+
+def measure(spec: str, batch: int, size: int, device: str, repeats: int) -> list[str]:
+    model = load(spec).to(device).eval()
+    images = torch.randn(batch, 3, size, size, device=device)
+
+    def plain():
+        with torch.no_grad():
+            model(images)
+
+    def with_stats():
+        with torch.no_grad(), vitscope.record_attention(model, keep="stats"):
+            model(images)
+
+    med = interleaved_medians({"plain": plain, "stats": with_stats}, repeats, sync=device == "cuda")
+
+    def state_size(rec) -> int:  # the recorder keeps only per-head sums, whatever the number of batches
+        return sum(t.numel() for a in rec._acc for t in (a.mad_sum, a.mad_count, a.ent_sum, a.ent_count))
+
+    with torch.no_grad(), vitscope.record_attention(model, keep="stats") as rec:
+        for _ in range(3):
+            model(images)
+        held = state_size(rec)
+        for _ in range(3):
+            model(images)
+        held_after = state_size(rec)
+    return [spec, str(batch), f"{med['plain'] * 1e3:.1f}", f"{med['stats'] * 1e3:.1f}",
+            f"{med['stats'] / med['plain']:.2f}x", f"{held} -> {held_after} numbers"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    rows = [measure(spec, batch, size, args.device, args.repeats)
+            for spec, batch, size in (("vit-compact", 128, 32), ("timm:vit_small_patch16_224", 16, 224))]
+    print(f"machine: {machine()}")
+    print(table(rows, ["model", "batch", "plain forward ms", "with streaming stats ms", "ratio",
+                       "recorder state after 3 -> 6 batches"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Feeding a dataset to a model: the model's input size and normalisation, on its device."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitscope.data import ImageDataset, normalize
+
+
+def model_input(model: nn.Module, dataset: ImageDataset, img_size: int | None = None
+                ) -> tuple[int, tuple[float, ...], tuple[float, ...]]:
+    """(side in pixels, mean, std) for inputs of ``model``: vitscope models use their config size and the
+    dataset's statistics; timm models their fixed input size (or ``img_size``, or their pretrained
+    config's) and their pretrained normalisation."""
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and hasattr(cfg, "img_size"):
+        return cfg.img_size, dataset.mean, dataset.std
+    pretrained = getattr(model, "pretrained_cfg", None) or {}
+    fixed = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    side = (fixed[0] if isinstance(fixed, tuple | list) else fixed) or img_size
+    side = side or pretrained.get("input_size", (3, dataset.image_size, dataset.image_size))[-1]
+    mean = tuple(pretrained.get("mean", dataset.mean))
+    std = tuple(pretrained.get("std", dataset.std))
+    return int(side), mean, std
+
+
+def model_batches(model: nn.Module, dataset: ImageDataset, batch_size: int, device: torch.device | str,
+                  img_size: int | None = None) -> Iterator[tuple[Tensor, Tensor]]:
+    """Normalised images (B, 3, S, S), resized bilinearly to the model's input side S, and labels."""
+    side, mean, std = model_input(model, dataset, img_size)
+    if batch_size < 1:
+        raise ValueError(f"batch size {batch_size} must be >= 1")
+    for start in range(0, len(dataset), batch_size):
+        images = dataset.images[start : start + batch_size].to(device).float() / 255.0
+        if images.shape[-1] != side or images.shape[-2] != side:
+            images = F.interpolate(images, size=(side, side), mode="bilinear", align_corners=False, antialias=True)
+        yield normalize(images, mean, std), dataset.labels[start : start + batch_size].to(device)

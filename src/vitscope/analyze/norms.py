@@ -1,0 +1,99 @@
+"""Token norms over a dataset and high-norm token detection, streamed (norms only, never the tokens)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from vitscope.analyze.inputs import model_batches
+from vitscope.data import ImageDataset
+from vitscope.files import write_csv, write_json
+from vitscope.metrics.norms import Threshold, high_norm_threshold
+from vitscope.models.token_map import token_map
+from vitscope.record import record_tokens
+
+DEFINITIONS = {
+    "norm": "L2 norm of a block's output token, before the final norm",
+    "high-norm": "a patch token whose norm exceeds the threshold, set on the detection layer's patch tokens",
+    "percentile:Q": "Q-th percentile of the patch-token norms of the data",
+    "absolute:T": "fixed threshold T",
+    "auto": "largest gap of a two-component (Otsu) split of the log norms",
+}
+
+
+@dataclass
+class NormsResult:
+    """Per block: token norms (images, tokens); the token map; the threshold and the detection layer."""
+
+    norms: list[Tensor]
+    names: list[str]
+    tokens: dict[str, Any]
+    threshold: Threshold
+    detect_layer: int  # 0-based index into ``norms``
+
+    @property
+    def prefix(self) -> int:
+        return self.tokens.get("num_prefix_tokens", 0)
+
+    def high_norm(self, layer: int | None = None) -> Tensor:
+        """(images, patches) boolean map of high-norm patch tokens at ``layer`` (default: detection layer)."""
+        layer = self.detect_layer if layer is None else layer
+        return self.norms[layer][:, self.prefix :] > self.threshold.value
+
+    def summary(self) -> list[dict[str, Any]]:
+        rows = []
+        cls, regs = self.tokens.get("cls", []), self.tokens.get("registers", [])
+        for i, (name, norms) in enumerate(zip(self.names, self.norms, strict=True)):
+            patches = norms[:, self.prefix :].flatten() if self.tokens["kind"] == "plain" else norms.flatten()
+            rows.append({
+                "layer": i + 1, "block": name, "patch_norm_mean": float(patches.mean()),
+                "patch_norm_p50": float(patches.median()), "patch_norm_max": float(patches.max()),
+                "high_norm_fraction": float((patches > self.threshold.value).float().mean()),
+                "cls_norm_mean": float(norms[:, cls].mean()) if cls else None,
+                "register_norm_mean": float(norms[:, regs].mean()) if regs else None,
+            })
+        return rows
+
+
+@torch.no_grad()
+def measure_norms(model: nn.Module, dataset: ImageDataset, *, threshold: str = "percentile:98",
+                  detect_layer: int = -1, batch_size: int = 64, device: torch.device | str = "cpu",
+                  img_size: int | None = None, progress: bool = True) -> NormsResult:
+    """Record every block's token norms over ``dataset`` and set the high-norm threshold on the patch
+    tokens of ``detect_layer`` (default: the last block)."""
+    model = model.to(device).eval()
+    bar = tqdm(total=len(dataset), unit="img", desc="norms", disable=not progress, dynamic_ncols=True)
+    with record_tokens(model, keep="norms") as rec:
+        for images, _ in model_batches(model, dataset, batch_size, device, img_size):
+            model(images)
+            bar.update(len(images))
+    bar.close()
+    norms = [n.cpu() for n in rec.norms]
+    tokens = token_map(model)
+    layer = detect_layer % len(norms)
+    prefix = tokens.get("num_prefix_tokens", 0)
+    return NormsResult(norms, rec.names, tokens, high_norm_threshold(norms[layer][:, prefix:], threshold), layer)
+
+
+def write_norms(out: str | Path, result: NormsResult, provenance: dict[str, Any], max_maps: int = 16
+                ) -> dict[str, Path]:
+    """Write ``norms.json`` (threshold, per-layer summary, positions, per-image maps) and ``norms.csv``."""
+    out = Path(out)
+    summary = result.summary()
+    payload: dict[str, Any] = {
+        "schema_version": provenance["schema_version"], "tokens": result.tokens,
+        "threshold": {"spec": result.threshold.spec, "value": result.threshold.value,
+                      "detection_layer": result.detect_layer + 1},
+        "layers": summary, "definitions": DEFINITIONS, "provenance": provenance,
+    }
+    if result.tokens["kind"] == "plain":
+        grid = result.tokens["patches"]["grid"]
+        high = result.high_norm()
+        payload["high_norm_positions"] = high.sum(0).view(*grid).tolist()  # count per patch position
+        payload["high_norm_maps"] = [m.view(*grid).int().tolist() for m in high[:max_maps]]
+    return {"json": write_json(out / "norms.json", payload), "csv": write_csv(out / "norms.csv", summary)}

@@ -1,0 +1,76 @@
+"""Token norms and high-norm ("artifact") token detection (DESIGN.md section 3).
+
+A token's norm is the L2 norm of a block's output token (default: the last block, before the final norm).
+A token is high-norm when its norm exceeds a threshold chosen by a spec:
+
+* ``percentile:Q``: the Q-th percentile of the patch-token norms of the data (the registers reassessment
+  uses 98);
+* ``absolute:T``: a fixed value (Darcet et al. use 150 for DINOv2 ViT-g);
+* ``auto``: the largest gap of a two-component split of the log norms: the split point that maximises the
+  between-class variance (Otsu's criterion) of the sorted log norms; the threshold is the geometric
+  midpoint between the two tokens on either side of the split.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def token_norms(tokens: Tensor) -> Tensor:
+    """L2 norms (B, T) of tokens (B, T, D), computed in float32."""
+    if tokens.ndim != 3:
+        raise ValueError(f"tokens must be (batch, tokens, dim), got shape {tuple(tokens.shape)}")
+    return tokens.float().norm(dim=-1)
+
+
+@dataclass(frozen=True)
+class Threshold:
+    spec: str
+    value: float
+
+
+def parse_threshold(spec: str) -> tuple[str, float | None]:
+    """('percentile', Q), ('absolute', T) or ('auto', None); a ValueError names the valid forms."""
+    text = spec.strip().lower()
+    if text == "auto":
+        return "auto", None
+    kind, _, number = text.partition(":")
+    try:
+        value = float(number)
+    except ValueError:
+        value = None
+    if kind not in ("percentile", "absolute") or value is None or (kind == "percentile" and not 0 < value < 100):
+        raise ValueError(f"threshold {spec!r} is unknown; use percentile:Q (0 < Q < 100), absolute:T or auto")
+    return kind, value
+
+
+def otsu_split(values: Tensor) -> float:
+    """The threshold between the two classes of a 1-D sample that maximises between-class variance."""
+    x = values.flatten().double().sort().values
+    n = x.numel()
+    if n < 2:
+        return float(x.max()) if n else math.inf
+    prefix = x.cumsum(0)
+    k = torch.arange(1, n, dtype=torch.float64)
+    mean_low = prefix[:-1] / k
+    mean_high = (prefix[-1] - prefix[:-1]) / (n - k)
+    between = k * (n - k) * (mean_high - mean_low) ** 2
+    split = int(between.argmax())
+    return float((x[split] + x[split + 1]) / 2)
+
+
+def high_norm_threshold(patch_norms: Tensor, spec: str = "percentile:98") -> Threshold:
+    """The high-norm threshold for a sample of patch-token norms (any shape)."""
+    kind, value = parse_threshold(spec)
+    norms = patch_norms.flatten().float()
+    if kind == "absolute":
+        return Threshold(spec, value)
+    if norms.numel() == 0:
+        raise ValueError("no patch-token norms to set a threshold from; record at least one image")
+    if kind == "percentile":
+        return Threshold(spec, float(torch.quantile(norms.double(), value / 100.0)))
+    return Threshold(spec, math.exp(otsu_split(norms.clamp(min=1e-12).log())))
