@@ -10,22 +10,6 @@ from collections.abc import Callable
 import torch
 
 
-def median_seconds(fn: Callable[[], object], repeats: int = 10, warmup: int = 2, sync: bool = False) -> float:
-    """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if sync:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if sync:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: int = 2,
                         sync: bool = False) -> dict[str, float]:
     """Median seconds per function, running them in alternation so drift and noise hit all alike."""

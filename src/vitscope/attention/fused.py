@@ -100,19 +100,21 @@ def _alpha_forward(x: Tensor, alpha: float) -> tuple[Tensor, Tensor]:
 
 
 def _entmax_backward(grad: Tensor, y: Tensor, exponent: float) -> Tensor:
+    """Closed-form VJP of alpha-entmax, w = y**(2 - alpha) on the support: w g - w sum(w g) / sum(w)."""
     weight = torch.where(y > 0, y.pow(exponent), 0.0) if exponent != 0.5 else y.sqrt()
-    wg = weight * grad.float()
+    wg = weight * grad.to(y.dtype)
     return wg - weight * (wg.sum(dim=-1, keepdim=True) / weight.sum(dim=-1, keepdim=True))
 
 
 def _sparsemax_backward(grad: Tensor, y: Tensor) -> Tensor:
+    """Closed-form VJP of sparsemax: g minus its mean over the support, zero outside."""
     inside = y > 0
-    g = torch.where(inside, grad.float(), 0.0)
+    g = torch.where(inside, grad.to(y.dtype), 0.0)
     mean = g.sum(dim=-1, keepdim=True) / inside.sum(dim=-1, keepdim=True)
     return torch.where(inside, g - mean, 0.0)
 
 
-_KERNELS = {"entmax15": _entmax15_forward, "sparsemax": _sparsemax_forward, "alpha": _alpha_forward,
+KERNELS = {"entmax15": _entmax15_forward, "sparsemax": _sparsemax_forward, "alpha": _alpha_forward,
             "entmax_backward": _entmax_backward, "sparsemax_backward": _sparsemax_backward}
 
 
@@ -122,7 +124,7 @@ def kernel(name: str, **constants: float) -> Callable | None:
     global _enabled
     key = name + repr(sorted(constants.items()))
     if key not in _compiled:
-        base = _KERNELS[name]
+        base = KERNELS[name]
 
         def bound(*tensors: Tensor):
             return base(*tensors, **constants)

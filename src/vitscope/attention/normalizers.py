@@ -130,64 +130,31 @@ def _solve(x: Tensor, kernel_name: str, eager, **constants: float) -> Tensor:
     return eager(x, **constants)
 
 
-class _SparsemaxFunction(torch.autograd.Function):
+_EAGER = {"sparsemax": _eager_sparsemax, "entmax15": _eager_entmax15, "alpha": _eager_alpha}
+
+
+class _SparseNormalizerFunction(torch.autograd.Function):
+    """sparsemax, entmax-1.5 or alpha-entmax with the closed-form backward; saves only the output."""
+
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        y = _solve(x, "sparsemax", _eager_sparsemax)
+    def forward(ctx, x: Tensor, kind: str, alpha: float) -> Tensor:
+        constants = {"alpha": alpha} if kind == "alpha" else {}
+        y = _solve(x, kind, _EAGER[kind], **constants)
+        ctx.kind, ctx.alpha = kind, alpha
         ctx.save_for_backward(y)
         return y.to(x.dtype)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         (y,) = ctx.saved_tensors
-        if fused.use_fused(y):
-            out = fused.run_kernel("sparsemax_backward", grad, y)
-            if out is not None:
-                return out.to(grad.dtype)
-        inside = y > 0
-        g = torch.where(inside, grad.to(y.dtype), 0.0)
-        mean = g.sum(dim=-1, keepdim=True) / inside.sum(dim=-1, keepdim=True)
-        return torch.where(inside, g - mean, 0.0).to(grad.dtype)
-
-
-class _Entmax15Function(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        y = _solve(x, "entmax15", _eager_entmax15)
-        ctx.save_for_backward(y)
-        return y.to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        (y,) = ctx.saved_tensors
-        return _entmax_backward(grad, y, 0.5)
-
-
-class _EntmaxAlphaFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, alpha: float) -> Tensor:
-        y = _solve(x, "alpha", _eager_alpha, alpha=alpha)
-        ctx.alpha = alpha
-        ctx.save_for_backward(y)
-        return y.to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        (y,) = ctx.saved_tensors
-        return _entmax_backward(grad, y, 2.0 - ctx.alpha), None
-
-
-def _entmax_backward(grad: Tensor, y: Tensor, exponent: float) -> Tensor:
-    """Closed-form vector-Jacobian product of alpha-entmax with w = y**(2 - alpha) on the support:
-    w * g - w * sum(w * g) / sum(w)."""
-    if fused.use_fused(y):
-        out = fused.run_kernel("entmax_backward", grad, y, exponent=exponent)
-        if out is not None:
-            return out.to(grad.dtype)
-    weight = y.sqrt() if exponent == 0.5 else torch.where(y > 0, y.pow(exponent), 0.0)
-    wg = weight * grad.to(y.dtype)
-    q = wg.sum(dim=-1, keepdim=True) / weight.sum(dim=-1, keepdim=True)
-    return (wg - q * weight).to(grad.dtype)
+        if ctx.kind == "sparsemax":
+            kernel, constants = "sparsemax_backward", {}
+        else:  # w = y ** (2 - alpha) on the support: w * g - w * sum(w * g) / sum(w)
+            kernel, constants = "entmax_backward", {"exponent": 2.0 - ctx.alpha}
+        out = fused.run_kernel(kernel, grad, y, **constants) if fused.use_fused(y) else None
+        if out is None:
+            out = fused.KERNELS[kernel](grad, y, **constants)
+        return out.to(grad.dtype), None, None
 
 
 def _along_last(fn, x: Tensor, dim: int, *args) -> Tensor:
@@ -203,12 +170,12 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
 
 def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
     """Sparsemax (Martins & Astudillo, 2016): the Euclidean projection of x onto the simplex."""
-    return _along_last(_SparsemaxFunction.apply, x, dim)
+    return _along_last(_SparseNormalizerFunction.apply, x, dim, "sparsemax", 2.0)
 
 
 def entmax15(x: Tensor, dim: int = -1) -> Tensor:
     """Entmax with alpha = 1.5 (Peters et al., 2019), computed exactly."""
-    return _along_last(_Entmax15Function.apply, x, dim)
+    return _along_last(_SparseNormalizerFunction.apply, x, dim, "entmax15", 1.5)
 
 
 def check_alpha(alpha: float) -> float:
@@ -228,7 +195,7 @@ def entmax(x: Tensor, alpha: float, dim: int = -1) -> Tensor:
         return sparsemax(x, dim)
     if alpha == 1.5:
         return entmax15(x, dim)
-    return _along_last(_EntmaxAlphaFunction.apply, x, dim, alpha)
+    return _along_last(_SparseNormalizerFunction.apply, x, dim, "alpha", alpha)
 
 
 class Normalizer(nn.Module):
