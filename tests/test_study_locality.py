@@ -126,3 +126,18 @@ def test_real_cifar10_images_tiny_run(tmp_path, monkeypatch):
     record = payload["runs"][0]
     assert record["grid_size"] == [8, 8] and record["train_config"]["model"] == "vit-compact"
     assert len(record["mad"]) == 8 and record["num_images"] == 64 and record["accuracy"] is not None
+
+
+def test_runs_side_by_side_one_per_device(tmp_path, monkeypatch):
+    import vitscope.studies.locality as locality
+
+    monkeypatch.setattr(locality, "_devices", lambda device: ["cpu", "cpu"])  # stands in for two GPUs
+    payload = run(tiny_study(tmp_path / "pool", seeds=[0]))
+    assert sorted(r["condition"] for r in payload["runs"]) == ["baseline", "baseline+cutmix"]
+
+
+def test_submitit_launcher_runs_each_condition_as_a_job(tmp_path):
+    pytest.importorskip("submitit")
+    payload = run(tiny_study(tmp_path / "jobs", seeds=[0], launcher="submitit-local"))
+    assert sorted(r["condition"] for r in payload["runs"]) == ["baseline", "baseline+cutmix"]
+    assert list((tmp_path / "jobs" / "submitit").glob("*_log.out"))

@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     loc.add_argument("--batch-size", type=int, default=None)
     loc.add_argument("--device", default="auto")
     loc.add_argument("--out", default="vitscope-study")
+    loc.add_argument("--launcher", default="local", choices=["local", "slurm"],
+                     help="slurm: one submitit job per (condition, seed); needs the 'slurm' extra")
     demo = commands.add_parser("demo", help="the locality study's demo preset on built-in data (~10 min on a CPU)")
     demo.add_argument("--out", default="vitscope-demo")
     demo.add_argument("--device", default="auto")
@@ -97,7 +99,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     report = run_locality_study(dataset=args.dataset, data_dir=args.data_dir,
                                 conditions=(args.conditions or default).split(","), seeds=seeds, preset=args.preset,
                                 epochs=args.epochs, batch_size=args.batch_size, train_images=args.train_images,
-                                eval_images=args.eval_images, device=args.device, out=args.out)
+                                eval_images=args.eval_images, device=args.device, out=args.out,
+                                launcher=args.launcher)
     print(f"report: {report}")
     return 0
 

@@ -56,10 +56,14 @@ class LocalityStudy:
     early_layers: list[int] | None = None  # 0-based; default: the first quarter of the layers
     example_images: int = 4
     progress: bool = True
+    launcher: str = "local"  # local (this machine), slurm (one submitit job per run), submitit-local (testing)
+    slurm: dict[str, Any] = field(default_factory=dict)  # submitit parameters, e.g. {"slurm_partition": "gpu"}
 
     def __post_init__(self) -> None:
         if self.preset not in ("paper", "demo"):
             raise ValueError(f"preset {self.preset!r} is unknown; use 'paper' or 'demo'")
+        if self.launcher not in ("local", "slurm", "submitit-local"):
+            raise ValueError(f"launcher {self.launcher!r} is unknown; use local or slurm")
         self.conditions = expand_conditions(",".join(self.conditions)) if self.conditions else []
         if not self.conditions or not self.seeds:
             raise ValueError("a study needs at least one condition and one seed")
@@ -145,7 +149,9 @@ def run(study: LocalityStudy) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(c, s) for c in study.conditions for s in study.seeds]
     devices = _devices(study.device)
-    if len(devices) > 1:  # one (condition, seed) per GPU, side by side
+    if study.launcher != "local":
+        records = _submit(study, jobs)
+    elif len(devices) > 1:  # one (condition, seed) per device, side by side
         with ProcessPoolExecutor(len(devices), mp_context=get_context("spawn")) as pool:
             futures = [pool.submit(_train_and_measure, study, c, s, devices[i % len(devices)])
                        for i, (c, s) in enumerate(jobs)]
@@ -157,6 +163,22 @@ def run(study: LocalityStudy) -> dict[str, Any]:
                 print(f"[{k}/{len(jobs)}] {condition} seed {seed}", flush=True)
             records.append(_train_and_measure(study, condition, seed, devices[0]))
     return write_results(study, records, started)
+
+
+def _submit(study: LocalityStudy, jobs: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    """One submitit job per (condition, seed); each trains with the engine (DDP inside a job via torchrun
+    settings in ``study.slurm``), is resumable, and returns its record."""
+    try:
+        import submitit
+    except ImportError:
+        raise ValueError("--launcher slurm needs submitit: pip install 'vitscope[slurm]'") from None
+    cluster = "local" if study.launcher == "submitit-local" else "slurm"
+    executor = submitit.AutoExecutor(folder=str(Path(study.out) / "submitit"), cluster=cluster)
+    defaults = {"timeout_min": 24 * 60, "gpus_per_node": 1, "cpus_per_task": 8, "name": "vitscope-locality"}
+    executor.update_parameters(**(defaults | study.slurm if cluster == "slurm" else {"timeout_min": 60}))
+    with executor.batch():
+        futures = [executor.submit(_train_and_measure, study, c, s, study.device) for c, s in jobs]
+    return [job.result() for job in futures]
 
 
 def write_results(study: LocalityStudy, records: list[dict[str, Any]], started: dt.datetime) -> dict[str, Any]:
