@@ -4,8 +4,8 @@ Usage: python benchmarks/bench_normalizers.py [--device cpu|cuda] [--dtype float
 Shapes: compact ViT attention (batch 128, 8 heads, 65 x 65) and ViT-S/16 (batch 32, 6 heads, 197 x 197), times
 ``--batch-scale``. Every row is measured in the same run (medians of interleaved repeats). ``err`` is the largest
 deviation from a float64 solution (bisection with 200 steps) on that input. Peak memory is the forward's
-extra memory beyond input and output, in units of the logits tensor (CUDA allocator; on the CPU the fused kernel
-keeps only per-row scalars, see attention/fused.py).
+extra memory beyond input and output, in units of the logits tensor (CUDA allocator, or the peak resident set
+on Linux CPUs).
 """
 
 from __future__ import annotations
@@ -44,18 +44,33 @@ def truth(x: torch.Tensor, alpha: float) -> torch.Tensor:
     return entmax.entmax_bisect(x.double(), alpha, n_iter=200)
 
 
+def _proc_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
 def peak_memory_ratio(fn, x: torch.Tensor) -> str:
-    """Extra peak memory of one forward beyond input and output, in logits-tensor units (CUDA only)."""
-    if x.device.type != "cuda":
-        return "n/a (CPU)"
+    """Extra peak memory of one forward beyond input and output, in logits-tensor units: the CUDA
+    allocator's peak, or on Linux CPUs the process's peak resident set (reset through /proc/self/clear_refs)."""
     with torch.no_grad():
-        fn(x)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        y = fn(x)
-        torch.cuda.synchronize()
-        extra = torch.cuda.max_memory_allocated() - base - y.numel() * y.element_size()
+        fn(x)  # compiled and warmed up
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            y = fn(x)
+            torch.cuda.synchronize()
+            extra = torch.cuda.max_memory_allocated() - base - y.numel() * y.element_size()
+        else:
+            try:
+                Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set
+                base = _proc_kib("VmRSS") * 1024
+                y = fn(x)
+                extra = _proc_kib("VmHWM") * 1024 - base - y.numel() * y.element_size()
+            except (OSError, RuntimeError):
+                return "n/a"
     return f"{max(extra, 0) / (x.numel() * 4):.2f}"
 
 

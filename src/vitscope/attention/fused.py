@@ -23,7 +23,7 @@ from torch import Tensor
 # below this many elements a fused kernel does not pay for its launch and compile cost
 MIN_ELEMENTS = 1 << 15
 ENTMAX15_ITERS = 3
-SPARSEMAX_ITERS = 4
+SPARSEMAX_ITERS = 3
 ALPHA_ITERS = 6
 
 _enabled = os.environ.get("VITSCOPE_FUSED", "1") != "0"
@@ -60,11 +60,15 @@ def _entmax15_forward(x: Tensor) -> tuple[Tensor, Tensor]:
         s2 = (gap * gap).sum(dim=-1, keepdim=True)
         tau = tau + (s2 - s2.sqrt()) / s1
     gap = (z - tau).clamp(min=0.0)
-    size = (gap > 0).sum(dim=-1, keepdim=True).to(z.dtype)
+    inside = gap > 0
+    size = inside.sum(dim=-1, keepdim=True).to(z.dtype)
     s1 = gap.sum(dim=-1, keepdim=True)
     s2 = (gap * gap).sum(dim=-1, keepdim=True)
+    smallest = torch.where(inside, z, torch.inf).amin(dim=-1, keepdim=True)  # same pass as the sums
     exact = tau + (s1 - (s1 * s1 - size * (s2 - 1.0)).clamp(min=0.0).sqrt()) / size
-    converged = (z > exact).sum(dim=-1, keepdim=True).to(z.dtype) == size
+    # exact is the root on the support of tau (a superset of the true one), hence >= the true threshold;
+    # it is the true threshold iff it keeps that whole support, i.e. the support's smallest entry stays above it
+    converged = smallest > exact
     return (z - exact).clamp(min=0.0).square(), converged
 
 
@@ -72,13 +76,17 @@ def _sparsemax_forward(x: Tensor) -> tuple[Tensor, Tensor]:
     z = x.float()
     z = z - z.amax(dim=-1, keepdim=True)
     tau = _lower_bound(z, 1.0)
-    for _ in range(SPARSEMAX_ITERS):  # Michelot: closed form on the current support
-        inside = z > tau
-        tau = (torch.where(inside, z, 0.0).sum(dim=-1, keepdim=True) - 1.0) / inside.sum(dim=-1, keepdim=True)
-    inside = z > tau
-    size = inside.sum(dim=-1, keepdim=True)
-    exact = (torch.where(inside, z, 0.0).sum(dim=-1, keepdim=True) - 1.0) / size
-    converged = (z > exact).sum(dim=-1, keepdim=True) == size
+    for _ in range(SPARSEMAX_ITERS):  # Michelot: the closed form on the current support, as a Newton step
+        gap = (z - tau).clamp(min=0.0)
+        tau = tau + (gap.sum(dim=-1, keepdim=True) - 1.0) / (gap > 0).sum(dim=-1, keepdim=True).to(z.dtype)
+    gap = (z - tau).clamp(min=0.0)
+    inside = gap > 0
+    size = inside.sum(dim=-1, keepdim=True).to(z.dtype)
+    exact = tau + (gap.sum(dim=-1, keepdim=True) - 1.0) / size
+    smallest = torch.where(inside, z, torch.inf).amin(dim=-1, keepdim=True)  # same pass as the sums
+    # Michelot's iterates only rise, so entries outside the support of tau lie below exact; exact is the
+    # true threshold iff it keeps the whole support of tau
+    converged = smallest > exact
     return (z - exact).clamp(min=0.0), converged
 
 
