@@ -10,18 +10,13 @@ from pathlib import Path
 import vitscope
 
 
-class CliError(Exception):
-    """A user-facing error: printed as one line."""
-
-
-def add_common(parser: argparse.ArgumentParser, *, data: bool = True, model: bool = True) -> None:
-    if model:
-        parser.add_argument("--model", default="vit-micro", help="preset, timm:NAME, or run folder / weights file")
-        parser.add_argument("--weights", default=None, help="local weights file for the model")
-    if data:
-        parser.add_argument("--dataset", default="synthetic", help="dataset name (synthetic needs no directory)")
-        parser.add_argument("--data-dir", default=None, help="dataset folder or archive")
-        parser.add_argument("--num-images", type=int, default=None, help="use only the first N images")
+def add_common(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that reads a model and a dataset (DESIGN.md section 5)."""
+    parser.add_argument("--model", default="vit-micro", help="preset, timm:NAME, or run folder / weights file")
+    parser.add_argument("--weights", default=None, help="local weights file for the model")
+    parser.add_argument("--dataset", default="synthetic", help="dataset name (synthetic needs no directory)")
+    parser.add_argument("--data-dir", default=None, help="dataset folder or archive")
+    parser.add_argument("--num-images", type=int, default=None, help="use only the first N images")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
