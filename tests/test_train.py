@@ -136,3 +136,22 @@ def test_two_ranks_with_gloo_under_torchrun(tmp_path):
     assert meta["world_size"] == 2
     summary = json.loads((Path(cfg.out) / "summary.json").read_text())
     assert summary["steps"] == 8 and 0 <= summary["eval"]["top1"] <= 1
+
+
+def test_config_files_and_dotted_overrides(tmp_path):
+    from vitscope.train import load_config
+
+    (tmp_path / "c.yaml").write_text("model: vit-micro\nepochs: 3\nmodel_options:\n  depth: 2\n")
+    cfg = load_config(tmp_path / "c.yaml", ["model_options.num_registers=4", "lr=0.002", "protocol=modern-cutmix"])
+    assert cfg.epochs == 3 and cfg.lr == 0.002 and cfg.model_options == {"depth": 2, "num_registers": 4}
+    assert cfg.protocol == "modern-cutmix"
+    (tmp_path / "c.toml").write_text('model = "vit-micro"\nprotocol = "baseline+cutmix+labelsmoothing"\n')
+    assert load_config(tmp_path / "c.toml").protocol == "modern-autoaugment"
+    with pytest.raises(ValueError, match="key=value"):
+        load_config(None, ["epochs"])
+    with pytest.raises(FileNotFoundError, match="--config"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ValueError, match="supports cifar10 and cifar100"):
+        from vitscope.data import load_dataset
+
+        load_dataset("tiny-imagenet", tmp_path, "train", download=True)

@@ -17,6 +17,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="synthetic", help="dataset name (synthetic needs no directory)")
     parser.add_argument("--data-dir", default=None, help="dataset folder or archive")
     parser.add_argument("--num-images", type=int, default=None, help="use only the first N images")
+    parser.add_argument("--download", action="store_true", help="fetch cifar10/cifar100 into --data-dir first")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
@@ -154,7 +155,7 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
 
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
-    dataset = load_dataset(args.dataset, args.data_dir, "eval").subset(args.num_images)
+    dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download).subset(args.num_images)
     options = {"attention": args.attention, "num_registers": args.num_registers}
     if args.model.startswith("timm:") and args.img_size:
         options["img_size"] = args.img_size

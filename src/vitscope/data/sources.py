@@ -136,8 +136,6 @@ def _read(name: str, tree: FileTree, split: str, size: int | None):
 def _download(name: str, root: Path) -> None:
     import torchvision
 
-    if name not in ("cifar10", "cifar100"):
-        raise ValueError(f"--download supports cifar10 and cifar100, not {name}; fetch {name} yourself")
     dataset_cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
     for train in (True, False):
         dataset_cls(str(root), train=train, download=True)
@@ -157,6 +155,8 @@ def load_dataset(name: str, root: str | Path | None = None, split: str = "train"
     the synthetic generator (``num_images``, ``image_size``, ``num_classes``, ``seed``).
     """
     split = canonical_split(split)
+    if download and name not in ("cifar10", "cifar100"):
+        raise ValueError(f"--download supports cifar10 and cifar100, not {name}; put {name} in --data-dir yourself")
     if name == "synthetic":
         if image_size is not None:
             options["image_size"] = image_size

@@ -22,6 +22,7 @@ class TrainConfig:
     model_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"num_registers": 4}
     dataset: str = "synthetic"
     data_dir: str | None = None
+    download: bool = False  # fetch cifar10 / cifar100 with torchvision's downloader into data_dir first
     dataset_options: dict[str, Any] = field(default_factory=dict)  # synthetic generator options
     train_images: int | None = None  # use only the first N training images
     eval_images: int | None = None

@@ -141,6 +141,9 @@ def _train(cfg: TrainConfig, ctx: DistContext, resume: bool) -> dict[str, Any]:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
     torch.manual_seed(cfg.seed)
+    if cfg.download and ctx.is_main:  # one rank fetches; the others wait for it
+        load_dataset(cfg.dataset, cfg.data_dir, "train", download=True)
+    ctx.barrier()
     train_set = load_dataset(cfg.dataset, cfg.data_dir, "train", **cfg.dataset_options).subset(cfg.train_images)
     eval_set = load_dataset(cfg.dataset, cfg.data_dir, "eval", **cfg.dataset_options).subset(cfg.eval_images)
     if cfg.batch_size % ctx.world_size or cfg.batch_size > len(train_set):
