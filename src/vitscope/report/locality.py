@@ -84,6 +84,10 @@ def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     return paths
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def _scale_note(results: dict[str, Any]) -> str:
     runs = results["runs"]
     train = runs[0]["train_config"]
@@ -92,7 +96,8 @@ def _scale_note(results: dict[str, Any]) -> str:
     return (f"Measured on <b>{html.escape(results['provenance']['dataset'])}</b> with model "
             f"<code>{html.escape(train['model'])}</code> {html.escape(json.dumps(train['model_options']))}, "
             f"{train['epochs']} epochs, batch {train['batch_size']}, {len(runs)} runs "
-            f"({len({r['condition'] for r in runs})} conditions x {len({r['seed'] for r in runs})} seeds), "
+            f"({_count(len({r['condition'] for r in runs}), 'condition')} x "
+            f"{_count(len({r['seed'] for r in runs}), 'seed')}), "
             f"each analysed on {runs[0]['num_images']} evaluation images. Early layers: {early}. "
             "The paper's numbers come from CIFAR-100 at full scale; this report claims only what this run shows.")
 
