@@ -190,8 +190,10 @@ def cmd_analyze_locality(args: argparse.Namespace) -> int:
 def cmd_analyze_norms(args: argparse.Namespace) -> int:
     from vitscope.analyze.inputs import model_batches
     from vitscope.analyze.norms import measure_norms, write_norms
+    from vitscope.metrics.norms import parse_threshold
     from vitscope.report.norm_figures import high_norm_maps, norm_histograms
 
+    parse_threshold(args.threshold)  # fail before loading anything
     device, dataset, model, out, meta = prepare_analysis(args, "vitscope-norms")
     result = measure_norms(model, dataset, threshold=args.threshold, detect_layer=args.detect_layer - 1,
                            batch_size=args.batch_size, device=device, img_size=args.img_size)

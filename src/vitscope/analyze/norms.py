@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from vitscope.analyze.inputs import model_batches
 from vitscope.data import ImageDataset
 from vitscope.files import write_csv, write_json
-from vitscope.metrics.norms import Threshold, high_norm_threshold
+from vitscope.metrics.norms import Threshold, high_norm_threshold, parse_threshold
 from vitscope.models.token_map import token_map
 from vitscope.record import record_tokens
 
@@ -66,6 +66,7 @@ def measure_norms(model: nn.Module, dataset: ImageDataset, *, threshold: str = "
                   img_size: int | None = None, progress: bool = True) -> NormsResult:
     """Record every block's token norms over ``dataset`` and set the high-norm threshold on the patch
     tokens of ``detect_layer`` (default: the last block)."""
+    parse_threshold(threshold)  # a bad spec fails before any image is processed
     model = model.to(device).eval()
     bar = tqdm(total=len(dataset), unit="img", desc="norms", disable=not progress, dynamic_ncols=True)
     with record_tokens(model, keep="norms") as rec:
