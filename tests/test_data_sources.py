@@ -128,3 +128,13 @@ def test_real_cifar10_archive_eval_split(tmp_path):
     assert len(data) == 10_000 and data.num_classes == 10 and data.images.shape[1:] == (3, 32, 32)
     assert torch.bincount(data.labels).tolist() == [1000] * 10
     shutil.rmtree(tmp_path / "cache")
+
+
+def test_a_tree_with_only_a_train_split_is_not_descended_into(tmp_path):
+    root = tmp_path / "only-train"
+    for k in range(2):
+        write_png(root / "train" / "solo" / f"{k}.png", 10 + k)
+    data = load_dataset("imagefolder", root, "train")
+    assert len(data) == 2 and data.classes == ["solo"]
+    with pytest.raises(ValueError, match="no test/ or val/ folder"):
+        load_dataset("imagefolder", root, "eval")

@@ -121,3 +121,20 @@ def test_bad_arguments():
         pass
     with pytest.raises(ValueError, match="no forward pass"):
         _ = rec.stats
+
+
+def test_stats_honour_an_attention_mask_on_the_fused_path():
+    model = create("vit-micro").eval()
+    attn = model.blocks[0].attn
+    torch.manual_seed(3)
+    tokens = torch.randn(2, 65, 64)
+    mask = torch.rand(65, 65) > 0.3
+    mask.fill_diagonal_(True)
+    with torch.no_grad(), vitscope.record_attention(model, layers=[0]) as maps:
+        attn(tokens, attn_mask=mask)
+    probs = maps.maps[0]
+    assert torch.all(probs[..., ~mask] == 0)
+    with torch.no_grad(), vitscope.record_attention(model, layers=[0], keep="stats", unit="patch") as rec:
+        attn(tokens, attn_mask=mask)
+    want = mean_attention_distance(probs, (8, 8), num_prefix_tokens=1, unit="patch").mean(0)
+    torch.testing.assert_close(rec.stats.mad[0], want, atol=1e-5, rtol=0)

@@ -18,8 +18,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vitscope.attention import masked_logits
+from vitscope.compiled import compiled
 from vitscope.metrics import UNITS
-from vitscope.metrics.locality import locality_from_row_sums, locality_row_sums
+from vitscope.metrics.locality import locality_from_row_sums, locality_row_sums, unit_scale
 from vitscope.metrics.norms import token_norms
 from vitscope.models import AttentionSite, TokenLayout, attention_sites
 from vitscope.models.sites import token_blocks
@@ -67,23 +69,11 @@ class AttentionStats:
         return float(torch.nan_to_num(self.mad[picks], nan=float("inf")).min())
 
 
-def softmax_row_sums(scaled_q: Tensor, k: Tensor, distances: Tensor, prefix: int) -> tuple[Tensor, Tensor, Tensor]:
+def softmax_row_sums(scaled_q: Tensor, k: Tensor, distances: Tensor, *, prefix: int
+                     ) -> tuple[Tensor, Tensor, Tensor]:
     """``locality_row_sums`` of softmax(q k^T) restricted to patches, without keeping the probabilities."""
     probs = (scaled_q.float() @ k.float().transpose(-2, -1)).softmax(dim=-1)
     return locality_row_sums(probs[..., prefix:, prefix:], distances)
-
-
-_KERNELS: dict[str, Any] = {}
-
-
-def _kernel(fn):
-    """``fn`` compiled into fused passes when torch.compile works here, else ``fn`` itself."""
-    if fn.__name__ not in _KERNELS:
-        try:
-            _KERNELS[fn.__name__] = torch.compile(fn, dynamic=None)
-        except Exception:  # pragma: no cover - depends on the toolchain
-            _KERNELS[fn.__name__] = fn
-    return _KERNELS[fn.__name__]
 
 
 class _StatsAccumulator:
@@ -93,16 +83,15 @@ class _StatsAccumulator:
         self.options = options
         self.mad_sum = self.mad_count = self.ent_sum = self.ent_count = None
         self.images = 0
-        self._distances: dict[tuple, tuple[Tensor, float]] = {}
+        self._geometries: dict[tuple, tuple[TokenLayout, Tensor, float]] = {}
 
     def _geometry(self, layout: TokenLayout, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, float]:
-        key = (id(layout.distances), layout.grid_size, device, dtype)
-        if key not in self._distances:
+        """The layout's distance matrix on ``device`` and its unit scale, computed once per layout."""
+        key = (id(layout), device, dtype)
+        if key not in self._geometries:  # the layout is kept in the value, so its id cannot be reused
             dist = layout.distance_matrix().to(device, dtype)
-            unit = self.options["unit"]
-            scale = {"patch": 1.0, "pixel": float(layout.patch_size), "normalized": 1.0 / float(dist.max())}[unit]
-            self._distances[key] = (dist, scale)
-        return self._distances[key]
+            self._geometries[key] = (layout, dist, unit_scale(dist, self.options["unit"], layout.patch_size))
+        return self._geometries[key][1:]
 
     def update(self, probs: Tensor, layout: TokenLayout) -> None:
         """Add one batch of probabilities (B, heads, Tq, Tk)."""
@@ -114,14 +103,17 @@ class _StatsAccumulator:
             if tuple(dist.shape) != tuple(block.shape[-2:]):
                 raise ValueError(f"attention patch block {tuple(block.shape[-2:])} does not match the layout's "
                                  f"distances {tuple(dist.shape)}; check num_prefix_tokens and grid_size")
-            self._add(_kernel(locality_row_sums)(block, dist), block.shape[-1], scale)
+            self._add(compiled(locality_row_sums)(block, dist), block.shape[-1], scale)
 
-    def update_softmax(self, scaled_q: Tensor, k: Tensor, layout: TokenLayout) -> None:
+    def update_softmax(self, scaled_q: Tensor, k: Tensor, attn_mask: Tensor | None, layout: TokenLayout) -> None:
         """Add one batch given the scaled queries and keys (B, heads, T, head_dim) of a softmax attention."""
+        if attn_mask is not None:  # rare: the plain path
+            self.update(masked_logits(scaled_q, k, attn_mask).softmax(dim=-1), layout)
+            return
         with torch.no_grad():
             prefix = layout.num_prefix_tokens
             dist, scale = self._geometry(layout, k.device, torch.float32)
-            sums = _kernel(softmax_row_sums)(scaled_q.detach(), k.detach(), dist, prefix)
+            sums = compiled(softmax_row_sums, prefix=prefix)(scaled_q.detach(), k.detach(), dist)
             self._add(sums, k.shape[-2] - prefix, scale)
 
     def _add(self, sums: tuple[Tensor, Tensor, Tensor], num_keys: int, scale: float) -> None:
@@ -160,9 +152,9 @@ class AttentionRecording:
         return observe
 
     def _softmax_observer(self, slot: int):
-        def observe(scaled_q: Tensor, k: Tensor, layout: TokenLayout) -> None:
+        def observe(scaled_q: Tensor, k: Tensor, attn_mask: Tensor | None, layout: TokenLayout) -> None:
             self.layouts[slot] = layout
-            self._acc[slot].update_softmax(scaled_q, k, layout)
+            self._acc[slot].update_softmax(scaled_q, k, attn_mask, layout)
 
         return observe
 
@@ -199,6 +191,11 @@ class AttentionRecording:
         )
 
 
+def _chosen(layers: Sequence[int] | int | None, count: int) -> list[int]:
+    """0-based indices from one index, several, or None for all (a range error names the valid ones)."""
+    return resolve_block_indices([layers] if isinstance(layers, int) else layers, count)
+
+
 @contextmanager
 def record_attention(
     model: nn.Module,
@@ -219,10 +216,7 @@ def record_attention(
     if unit not in UNITS:
         raise ValueError(f"unit={unit!r} is unknown; use one of {', '.join(UNITS)}")
     all_sites = attention_sites(model)
-    if isinstance(layers, int):
-        layers = [layers]
-    chosen = resolve_block_indices(layers, len(all_sites))
-    sites = [all_sites[i] for i in chosen]
+    sites = [all_sites[i] for i in _chosen(layers, len(all_sites))]
     recording = AttentionRecording(sites, keep, {"renormalize": renormalize, "unit": unit})
     detachers = []
     try:
@@ -295,9 +289,7 @@ def record_tokens(model: nn.Module, layers: Sequence[int] | int | None = None, k
     if keep not in ("tokens", "norms"):
         raise ValueError(f"keep={keep!r} is unknown; use 'tokens' or 'norms'")
     blocks = token_blocks(model)
-    if isinstance(layers, int):
-        layers = [layers]
-    chosen = resolve_block_indices(layers, len(blocks))
+    chosen = _chosen(layers, len(blocks))
     plain = hasattr(model, "num_prefix_tokens")
     recording = TokenRecording([blocks[i][0] for i in chosen], keep, getattr(model, "norm", None) if plain else None)
     handles = []

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitscope.data import ImageDataset, normalize
+from vitscope.data.dataset import raw_batches
 
 
 def model_input(model: nn.Module, dataset: ImageDataset, img_size: int | None = None
@@ -32,10 +33,8 @@ def model_batches(model: nn.Module, dataset: ImageDataset, batch_size: int, devi
                   img_size: int | None = None) -> Iterator[tuple[Tensor, Tensor]]:
     """Normalised images (B, 3, S, S), resized bilinearly to the model's input side S, and labels."""
     side, mean, std = model_input(model, dataset, img_size)
-    if batch_size < 1:
-        raise ValueError(f"batch size {batch_size} must be >= 1")
-    for start in range(0, len(dataset), batch_size):
-        images = dataset.images[start : start + batch_size].to(device).float() / 255.0
+    for images, labels in raw_batches(dataset, batch_size, device):
+        images = images.float() / 255.0
         if images.shape[-1] != side or images.shape[-2] != side:
             images = F.interpolate(images, size=(side, side), mode="bilinear", align_corners=False, antialias=True)
-        yield normalize(images, mean, std), dataset.labels[start : start + batch_size].to(device)
+        yield normalize(images, mean, std), labels

@@ -19,6 +19,11 @@ __all__ = [
     "NORMALIZER_NAMES", "Entmax15", "EntmaxAlpha", "Normalizer", "Softmax", "Sparsemax", "check_alpha",
     "entmax", "entmax15", "make_normalizer", "softmax", "sparsemax",
 ]
-from vitscope.attention.module import Attention, AttentionObserver, use_fused_attention  # noqa: E402
+from vitscope.attention.module import (  # noqa: E402
+    Attention,
+    AttentionObserver,
+    masked_logits,
+    use_fused_attention,
+)
 
-__all__ += ["Attention", "AttentionObserver", "use_fused_attention"]
+__all__ += ["Attention", "AttentionObserver", "masked_logits", "use_fused_attention"]

@@ -6,19 +6,18 @@ iteration count: rows that have not provably converged are finished by the exact
 ``normalizers.py``. Every iteration starts from the lower bound ``max(-1, mean(z) - n**(-1/p))`` (power-mean
 inequality), which is close to the root for the near-uniform rows of freshly initialised models.
 
-Disable with ``VITSCOPE_FUSED=0`` or ``set_fused(False)``; if compilation fails (no C++ compiler, say)
-the eager solvers are used and a warning says so once.
+Disable with ``VITSCOPE_FUSED=0`` or ``set_fused(False)`` to use the eager solvers alone; where compilation
+fails (no C++ compiler, say) the same kernels run eagerly (``vitscope.compiled``).
 """
 
 from __future__ import annotations
 
 import os
-import types
-import warnings
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+from vitscope.compiled import compiled
 
 # below this many elements a fused kernel does not pay for its launch and compile cost
 MIN_ELEMENTS = 1 << 15
@@ -27,17 +26,12 @@ SPARSEMAX_ITERS = 3
 ALPHA_ITERS = 6
 
 _enabled = os.environ.get("VITSCOPE_FUSED", "1") != "0"
-_compiled: dict[str, Callable] = {}
 
 
 def set_fused(enabled: bool) -> None:
     """Turn the compiled fast paths on or off for this process."""
     global _enabled
     _enabled = enabled
-
-
-def fused_enabled() -> bool:
-    return _enabled
 
 
 def use_fused(x: Tensor) -> bool:
@@ -126,39 +120,6 @@ KERNELS = {"entmax15": _entmax15_forward, "sparsemax": _sparsemax_forward, "alph
             "entmax_backward": _entmax_backward, "sparsemax_backward": _sparsemax_backward}
 
 
-def kernel(name: str, **constants: float) -> Callable | None:
-    """The compiled kernel ``name`` with Python-float ``constants`` baked in (one compilation per value,
-    never a symbolic float), or None when compilation is unavailable."""
-    global _enabled
-    key = name + repr(sorted(constants.items()))
-    if key not in _compiled:
-        base = KERNELS[name]
-
-        def bound(*tensors: Tensor):
-            return base(*tensors, **constants)
-
-        # a distinct code object per kernel and constant, so each gets its own compile cache
-        code = bound.__code__.replace(co_name=f"vitscope_{name}_{len(_compiled)}")
-        specialised = types.FunctionType(code, bound.__globals__, code.co_name, None, bound.__closure__)
-        try:
-            _compiled[key] = torch.compile(specialised, dynamic=False)
-        except Exception as err:  # pragma: no cover - depends on the toolchain
-            warnings.warn(f"vitscope: fused normalisers disabled ({err}); using the eager solvers", stacklevel=2)
-            _enabled = False
-            return None
-    return _compiled[key]
-
-
 def run_kernel(name: str, *tensors: Tensor, **constants: float):
-    """Call a compiled kernel; on a compilation failure fall back (return None) and disable fusion."""
-    global _enabled
-    fn = kernel(name, **constants)
-    if fn is None:
-        return None
-    try:
-        return fn(*tensors)
-    except Exception as err:  # pragma: no cover - depends on the toolchain
-        warnings.warn(f"vitscope: fused normalisers disabled ({type(err).__name__}: {err}); using the eager "
-                      "solvers", stacklevel=2)
-        _enabled = False
-        return None
+    """Run kernel ``name`` of ``KERNELS`` compiled, with ``constants`` baked in (eagerly where compiling fails)."""
+    return compiled(KERNELS[name], dynamic=False, **constants)(*tensors)

@@ -48,9 +48,10 @@ class Attention(nn.Module):
         self.normalizer = make_normalizer(normalizer) if isinstance(normalizer, str) else normalizer
         self.fused = True
         self.observer: AttentionObserver | None = None
-        # Called with scaled queries and keys (B, heads, T, head_dim) while the fused path stays on; used
-        # by streaming statistics, which need probabilities but not the manual path's output.
-        self.probe: Callable[[Tensor, Tensor], None] | None = None
+        # Called with scaled queries and keys (B, heads, T, head_dim) and the attention mask (or None) while
+        # the fused path stays on; used by streaming statistics, which need probabilities but not the manual
+        # path's output.
+        self.probe: Callable[[Tensor, Tensor, Tensor | None], None] | None = None
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """``attn_mask`` (broadcastable to (B, heads, T, T)) is boolean (True = attend) or additive, as in
@@ -63,15 +64,11 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x)
         if self.fused and self.normalizer.is_softmax and self.observer is None:
             drop = self.attn_drop.p if self.training else 0.0
-            if self.probe is not None and attn_mask is None:
-                self.probe(q * self.scale, k)
+            if self.probe is not None:
+                self.probe(q * self.scale, k, attn_mask)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
         else:
-            logits = (q * self.scale) @ k.transpose(-2, -1)
-            if attn_mask is not None:
-                logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-                    else logits + attn_mask
-            probs = self.normalizer(logits)
+            probs = self.normalizer(masked_logits(q * self.scale, k, attn_mask))
             if self.observer is not None:
                 self.observer(self, probs)
             out = self.attn_drop(probs) @ v
@@ -90,6 +87,14 @@ class Attention(nn.Module):
         """The attention probabilities (B, heads, T, T) for tokens x, without the value product."""
         q, k, _ = self._qkv(x)
         return self.normalizer((q * self.scale) @ k.transpose(-2, -1))
+
+
+def masked_logits(scaled_q: Tensor, k: Tensor, attn_mask: Tensor | None) -> Tensor:
+    """q k^T (B, heads, Tq, Tk) with a boolean (True = attend) or additive mask applied."""
+    logits = scaled_q @ k.transpose(-2, -1)
+    if attn_mask is None:
+        return logits
+    return logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
 
 
 def use_fused_attention(model: nn.Module, enabled: bool) -> None:

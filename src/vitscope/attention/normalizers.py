@@ -118,16 +118,14 @@ def _eager_alpha(x: Tensor, alpha: float) -> Tensor:
 def _solve(x: Tensor, kernel_name: str, eager, **constants: float) -> Tensor:
     """Probabilities in the compute dtype: the fused kernel where it applies, rows it could not prove
     converged (and every row otherwise) from the exact eager solver."""
-    if fused.use_fused(x):
-        out = fused.run_kernel(kernel_name, x, **constants)
-        if out is not None:
-            y, converged = out
-            redo = ~converged.reshape(-1)
-            if bool(redo.any()):
-                flat = y.view(-1, y.shape[-1])
-                flat[redo] = eager(x.reshape(-1, x.shape[-1])[redo], **constants).to(y.dtype)
-            return y
-    return eager(x, **constants)
+    if not fused.use_fused(x):
+        return eager(x, **constants)
+    y, converged = fused.run_kernel(kernel_name, x, **constants)
+    redo = ~converged.reshape(-1)
+    if bool(redo.any()):
+        flat = y.view(-1, y.shape[-1])
+        flat[redo] = eager(x.reshape(-1, x.shape[-1])[redo], **constants).to(y.dtype)
+    return y
 
 
 _EAGER = {"sparsemax": _eager_sparsemax, "entmax15": _eager_entmax15, "alpha": _eager_alpha}
@@ -151,9 +149,8 @@ class _SparseNormalizerFunction(torch.autograd.Function):
             kernel, constants = "sparsemax_backward", {}
         else:  # w = y ** (2 - alpha) on the support: w * g - w * sum(w * g) / sum(w)
             kernel, constants = "entmax_backward", {"exponent": 2.0 - ctx.alpha}
-        out = fused.run_kernel(kernel, grad, y, **constants) if fused.use_fused(y) else None
-        if out is None:
-            out = fused.KERNELS[kernel](grad, y, **constants)
+        run = fused.run_kernel if fused.use_fused(y) else lambda name, *t, **c: fused.KERNELS[name](*t, **c)
+        out = run(kernel, grad, y, **constants)
         return out.to(grad.dtype), None, None
 
 

@@ -67,11 +67,19 @@ def normalize(images: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -
     return (x - m) / s
 
 
-def eval_batches(dataset: ImageDataset, batch_size: int, device: torch.device | str = "cpu"
-                 ) -> Iterator[tuple[Tensor, Tensor]]:
-    """Normalised float images (B, C, H, W) and labels (B,) on ``device``, in dataset order."""
+def raw_batches(dataset: ImageDataset, batch_size: int, device: torch.device | str = "cpu", *, rank: int = 0,
+                world_size: int = 1) -> Iterator[tuple[Tensor, Tensor]]:
+    """uint8 images (B, C, H, W) and labels (B,) on ``device`` in dataset order; with ``world_size`` > 1 this
+    rank takes every ``world_size``-th batch."""
     if batch_size < 1:
         raise ValueError(f"batch size {batch_size} must be >= 1")
-    for start in range(0, len(dataset), batch_size):
+    for start in range(rank * batch_size, len(dataset), batch_size * world_size):
         images = dataset.images[start : start + batch_size].to(device, non_blocking=True)
-        yield normalize(images, dataset.mean, dataset.std), dataset.labels[start : start + batch_size].to(device)
+        yield images, dataset.labels[start : start + batch_size].to(device)
+
+
+def eval_batches(dataset: ImageDataset, batch_size: int, device: torch.device | str = "cpu", *, rank: int = 0,
+                 world_size: int = 1) -> Iterator[tuple[Tensor, Tensor]]:
+    """Images normalised with the dataset's statistics (float32) and labels, as ``raw_batches``."""
+    for images, labels in raw_batches(dataset, batch_size, device, rank=rank, world_size=world_size):
+        yield normalize(images, dataset.mean, dataset.std), labels

@@ -20,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
+SPLIT_FOLDERS = {"train", "test", "val", "eval", "validation"}
 
 
 def is_archive(path: Path) -> bool:
@@ -56,14 +57,15 @@ class FileTree:
         return sorted(m.name for m in self._archive.getmembers() if m.isfile())
 
     def _single_top_folder(self) -> str:
+        """Descend while the tree holds a single folder and nothing else, stopping at split folders."""
         prefix = ""
         while True:
-            tops = {f[len(prefix):].split("/", 1)[0] for f in self._files if f.startswith(prefix)}
-            nested = [f for f in self._files if f.startswith(prefix) and "/" in f[len(prefix):]]
-            if len(tops) == 1 and nested and len(nested) == sum(f.startswith(prefix) for f in self._files):
-                prefix += tops.pop() + "/"
-            else:
+            below = [f[len(prefix):] for f in self._files if f.startswith(prefix)]
+            tops = {f.split("/", 1)[0] for f in below}
+            top = next(iter(tops)) if len(tops) == 1 else None
+            if top is None or top in SPLIT_FOLDERS or not all("/" in f for f in below):
                 return prefix
+            prefix += top + "/"
 
     def files(self, under: str = "") -> list[str]:
         """Relative paths (below the single top folder, if any) that start with ``under``."""

@@ -72,6 +72,17 @@ def _resolve_distances(block: Tensor, grid_size, distances, num_prefix_tokens: i
     return distances.to(block.device, block.dtype)
 
 
+def unit_scale(distances: Tensor, unit: str, patch_size: int | None = None) -> float:
+    """The factor that turns distances in the matrix's own units into ``unit`` (module docstring)."""
+    if unit not in UNITS:
+        raise ValueError(f"unit={unit!r} is unknown; use one of {', '.join(UNITS)}")
+    if unit == "pixel":
+        if not patch_size:
+            raise ValueError("unit='pixel' needs patch_size (pixels per patch side)")
+        return float(patch_size)
+    return 1.0 / float(distances.max()) if unit == "normalized" else 1.0
+
+
 def mean_attention_distance(
     attn: Tensor,
     grid_size: tuple[int, int] | None = None,
@@ -83,22 +94,13 @@ def mean_attention_distance(
     patch_size: int | None = None,
 ) -> Tensor:
     """Mean attention distance per (image, head): (B, heads). See the module docstring for the definition."""
-    if unit not in UNITS:
-        raise ValueError(f"unit={unit!r} is unknown; use one of {', '.join(UNITS)}")
-    if unit == "pixel" and not patch_size:
-        raise ValueError("unit='pixel' needs patch_size (pixels per patch side)")
     block = _patch_block(attn, num_prefix_tokens)
     dist = _resolve_distances(block, grid_size, distances, num_prefix_tokens)
+    scale = unit_scale(dist, unit, patch_size)
     mass = block.sum(dim=-1)
     weighted = (block * dist).sum(dim=-1)
-    valid = mass > 0
     rows = weighted / mass.clamp(min=torch.finfo(mass.dtype).tiny) if renormalize else weighted
-    mad = _row_mean(rows, valid)
-    if unit == "pixel":
-        mad = mad * patch_size
-    elif unit == "normalized":
-        mad = mad / dist.max()
-    return mad
+    return _row_mean(rows, mass > 0) * scale
 
 
 def attention_entropy(attn: Tensor, *, num_prefix_tokens: int, normalized: bool = True) -> Tensor:

@@ -74,9 +74,13 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_weights(model: torch.nn.Module, path: str | Path) -> None:
-    """Load a weights file into ``model``, strictly; a mismatch names the missing and unexpected keys."""
+def load_weights(model: torch.nn.Module, path: str | Path, convert=None) -> None:
+    """Load a weights file into ``model``, strictly; a mismatch names the missing and unexpected keys.
+
+    ``convert(state_dict, model)`` renames foreign keys first (timm's ``checkpoint_filter_fn``)."""
     state = read_state_dict(path)
+    if convert is not None:
+        state = convert(state, model)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise ValueError(

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 
 from vitscope.attention import Attention
@@ -20,8 +19,8 @@ from vitscope.models.layout import TokenLayout
 # An observer receives one forward pass's probabilities in canonical form (B, heads, Tq, Tk) and the
 # layout that says which rows and columns are which tokens.
 ProbsObserver = Callable[[Tensor, TokenLayout], None]
-# Receives scaled queries and keys (B, heads, T, head_dim) of a softmax attention, and its layout.
-SoftmaxObserver = Callable[[Tensor, Tensor, TokenLayout], None]
+# Receives scaled queries and keys (B, heads, T, head_dim) of a softmax attention, its mask, and its layout.
+SoftmaxObserver = Callable[[Tensor, Tensor, Tensor | None, TokenLayout], None]
 # Turns a module's raw probabilities into canonical form and gives their layout.
 Canonical = Callable[[Tensor], tuple[Tensor, TokenLayout]]
 
@@ -39,12 +38,12 @@ class AttentionSite:
         def deliver(probs: Tensor) -> None:
             observer(*self.canonical(probs))
 
-        install = getattr(self.canonical, "install", None)  # geometry read at forward time (PVT)
-        uninstall = install() if install is not None else (lambda: None)
         if isinstance(self.module, Attention):
             detach = _attach_vitscope(self.module, deliver)
         else:
             detach = _attach_timm(self.module, deliver)
+        install = getattr(self.canonical, "install", None)  # geometry read at forward time (PVT)
+        uninstall = install() if install is not None else (lambda: None)
 
         def undo() -> None:
             detach()
@@ -56,13 +55,14 @@ class AttentionSite:
         """Like ``attach``, but a vitscope softmax attention keeps its fused path and hands its scaled
         queries and keys to ``softmax_observer``, which recomputes softmax(q k^T) only for itself."""
         module = self.module
-        if not (isinstance(module, Attention) and module.normalizer.is_softmax and module.fused):
+        if not (isinstance(module, Attention) and module.normalizer.is_softmax and module.fused
+                and isinstance(self.canonical, PlainLayout)):
             return self.attach(observer)
         previous = module.probe
-        _, layout = self.canonical(torch.empty(0))  # plain ViT: the layout does not depend on the maps
+        layout = self.canonical.layout
 
-        def probe(scaled_q: Tensor, k: Tensor) -> None:
-            softmax_observer(scaled_q, k, layout)
+        def probe(scaled_q: Tensor, k: Tensor, attn_mask: Tensor | None) -> None:
+            softmax_observer(scaled_q, k, attn_mask, layout)
 
         module.probe = probe
 
@@ -97,9 +97,14 @@ def _attach_timm(module: nn.Module, deliver: Callable[[Tensor], None]) -> Callab
     return detach
 
 
-def static(layout: TokenLayout) -> Canonical:
-    """Canonical form for plain ViTs: probabilities are already (B, heads, T, T)."""
-    return lambda probs: (probs, layout)
+@dataclass(frozen=True)
+class PlainLayout:
+    """Canonical form for plain ViTs: probabilities are already (B, heads, T, T), with one fixed layout."""
+
+    layout: TokenLayout
+
+    def __call__(self, probs: Tensor) -> tuple[Tensor, TokenLayout]:
+        return probs, self.layout
 
 
 def token_layout(model: nn.Module) -> TokenLayout:
@@ -122,7 +127,7 @@ def attention_sites(model: nn.Module) -> list[AttentionSite]:
     from vitscope.models.hierarchical import hierarchical_sites
 
     if hasattr(model, "blocks") and hasattr(model, "num_prefix_tokens"):
-        canonical = static(token_layout(model))
+        canonical = PlainLayout(token_layout(model))
         return [AttentionSite(f"blocks.{i}.attn", i, block.attn, canonical) for i, block in enumerate(model.blocks)]
     sites = hierarchical_sites(model)
     if sites is not None:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from vitscope.attention import Attention
-from vitscope.models.checkpoint import read_state_dict
+from vitscope.models.checkpoint import load_weights
 
 
 def create_timm(name: str, **overrides: Any) -> nn.Module:
@@ -36,15 +36,7 @@ def create_timm(name: str, **overrides: Any) -> nn.Module:
 
 def load_timm_weights(model: nn.Module, path: str | Path) -> None:
     """Load timm or original-repository weights (converted by the architecture's checkpoint_filter_fn)."""
-    state = read_state_dict(path)
-    convert = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
-    if convert is not None:
-        state = convert(state, model)
-    result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise ValueError(f"weights in {path} do not fit timm's {type(model).__name__}: missing "
-                         f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}; "
-                         "check that the timm name matches the checkpoint")
+    load_weights(model, path, convert=getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None))
 
 
 def swap_attention(model: nn.Module, normalizer: str) -> int:

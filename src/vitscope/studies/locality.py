@@ -70,24 +70,21 @@ class LocalityStudy:
 
     def train_config(self, condition: str, seed: int, device: str) -> TrainConfig:
         """The training run for one (condition, seed)."""
-        if self.preset == "paper":
-            schedule = dict(PAPER_TRAINING)
-            patch = 8 if self.dataset == "tiny-imagenet" else 4
-            model, model_options, data_options = "vit-compact", {"patch_size": patch}, {}
-        else:
-            schedule = dict(DEMO_TRAINING)
-            model, model_options = "vit-micro", {}
-            data_options = {"num_images": 4096, "num_classes": 8} if self.dataset == "synthetic" else {}
+        paper, synthetic = self.preset == "paper", self.dataset == "synthetic"
+        schedule = dict(PAPER_TRAINING if paper else DEMO_TRAINING)
         for key in ("epochs", "batch_size"):
             if getattr(self, key) is not None:
                 schedule[key] = getattr(self, key)
-        if self.dataset == "synthetic" and self.preset == "paper":
-            data_options = {"num_images": 50_000, "num_classes": 8}
+        if paper:  # 8 x 8 = 64 patches: CIFAR 32 px with patch 4, Tiny-ImageNet 64 px with patch 8
+            model, model_options = "vit-compact", {"patch_size": 8 if self.dataset == "tiny-imagenet" else 4}
+        else:
+            model, model_options = "vit-micro", {}
+        data_options = {"num_images": 50_000 if paper else 4096, "num_classes": 8} if synthetic else {}
         eval_images = self.eval_images
-        if eval_images is None and self.preset == "demo" and self.dataset == "synthetic":
+        if eval_images is None and synthetic and not paper:
             eval_images = 1024
         return TrainConfig(model=model, model_options=model_options, dataset=self.dataset, data_dir=self.data_dir,
-                           dataset_options=data_options if self.dataset == "synthetic" else {},
+                           dataset_options=data_options,
                            train_images=self.train_images, eval_images=eval_images, protocol=condition,
                            seed=seed, device=device, out=str(self.run_dir(condition, seed)),
                            progress=self.progress, eval_every=max(1, schedule["epochs"] // 10), **schedule)

@@ -12,6 +12,7 @@ import json
 import math
 import signal
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from timm.optim import create_optimizer_v2
 from torch import nn
 from tqdm.auto import tqdm
 
-from vitscope.data import ImageDataset, load_dataset, normalize
+from vitscope.data import ImageDataset, eval_batches, load_dataset
 from vitscope.files import write_json
 from vitscope.models import VisionTransformer, load_weights, save_model
 from vitscope.models import load as load_model
@@ -71,9 +72,7 @@ def evaluate(model: nn.Module, dataset: ImageDataset, batch_size: int, ctx: Dist
     was_training = model.training
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # correct, loss sum, count
-    for start in range(ctx.rank * batch_size, len(dataset), batch_size * ctx.world_size):
-        images = normalize(dataset.images[start : start + batch_size].to(ctx.device), dataset.mean, dataset.std)
-        labels = dataset.labels[start : start + batch_size].to(ctx.device)
+    for images, labels in eval_batches(dataset, batch_size, ctx.device, rank=ctx.rank, world_size=ctx.world_size):
         with autocast(ctx.device, amp):
             logits = model(images).float()
         totals[0] += (logits.argmax(-1) == labels).sum()
@@ -198,7 +197,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, resume: bool) -> dict[str, Any]:
                                    f"{kept or '(none yet)'} is kept; lower lr (now {cfg.lr}) or keep grad_clip > 0")
 
     ddp_model.train()
-    with _StopFlag() as stop:
+    with _StopFlag() as stop, bar, closing(log):
         while global_step < total_steps:
             epoch, in_epoch = divmod(global_step, steps_per_epoch)
             order = epoch_order(len(train_set), cfg.seed, epoch).to(ctx.device)
@@ -240,15 +239,9 @@ def _train(cfg: TrainConfig, ctx: DistContext, resume: bool) -> dict[str, Any]:
                     checkpoint()
                     ctx.barrier()
                 if stop.signal is not None:
-                    bar.close()
-                    log.close()
                     name = signal.Signals(stop.signal).name
                     raise TrainingInterrupted(f"stopped by {name} at step {global_step}; checkpoint written; "
                                               f"continue with: vitscope train --resume {run_dir}")
-                if end_of_epoch:
-                    break
-    bar.close()
-    log.close()
     summary = {"run_dir": str(run_dir), "protocol": cfg.protocol, "epochs": cfg.epochs, "steps": global_step,
                "eval": last_eval or evaluate(model, eval_set, cfg.batch_size, ctx, cfg.amp),
                "num_classes": train_set.num_classes, "train_images": len(train_set), "eval_images": len(eval_set),
