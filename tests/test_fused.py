@@ -1,11 +1,18 @@
-"""The compiled fast paths: exact against the `entmax` package, including rows that need the eager finish."""
+"""The compiled fast paths: exact against the `entmax` package, including rows that need the eager finish.
+
+The native CPU kernels (tests/test_native.py) are switched off here so that the compiled kernels run."""
 
 import entmax as reference
 import pytest
 import torch
 
-from vitscope.attention import entmax, entmax15, fused, sparsemax
+from vitscope.attention import entmax, entmax15, fused, native, sparsemax
 from vitscope.compiled import compiled_and_run
+
+
+@pytest.fixture(autouse=True)
+def compiled_path_only(monkeypatch):
+    monkeypatch.setattr(native, "_enabled", False)
 
 CASES = [(entmax15, lambda x: reference.entmax15(x), 1.5, "entmax15"),
          (sparsemax, lambda x: reference.sparsemax(x), 2.0, "sparsemax"),

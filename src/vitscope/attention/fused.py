@@ -1,13 +1,15 @@
-"""Fused fast paths for the sparse normalisers, compiled with ``torch.compile`` (C++ on CPU, Triton on GPU).
+"""Fast paths for the sparse normalisers: native CPU kernels (``native.py``) for sparsemax and entmax-1.5,
+and fused kernels compiled with ``torch.compile`` (C++ on CPU, Triton on GPU) for everything else.
 
-Each fast forward runs a fixed number of threshold iterations inside one fused kernel, so a row stays in
+Each compiled forward runs a fixed number of threshold iterations inside one fused kernel, so a row stays in
 cache across iterations, then returns a per-row ``converged`` flag. Exactness does not depend on the
 iteration count: rows that have not provably converged are finished by the exact eager solvers in
 ``normalizers.py``. Every iteration starts from the lower bound ``max(-1, mean(z) - n**(-1/p))`` (power-mean
 inequality), which is close to the root for the near-uniform rows of freshly initialised models.
 
-Disable with ``VITSCOPE_FUSED=0`` or ``set_fused(False)`` to use the eager solvers alone; where compilation
-fails (no C++ compiler, say) the same kernels run eagerly (``vitscope.compiled``).
+Disable with ``VITSCOPE_FUSED=0`` or ``set_fused(False)`` to use the eager solvers alone (this switches the
+native kernels off too); where compilation fails (no C++ compiler, say) the same kernels run eagerly
+(``vitscope.compiled``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import torch
 from torch import Tensor
 
+from vitscope.attention import native
 from vitscope.compiled import compiled
 
 # below this many elements a fused kernel does not pay for its launch and compile cost
@@ -123,3 +126,30 @@ KERNELS = {"entmax15": _entmax15_forward, "sparsemax": _sparsemax_forward, "alph
 def run_kernel(name: str, *tensors: Tensor, **constants: float):
     """Run kernel ``name`` of ``KERNELS`` compiled, with ``constants`` baked in (eagerly where compiling fails)."""
     return compiled(KERNELS[name], dynamic=False, **constants)(*tensors)
+
+
+def backward(kind: str, grad: Tensor, y: Tensor, alpha: float) -> Tensor:
+    """Closed-form VJP of a sparse normaliser with output ``y`` (compute dtype): native where it applies, the
+    compiled kernel for tensors of at least MIN_ELEMENTS, else the same kernel eagerly."""
+    if _enabled and native.applies(y, kind):
+        return native.backward(kind, grad, y)
+    if kind == "sparsemax":
+        name, constants = "sparsemax_backward", {}
+    else:  # w = y ** (2 - alpha) on the support: w * g - w * sum(w * g) / sum(w)
+        name, constants = "entmax_backward", {"exponent": 2.0 - alpha}
+    if use_fused(y):
+        return run_kernel(name, grad, y, **constants)
+    return KERNELS[name](grad, y, **constants)
+
+
+def fast_forward(kind: str, x: Tensor, **constants: float) -> tuple[Tensor, Tensor] | None:
+    """Probabilities and per-row ``converged`` flags from the fastest path that takes ``x``: the native CPU
+    kernel (sparsemax, entmax-1.5; any size), else the compiled kernel for tensors of at least MIN_ELEMENTS;
+    None where neither applies (fast paths off, float64, small tensors), for the caller's eager solver."""
+    if not _enabled:
+        return None
+    if native.applies(x, kind):
+        return native.forward(kind, x)
+    if use_fused(x):
+        return run_kernel(kind, x, **constants)
+    return None

@@ -118,9 +118,10 @@ def _eager_alpha(x: Tensor, alpha: float) -> Tensor:
 def _solve(x: Tensor, kernel_name: str, eager, **constants: float) -> Tensor:
     """Probabilities in the compute dtype: the fused kernel where it applies, rows it could not prove
     converged (and every row otherwise) from the exact eager solver."""
-    if not fused.use_fused(x):
+    fast = fused.fast_forward(kernel_name, x, **constants)
+    if fast is None:
         return eager(x, **constants)
-    y, converged = fused.run_kernel(kernel_name, x, **constants)
+    y, converged = fast
     redo = ~converged.reshape(-1)
     if bool(redo.any()):
         flat = y.view(-1, y.shape[-1])
@@ -145,13 +146,7 @@ class _SparseNormalizerFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         (y,) = ctx.saved_tensors
-        if ctx.kind == "sparsemax":
-            kernel, constants = "sparsemax_backward", {}
-        else:  # w = y ** (2 - alpha) on the support: w * g - w * sum(w * g) / sum(w)
-            kernel, constants = "entmax_backward", {"exponent": 2.0 - ctx.alpha}
-        run = fused.run_kernel if fused.use_fused(y) else lambda name, *t, **c: fused.KERNELS[name](*t, **c)
-        out = run(kernel, grad, y, **constants)
-        return out.to(grad.dtype), None, None
+        return fused.backward(ctx.kind, grad, y, ctx.alpha).to(grad.dtype), None, None
 
 
 def _along_last(fn, x: Tensor, dim: int, *args) -> Tensor:

@@ -1,0 +1,156 @@
+"""Native CPU kernels for sparsemax and entmax-1.5, forward and backward (``sparse_rows.cpp``), built at first use.
+
+The C++ source is compiled once per machine with the system's C++ compiler (``$CXX``, else ``c++``) and
+``-O3 -march=native`` into ``$VITSCOPE_CACHE/native`` (default ``~/.cache/vitscope/native``), written atomically
+and keyed by the source, the flags, the compiler and the CPU, then loaded with ctypes (which releases the GIL
+while a kernel runs). Where no compiler works, a warning says so once and vitscope uses its compiled-PyTorch
+kernels instead. ``VITSCOPE_NATIVE=0`` or ``set_native(False)`` turns this path off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from vitscope.files import atomic_write_bytes
+
+KINDS = ("sparsemax", "entmax15")
+MAX_PASSES = 32  # a row still open after this many passes is left to the exact eager solver
+_SOURCE = Path(__file__).with_name("sparse_rows.cpp")
+_FLAG_SETS = (["-march=native", "-fopenmp"], ["-mcpu=native", "-fopenmp"], ["-march=native"], ["-mcpu=native"], [])
+_COMMON_FLAGS = ["-O3", "-fno-math-errno", "-shared", "-fPIC", "-pthread", "-std=c++17"]
+_ABI_VERSION = 1
+_MIN_ELEMENTS_PER_THREAD = 1 << 15
+
+_enabled = os.environ.get("VITSCOPE_NATIVE", "1") != "0"
+_library: ctypes.CDLL | None = None
+_failed = False
+
+
+def set_native(enabled: bool) -> None:
+    """Turn the native CPU kernels on or off for this process."""
+    global _enabled
+    _enabled = enabled
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VITSCOPE_CACHE", Path.home() / ".cache" / "vitscope")) / "native"
+
+
+def _cpu_signature() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags", "Features"))}))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _compiler() -> str:
+    """``$CXX``, else the first of c++, g++, clang++ on PATH; RuntimeError when there is none."""
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler on PATH (set CXX)")
+    return compiler
+
+
+def _compile(compiler: str) -> Path:
+    """Build the library (or find it built) and return its path; raise RuntimeError when no flag set works."""
+    source = _SOURCE.read_bytes()
+    errors = []
+    for flags in _FLAG_SETS:
+        key = hashlib.sha256(b"\0".join([source, " ".join(_COMMON_FLAGS + flags).encode(), compiler.encode(),
+                                         _cpu_signature().encode()])).hexdigest()[:16]
+        target = cache_dir() / f"sparse_rows-{key}.so"
+        failed = target.with_suffix(".failed")  # this flag set did not build here: don't retry every process
+        if target.exists():
+            return target
+        if failed.exists():
+            errors.append(failed.read_text())
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            run = subprocess.run([compiler, *_COMMON_FLAGS, *flags, str(_SOURCE), "-o", str(built)],
+                                 capture_output=True, text=True)
+            if run.returncode == 0:
+                os.replace(built, target)  # atomic: other processes see the old state or the whole library
+                return target
+        last_line = (run.stderr.strip().splitlines() or ["no message"])[-1]
+        errors.append(f"{Path(compiler).name} {' '.join(flags) or '(default flags)'}: {last_line}")
+        atomic_write_bytes(failed, errors[-1].encode())
+    raise RuntimeError("; ".join(errors))
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, building them on first call; None where they are off or cannot be built."""
+    global _library, _failed
+    if not _enabled or _failed:
+        return None
+    if _library is None:
+        try:
+            lib = ctypes.CDLL(str(_compile(_compiler())))
+            if lib.vitscope_abi_version() != _ABI_VERSION:
+                raise RuntimeError("stale library in the cache")
+            pointers, sizes = [ctypes.c_void_p] * 3, [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+            for kind in KINDS:
+                for direction, extra in (("forward", [ctypes.c_int]), ("backward", [])):
+                    fn = getattr(lib, f"vitscope_{kind}_{direction}")
+                    fn.restype = None
+                    fn.argtypes = pointers + sizes + extra
+        except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+            _failed = True
+            warnings.warn(f"vitscope: native CPU kernels unavailable ({err}); using the compiled PyTorch kernels",
+                          stacklevel=2)
+            return None
+        _library = lib
+    return _library
+
+
+def applies(x: Tensor, kind: str) -> bool:
+    """Whether the native kernel can take ``x``: CPU, float32/16 or bfloat16, a kind it implements."""
+    return (kind in KINDS and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and x.dim() > 0 and x.shape[-1] > 0 and library() is not None)
+
+
+def forward(kind: str, x: Tensor, max_passes: int | None = None) -> tuple[Tensor, Tensor]:
+    """Probabilities (float32, shape of ``x``) along the last dim and per-row ``converged`` flags (x.shape[:-1]);
+    a row not proven exact within ``max_passes`` (default MAX_PASSES) threshold passes is flagged False, for the
+    caller to finish."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("native kernels are unavailable; check applies() first")
+    rows_in = x.detach().to(torch.float32).contiguous()
+    n = rows_in.shape[-1]
+    rows = rows_in.numel() // n
+    y = torch.empty_like(rows_in)
+    passes = torch.empty(rows_in.shape[:-1], dtype=torch.uint8)
+    getattr(lib, f"vitscope_{kind}_forward")(rows_in.data_ptr(), y.data_ptr(), passes.data_ptr(), rows, n,
+                                             _threads(y), MAX_PASSES if max_passes is None else max_passes)
+    return y, passes > 0
+
+
+def backward(kind: str, grad: Tensor, y: Tensor) -> Tensor:
+    """Closed-form VJP (float32, shape of ``y``) of the forward whose float32 output is ``y``."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("native kernels are unavailable; check applies() first")
+    grad = grad.to(torch.float32).contiguous()
+    y = y.contiguous()
+    out = torch.empty_like(y)
+    getattr(lib, f"vitscope_{kind}_backward")(grad.data_ptr(), y.data_ptr(), out.data_ptr(), y.numel() // y.shape[-1],
+                                              y.shape[-1], _threads(y))
+    return out
+
+
+def _threads(x: Tensor) -> int:
+    return max(1, min(torch.get_num_threads(), x.numel() // _MIN_ELEMENTS_PER_THREAD))

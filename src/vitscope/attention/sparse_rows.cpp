@@ -1,0 +1,284 @@
+// Exact sparsemax and entmax-1.5 forward passes for float32 rows on the CPU.
+//
+// Built at first use by vitscope/attention/native.py (c++ -O3 -march=native) and called through ctypes.
+// Same algorithm as the readable solvers in normalizers.py, laid out for a CPU:
+//
+// * 16 rows at a time, one row per vector lane. The rows are transposed (16 x 16 tiles, in registers) into a
+//   buffer of n x 16 floats that stays in L1/L2, so every threshold iteration is a vertical pass with no
+//   horizontal reductions and no tail handling, and the scalar steps (sqrt, division) run for 16 rows at once.
+// * Threshold tau on z = scale * x - max: start at the lower bound max(-1, mean(z) - n**(-1/p)); per pass,
+//   sums over the support {z > tau} give the closed-form root on that support, which is the exact threshold iff
+//   it keeps exactly that support; otherwise step from below (Newton for entmax-1.5, Michelot for sparsemax).
+// * ok[row] is the number of passes the row needed, 0 when it did not provably converge within max_iter (NaN
+//   input, say): the caller finishes those rows with its exact eager solver.
+// * While a block iterates, the next block is prefetched, so memory traffic overlaps the arithmetic.
+//
+// Output y = [z - tau]_+ ** (1 / (alpha - 1)) for each row; x and y are row-major (rows x n).
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr int L = 16;  // rows per block = vector lanes
+typedef float vf __attribute__((vector_size(4 * L)));
+typedef int32_t vi __attribute__((vector_size(4 * L)));
+
+enum Kind { SPARSEMAX = 0, ENTMAX15 = 1 };
+
+inline vf splat(float v) { return vf{} + v; }
+inline vf vsqrt(vf a) {
+    vf r;
+    for (int l = 0; l < L; ++l) r[l] = std::sqrt(a[l]);
+    return r;
+}
+
+// One stage of a 16 x 16 transpose: swap the off-diagonal h x h blocks of every 2h x 2h block.
+#define STAGE(h, ...) \
+    for (int i = 0; i < L; ++i) if (!(i & h)) { \
+        vf a = t[i], b = t[i + h]; \
+        t[i] = __builtin_shufflevector(a, b, __VA_ARGS__); \
+        t[i + h] = __builtin_shufflevector(a, b, STAGE_HI_##h); \
+    }
+#define STAGE_HI_8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define STAGE_HI_4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define STAGE_HI_2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define STAGE_HI_1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+
+inline void transpose16(vf *t) {
+    STAGE(8, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+    STAGE(4, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+    STAGE(2, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+    STAGE(1, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+}
+
+// Scaled rows of one block into buf (n x 16); returns each lane's maximum and sum.
+void load_block(const float *x, int rows, int64_t n, float scale, vf *buf, vf &max, vf &sum) {
+    const float *row[L];
+    for (int l = 0; l < L; ++l) row[l] = x + (l < rows ? l : 0) * n;  // idle lanes repeat row 0
+    max = splat(-INFINITY);
+    sum = vf{};
+    int64_t i0 = 0;
+    for (; i0 + L <= n; i0 += L) {
+        vf t[L];
+        for (int l = 0; l < L; ++l) {
+            std::memcpy(&t[l], row[l] + i0, sizeof(vf));
+            __builtin_prefetch(row[l] + i0 + L * n, 0, 1);  // the same tile of the next block
+        }
+        transpose16(t);
+        for (int c = 0; c < L; ++c) {
+            vf z = scale * t[c];
+            buf[i0 + c] = z;
+            max = z > max ? z : max;
+            sum += z;
+        }
+    }
+    for (int64_t i = i0; i < n; ++i) {
+        vf z;
+        for (int l = 0; l < L; ++l) z[l] = scale * row[l][i];
+        buf[i] = z;
+        max = z > max ? z : max;
+        sum += z;
+    }
+}
+
+template <Kind kind>
+void solve_block(const float *x, float *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf) {
+    const float scale = kind == ENTMAX15 ? 0.5f : 1.0f;
+    const vf zero{}, one = splat(1.0f), inf = splat(INFINITY);
+    vf max, sum;
+    load_block(x, rows, n, scale, buf, max, sum);
+    for (int64_t i = 0; i < n; ++i) buf[i] -= max;  // z - max, as the reference solvers shift: no large offsets
+
+    // lower bound on tau - max: mean(z) - n**(-1/p) with p = 2 (entmax-1.5) or 1 (sparsemax), and -1
+    const float offset = kind == ENTMAX15 ? 1.0f / std::sqrt(float(n)) : 1.0f / float(n);
+    vf tau = sum / float(n) - max - offset;
+    tau = tau > -one ? tau : -one;
+    vf threshold = tau;
+    // rows with a NaN, a +inf or nothing above -inf stay open (passes 0): the caller's solver decides those
+    vi live = (sum == sum) & (max > -inf) & (max < inf), passes{};
+    for (int l = rows; l < L; ++l) live[l] = 0;
+
+    for (int pass = 1; pass <= max_iter; ++pass) {
+        // One pass over the block at the current tau: over the support {z > tau} the count k, the sum s1 and
+        // (entmax-1.5) the sum of squares s2 of the gaps z - tau, the smallest gap; outside it the largest gap.
+        vf s1{}, s2{}, k{}, low = inf, high = -inf, s1b{}, s2b{}, kb{}, lowb = inf, highb = -inf;  // two sets
+        int64_t i = 0;
+        for (; i + 1 < n; i += 2) {
+            const vf u = buf[i], w = buf[i + 1];
+            const vi uin = u > tau, win = w > tau;
+            const vf uv = u - tau, wv = w - tau;
+            const vf up = uin ? uv : zero, wp = win ? wv : zero;
+            s1 += up; s1b += wp;
+            k += uin ? one : zero; kb += win ? one : zero;
+            if (kind == ENTMAX15) { s2 += up * up; s2b += wp * wp; }
+            const vf ul = uin ? uv : inf, wl = win ? wv : inf, uh = uin ? -inf : uv, wh = win ? -inf : wv;
+            low = ul < low ? ul : low;
+            lowb = wl < lowb ? wl : lowb;
+            high = uh > high ? uh : high;
+            highb = wh > highb ? wh : highb;
+        }
+        for (; i < n; ++i) {
+            const vf u = buf[i];
+            const vi uin = u > tau;
+            const vf uv = u - tau;
+            const vf up = uin ? uv : zero;
+            s1 += up;
+            k += uin ? one : zero;
+            if (kind == ENTMAX15) s2 += up * up;
+            const vf ul = uin ? uv : inf, uh = uin ? -inf : uv;
+            low = ul < low ? ul : low;
+            high = uh > high ? uh : high;
+        }
+        s1 += s1b; s2 += s2b; k += kb;
+        low = lowb < low ? lowb : low;
+        high = highb > high ? highb : high;
+
+        // The root of the problem on the support of tau, relative to tau, in closed form. Its rounding error
+        // grows with the sums, so where tau started far below it, take one more pass from just below the root
+        // (the sums are then small) rather than accept it. From below, steps never overshoot: Newton's for
+        // entmax-1.5, Michelot's (the root itself) for sparsemax.
+        vf root, step;
+        vi accurate;
+        if (kind == ENTMAX15) {  // smaller root of k r^2 - 2 s1 r + s2 - 1 = 0, in a form without cancellation
+            const vf disc = s1 * s1 - k * (s2 - one);
+            root = (s2 - one) / (s1 + vsqrt(disc > zero ? disc : zero));
+            accurate = root * (disc + s1 * s1) <= splat(0.25f) * disc;  // the discriminant keeps its digits
+            step = (s2 - vsqrt(s2)) / s1;                                 // Newton on ||[z - tau]_+||_2 - 1
+        } else {                 // k r = s1 - 1
+            root = (s1 - one) / k;
+            accurate = s1 <= splat(2.0f);  // the sum of gaps is at most twice its target, 1
+            step = root;
+        }
+        // exact iff the root keeps exactly that support: everything in it above the root, nothing outside
+        const vi kept = (low > root) & (high <= root);
+        step = kept ? root * splat(1.0f - 1.0f / 1024.0f) : step;
+        const vi converged = kept & accurate;
+        const vi open = live & (passes == 0);
+        threshold = open ? tau + root : threshold;
+        passes = (open & converged) ? vi{} + pass : passes;
+        tau = (open & ~converged) ? tau + step : tau;
+        bool left = false;
+        for (int l = 0; l < rows; ++l) left |= passes[l] == 0;
+        if (!left) break;
+    }
+
+    for (int l = 0; l < rows; ++l) {
+        const float *xr = x + l * n;
+        float *yr = y + l * n;
+        const float top = max[l], c = threshold[l];
+        for (int64_t i = 0; i < n; ++i) {
+            const float g = (scale * xr[i] - top) - c;
+            yr[i] = g > 0.0f ? (kind == ENTMAX15 ? g * g : g) : 0.0f;
+        }
+        ok[l] = uint8_t(passes[l] > 255 ? 255 : passes[l]);
+    }
+}
+
+template <Kind kind>
+void solve_rows(const float *x, float *y, uint8_t *ok, int64_t first, int64_t last, int64_t n, int max_iter) {
+    vf *buf = static_cast<vf *>(std::aligned_alloc(sizeof(vf), size_t(n) * sizeof(vf)));
+    if (!buf) return;  // ok stays 0: the caller's exact solver takes these rows
+    for (int64_t r = first; r < last; r += L) {
+        const int rows = last - r < L ? int(last - r) : L;
+        solve_block<kind>(x + r * n, y + r * n, ok + r, rows, n, max_iter, buf);
+    }
+    std::free(buf);
+}
+
+// Closed-form backward on rows [first, last): grad_x = w g - w sum(w g) / sum(w), with w = sqrt(y) for
+// entmax-1.5 and w = [y > 0] for sparsemax. Rows are independent, so one row at a time suffices here.
+template <Kind kind>
+void backward_rows(const float *grad, const float *y, float *out, int64_t first, int64_t last, int64_t n) {
+    for (int64_t r = first; r < last; ++r) {
+        const float *g = grad + r * n, *yr = y + r * n;
+        float *o = out + r * n;
+        float wg = 0.0f, w = 0.0f;
+        #pragma omp simd reduction(+ : wg, w)
+        for (int64_t i = 0; i < n; ++i) {
+            const float wi = kind == ENTMAX15 ? std::sqrt(yr[i]) : (yr[i] > 0.0f ? 1.0f : 0.0f);
+            o[i] = wi;  // kept for the second pass (the row is still in L1)
+            wg += wi * g[i];
+            w += wi;
+        }
+        const float mean = wg / w;
+        #pragma omp simd
+        for (int64_t i = 0; i < n; ++i) o[i] *= g[i] - mean;
+    }
+}
+
+// Split rows [0, rows) into `threads` shares (multiples of `align` rows) and run fn(first, last) on each.
+template <typename Fn>
+void in_parallel(int64_t rows, int64_t align, int threads, Fn fn) {
+    const int64_t units = (rows + align - 1) / align;
+    if (threads < 1) threads = 1;
+    if (threads > units) threads = int(units > 0 ? units : 1);
+    const int64_t per = (units + threads - 1) / threads * align;
+    auto share = [&](int t) {
+        const int64_t first = t * per, last = first + per < rows ? first + per : rows;
+        if (first < last) fn(first, last);
+    };
+#ifdef _OPENMP
+    // the OpenMP runtime PyTorch has loaded (same soname), hence its thread pool: no second pool spinning
+    #pragma omp parallel for num_threads(threads) schedule(static, 1)
+    for (int t = 0; t < threads; ++t) share(t);
+#else
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) {
+        try {
+            pool.emplace_back(share, t);
+        } catch (...) {  // no thread to be had: do that share here
+            share(t);
+        }
+    }
+    share(0);
+    for (auto &thread : pool) thread.join();
+#endif
+}
+
+template <Kind kind>
+void solve(const float *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads, int max_iter) {
+    std::memset(ok, 0, size_t(rows));
+    in_parallel(rows, L, threads, [&](int64_t first, int64_t last) {
+        solve_rows<kind>(x, y, ok, first, last, n, max_iter);
+    });
+}
+
+template <Kind kind>
+void backward(const float *grad, const float *y, float *out, int64_t rows, int64_t n, int threads) {
+    in_parallel(rows, 1, threads, [&](int64_t first, int64_t last) {
+        backward_rows<kind>(grad, y, out, first, last, n);
+    });
+}
+
+}  // namespace
+
+extern "C" {
+
+int vitscope_abi_version() { return 1; }
+
+void vitscope_sparsemax_forward(const float *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads,
+                                int max_iter) {
+    solve<SPARSEMAX>(x, y, ok, rows, n, threads, max_iter);
+}
+
+void vitscope_entmax15_forward(const float *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads,
+                               int max_iter) {
+    solve<ENTMAX15>(x, y, ok, rows, n, threads, max_iter);
+}
+
+void vitscope_sparsemax_backward(const float *grad, const float *y, float *out, int64_t rows, int64_t n,
+                                 int threads) {
+    backward<SPARSEMAX>(grad, y, out, rows, n, threads);
+}
+
+void vitscope_entmax15_backward(const float *grad, const float *y, float *out, int64_t rows, int64_t n,
+                                int threads) {
+    backward<ENTMAX15>(grad, y, out, rows, n, threads);
+}
+
+}  // extern "C"

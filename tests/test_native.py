@@ -1,0 +1,185 @@
+"""The native CPU kernels for sparsemax and entmax-1.5: exact against the `entmax` package, every block and
+tail shape, the eager finish for rows they cannot prove exact, and the fallback when no compiler works."""
+
+from pathlib import Path
+
+import entmax as reference
+import hypothesis.extra.numpy as hnp
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vitscope.attention import entmax15, fused, native, sparsemax
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no working C++ compiler on this machine")
+
+KINDS = {"entmax15": (entmax15, reference.entmax15), "sparsemax": (sparsemax, reference.sparsemax)}
+
+
+@pytest.fixture
+def native_calls(monkeypatch):
+    """Records the calls that reached the native kernels, as "kind direction"."""
+    calls = []
+
+    def spy(direction):
+        original = getattr(native, direction)
+
+        def recorded(kind, *args, **kwargs):
+            calls.append(f"{kind} {direction}")
+            return original(kind, *args, **kwargs)
+
+        return recorded
+
+    for direction in ("forward", "backward"):
+        monkeypatch.setattr(native, direction, spy(direction))
+    return calls
+
+
+def adversarial(rows: int, n: int, scale: float, seed: int = 0) -> torch.Tensor:
+    torch.manual_seed(seed)
+    x = torch.randn(rows, n) * scale
+    x[0] = 0.0  # all equal
+    if n > 3:
+        x[1, :3] = 5.0  # ties at the top
+        x[3, ::2] = float("-inf")  # masked keys
+    x[2, 0] = 1e4  # one huge logit
+    return x
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows,n,scale", [(37, 1, 1.0), (16, 5, 3.0), (21, 16, 1.0), (53, 65, 2.0), (40, 197, 0.5),
+                                          (19, 1025, 0.5), (64, 33, 20.0)])
+def test_matches_package_values_and_grads(kind, rows, n, scale, native_calls):
+    ours, theirs = KINDS[kind]
+    x = adversarial(rows, n, scale).requires_grad_()
+    y = ours(x)
+    assert native_calls == [f"{kind} forward"]
+    finite = x.detach().masked_fill(~torch.isfinite(x.detach()), -1e9).double().requires_grad_()
+    y_ref = theirs(finite, dim=-1)
+    torch.testing.assert_close(y.double(), y_ref, atol=1e-5, rtol=0)
+    assert torch.all(y >= 0)
+    if n > 3:
+        assert torch.all(y[3, ::2] == 0)  # exact zeros where the key is masked
+    g = torch.randn_like(y)
+    (gx,) = torch.autograd.grad(y, x, g)
+    assert native_calls == [f"{kind} forward", f"{kind} backward"]
+    (gr,) = torch.autograd.grad(y_ref, finite, g.double())
+    torch.testing.assert_close(gx.double()[4:], gr[4:], atol=1e-5, rtol=0)
+
+
+rows_strategy = hnp.arrays(dtype="float32", shape=st.tuples(st.integers(1, 40), st.integers(1, 90)),
+                           elements=st.floats(-40, 40, width=32, allow_nan=False, allow_infinity=False))
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=rows_strategy, kind=st.sampled_from(sorted(KINDS)))
+def test_forward_and_backward_match_the_package(x, kind):
+    x = torch.from_numpy(x)
+    y, converged = native.forward(kind, x)
+    reference_input = x.double().requires_grad_()
+    y_ref = KINDS[kind][1](reference_input, dim=-1)
+    # rows with near-ties at the threshold may stay unproven; the eager solver finishes those
+    torch.testing.assert_close(y.double()[converged], y_ref.detach()[converged], atol=1e-5, rtol=0)
+    torch.testing.assert_close(KINDS[kind][0](x).double(), y_ref.detach(), atol=1e-5, rtol=0)
+    g = torch.randn_like(x)
+    (g_ref,) = torch.autograd.grad(y_ref, reference_input, g.double())
+    torch.testing.assert_close(native.backward(kind, g, y_ref.detach().float()).double(), g_ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(y.sum(-1)[converged], torch.ones(x.shape[0])[converged], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n,scale", [(65, 2.0), (197, 0.5), (1025, 0.5), (197, 30.0)])
+def test_attention_like_rows_finish_within_the_pass_budget(kind, n, scale):
+    torch.manual_seed(0)
+    _, converged = native.forward(kind, torch.randn(4096, n) * scale)
+    assert bool(converged.all())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unproven_rows_are_flagged_and_finished_exactly(kind, monkeypatch):
+    x = adversarial(50, 197, 0.5, seed=3)
+    _, converged = native.forward(kind, x, max_passes=1)
+    assert not bool(converged.all()) and bool(converged.any())
+    monkeypatch.setattr(native, "MAX_PASSES", 1)
+    y = KINDS[kind][0](x)
+    torch.testing.assert_close(y.double(), KINDS[kind][1](x.double(), dim=-1), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_nan_rows_are_left_to_the_eager_solver(kind):
+    x = torch.randn(20, 65)
+    x[7, 3] = float("nan")
+    x[9] = float("-inf")
+    y, converged = native.forward(kind, x)
+    assert converged.tolist() == [i not in (7, 9) for i in range(20)]
+    out = KINDS[kind][0](x)
+    fused.set_fused(False)
+    try:
+        eager = KINDS[kind][0](x)
+    finally:
+        fused.set_fused(True)
+    torch.testing.assert_close(out, eager, equal_nan=True, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_accurate_to_their_precision(dtype, native_calls):
+    x = adversarial(48, 65, 2.0).to(dtype)
+    y = entmax15(x)
+    assert y.dtype == dtype and native_calls == ["entmax15 forward"]
+    exact = reference.entmax15(x.double(), dim=-1)
+    torch.testing.assert_close(y.double(), exact, atol=torch.finfo(dtype).eps, rtol=0)
+
+
+def test_thread_count_does_not_change_results():
+    x = adversarial(1000, 65, 2.0)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one, _ = native.forward("entmax15", x)
+    finally:
+        torch.set_num_threads(before)
+    many, _ = native.forward("entmax15", x)
+    assert torch.equal(one, many)
+
+
+def test_non_contiguous_and_batched_inputs(native_calls):
+    x = torch.randn(3, 4, 65, 65).transpose(-1, -2)
+    y = sparsemax(x)
+    torch.testing.assert_close(y.double(), reference.sparsemax(x.double(), dim=-1), atol=1e-5, rtol=0)
+    y_dim = entmax15(x, dim=1)
+    torch.testing.assert_close(y_dim.double(), reference.entmax15(x.double(), dim=1), atol=1e-5, rtol=0)
+
+
+def test_built_once_then_reused_from_the_cache(monkeypatch):
+    built = Path(native.library()._name)
+    stamp = built.stat().st_mtime_ns
+    monkeypatch.setenv("VITSCOPE_CACHE", str(built.parents[1]))
+    assert native._compile(native._compiler()) == built
+    assert built.stat().st_mtime_ns == stamp
+
+
+def test_without_a_compiler_falls_back_with_a_warning(monkeypatch, tmp_path):
+    monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(native, "_library", None)
+    monkeypatch.setattr(native, "_failed", False)
+    x = adversarial(600, 65, 2.0)
+    with pytest.warns(UserWarning, match="native CPU kernels unavailable"):
+        y = entmax15(x)
+    assert native.library() is None
+    torch.testing.assert_close(y.double(), reference.entmax15(x.double(), dim=-1), atol=1e-5, rtol=0)
+
+
+def test_broken_source_is_reported_once_per_flag_set(monkeypatch, tmp_path):
+    source = tmp_path / "broken.cpp"
+    source.write_text("this is not C++\n")
+    monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_SOURCE", source)
+    with pytest.raises(RuntimeError):
+        native._compile(native._compiler())
+    markers = sorted((tmp_path / "cache" / "native").glob("*.failed"))
+    assert len(markers) == len(native._FLAG_SETS)
+    with pytest.raises(RuntimeError):  # the second time reads the markers instead of compiling again
+        native._compile(native._compiler())
+    assert sorted((tmp_path / "cache" / "native").glob("*.failed")) == markers
