@@ -1,5 +1,5 @@
-"""Fast paths for the sparse normalisers: native CPU kernels (``native.py``) for sparsemax and entmax-1.5,
-and fused kernels compiled with ``torch.compile`` (C++ on CPU, Triton on GPU) for everything else.
+"""Fast paths for the sparse normalisers: native kernels (``native.py``) on CPUs, and elsewhere (GPUs, or
+where no C++ compiler works) fused kernels compiled with ``torch.compile`` (Triton on GPU, C++ on CPU).
 
 Each compiled forward runs a fixed number of threshold iterations inside one fused kernel, so a row stays in
 cache across iterations, then returns a per-row ``converged`` flag. Exactness does not depend on the
@@ -132,7 +132,7 @@ def backward(kind: str, grad: Tensor, y: Tensor, alpha: float) -> Tensor:
     """Closed-form VJP of a sparse normaliser with output ``y`` (compute dtype): native where it applies, the
     compiled kernel for tensors of at least MIN_ELEMENTS, else the same kernel eagerly."""
     if _enabled and native.applies(y, kind):
-        return native.backward(kind, grad, y)
+        return native.backward(kind, grad, y, alpha)
     if kind == "sparsemax":
         name, constants = "sparsemax_backward", {}
     else:  # w = y ** (2 - alpha) on the support: w * g - w * sum(w * g) / sum(w)
@@ -144,12 +144,12 @@ def backward(kind: str, grad: Tensor, y: Tensor, alpha: float) -> Tensor:
 
 def fast_forward(kind: str, x: Tensor, **constants: float) -> tuple[Tensor, Tensor] | None:
     """Probabilities and per-row ``converged`` flags from the fastest path that takes ``x``: the native CPU
-    kernel (sparsemax, entmax-1.5; any size), else the compiled kernel for tensors of at least MIN_ELEMENTS;
+    kernel (any size), else the compiled kernel for tensors of at least MIN_ELEMENTS;
     None where neither applies (fast paths off, float64, small tensors), for the caller's eager solver."""
     if not _enabled:
         return None
     if native.applies(x, kind):
-        return native.forward(kind, x)
+        return native.forward(kind, x, **constants)
     if use_fused(x):
         return run_kernel(kind, x, **constants)
     return None

@@ -1,10 +1,12 @@
-"""Native CPU kernels for sparsemax and entmax-1.5, forward and backward (``sparse_rows.cpp``), built at first use.
+"""Native CPU kernels for sparsemax, entmax-1.5 and alpha-entmax, forward and backward (``sparse_rows.cpp``),
+built at first use.
 
-The C++ source is compiled once per machine with the system's C++ compiler (``$CXX``, else ``c++``) and
-``-O3 -march=native`` into ``$VITSCOPE_CACHE/native`` (default ``~/.cache/vitscope/native``), written atomically
+The C++ source is compiled once per machine (about a second) with the system's C++ compiler (``$CXX``, else
+``c++``), ``-O3 -march=native`` and OpenMP where available (so the kernels share PyTorch's thread pool), into ``$VITSCOPE_CACHE/native`` (default ``~/.cache/vitscope/native``), written atomically
 and keyed by the source, the flags, the compiler and the CPU, then loaded with ctypes (which releases the GIL
-while a kernel runs). Where no compiler works, a warning says so once and vitscope uses its compiled-PyTorch
-kernels instead. ``VITSCOPE_NATIVE=0`` or ``set_native(False)`` turns this path off.
+while a kernel runs). A flag set that fails to build leaves a ``.failed`` note beside it so that later processes
+do not retry it (delete the folder to rebuild). Where no compiler works, a warning says so once and vitscope
+uses its compiled-PyTorch kernels instead. ``VITSCOPE_NATIVE=0`` or ``set_native(False)`` turns this path off.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from torch import Tensor
 
 from vitscope.files import atomic_write_bytes
 
-KINDS = ("sparsemax", "entmax15")
+KINDS = {"sparsemax": 0, "entmax15": 1, "alpha": 2}  # the kind codes of sparse_rows.cpp
 MAX_PASSES = 32  # a row still open after this many passes is left to the exact eager solver
 _SOURCE = Path(__file__).with_name("sparse_rows.cpp")
+_HEADERS = (Path(__file__).with_name("vector_math.h"),)
 _FLAG_SETS = (["-march=native", "-fopenmp"], ["-mcpu=native", "-fopenmp"], ["-march=native"], ["-mcpu=native"], [])
 _COMMON_FLAGS = ["-O3", "-fno-math-errno", "-shared", "-fPIC", "-pthread", "-std=c++17"]
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 _MIN_ELEMENTS_PER_THREAD = 1 << 15
 
 _enabled = os.environ.get("VITSCOPE_NATIVE", "1") != "0"
@@ -65,7 +68,7 @@ def _compiler() -> str:
 
 def _compile(compiler: str) -> Path:
     """Build the library (or find it built) and return its path; raise RuntimeError when no flag set works."""
-    source = _SOURCE.read_bytes()
+    source = b"\0".join(path.read_bytes() for path in (_SOURCE, *_HEADERS))
     errors = []
     for flags in _FLAG_SETS:
         key = hashlib.sha256(b"\0".join([source, " ".join(_COMMON_FLAGS + flags).encode(), compiler.encode(),
@@ -101,12 +104,9 @@ def library() -> ctypes.CDLL | None:
             lib = ctypes.CDLL(str(_compile(_compiler())))
             if lib.vitscope_abi_version() != _ABI_VERSION:
                 raise RuntimeError("stale library in the cache")
-            pointers, sizes = [ctypes.c_void_p] * 3, [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
-            for kind in KINDS:
-                for direction, extra in (("forward", [ctypes.c_int]), ("backward", [])):
-                    fn = getattr(lib, f"vitscope_{kind}_{direction}")
-                    fn.restype = None
-                    fn.argtypes = pointers + sizes + extra
+            head, sizes = [ctypes.c_int, ctypes.c_float], [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+            lib.vitscope_forward.argtypes = head + [ctypes.c_void_p] * 3 + sizes + [ctypes.c_int]
+            lib.vitscope_backward.argtypes = head + [ctypes.c_void_p] * 3 + sizes
         except (OSError, RuntimeError, subprocess.SubprocessError) as err:
             _failed = True
             warnings.warn(f"vitscope: native CPU kernels unavailable ({err}); using the compiled PyTorch kernels",
@@ -122,34 +122,36 @@ def applies(x: Tensor, kind: str) -> bool:
             and x.dim() > 0 and x.shape[-1] > 0 and library() is not None)
 
 
-def forward(kind: str, x: Tensor, max_passes: int | None = None) -> tuple[Tensor, Tensor]:
+def forward(kind: str, x: Tensor, alpha: float = 1.5, max_passes: int | None = None) -> tuple[Tensor, Tensor]:
     """Probabilities (float32, shape of ``x``) along the last dim and per-row ``converged`` flags (x.shape[:-1]);
     a row not proven exact within ``max_passes`` (default MAX_PASSES) threshold passes is flagged False, for the
-    caller to finish."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("native kernels are unavailable; check applies() first")
+    caller to finish. ``alpha`` is used by kind "alpha" only."""
+    lib = _loaded()
     rows_in = x.detach().to(torch.float32).contiguous()
     n = rows_in.shape[-1]
-    rows = rows_in.numel() // n
     y = torch.empty_like(rows_in)
     passes = torch.empty(rows_in.shape[:-1], dtype=torch.uint8)
-    getattr(lib, f"vitscope_{kind}_forward")(rows_in.data_ptr(), y.data_ptr(), passes.data_ptr(), rows, n,
-                                             _threads(y), MAX_PASSES if max_passes is None else max_passes)
+    lib.vitscope_forward(KINDS[kind], alpha, rows_in.data_ptr(), y.data_ptr(), passes.data_ptr(), y.numel() // n, n,
+                         _threads(y), MAX_PASSES if max_passes is None else max_passes)
     return y, passes > 0
 
 
-def backward(kind: str, grad: Tensor, y: Tensor) -> Tensor:
+def backward(kind: str, grad: Tensor, y: Tensor, alpha: float = 1.5) -> Tensor:
     """Closed-form VJP (float32, shape of ``y``) of the forward whose float32 output is ``y``."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("native kernels are unavailable; check applies() first")
+    lib = _loaded()
     grad = grad.to(torch.float32).contiguous()
     y = y.contiguous()
     out = torch.empty_like(y)
-    getattr(lib, f"vitscope_{kind}_backward")(grad.data_ptr(), y.data_ptr(), out.data_ptr(), y.numel() // y.shape[-1],
-                                              y.shape[-1], _threads(y))
+    lib.vitscope_backward(KINDS[kind], alpha, grad.data_ptr(), y.data_ptr(), out.data_ptr(), y.numel() // y.shape[-1],
+                          y.shape[-1], _threads(y))
     return out
+
+
+def _loaded() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError("native kernels are unavailable; check applies() first")
+    return lib
 
 
 def _threads(x: Tensor) -> int:

@@ -1,4 +1,4 @@
-// Exact sparsemax and entmax-1.5 forward passes for float32 rows on the CPU.
+// Exact sparsemax and entmax-1.5 for float32 rows on the CPU: forward, and the closed-form backward.
 //
 // Built at first use by vitscope/attention/native.py (c++ -O3 -march=native) and called through ctypes.
 // Same algorithm as the readable solvers in normalizers.py, laid out for a CPU:
@@ -13,7 +13,8 @@
 //   input, say): the caller finishes those rows with its exact eager solver.
 // * While a block iterates, the next block is prefetched, so memory traffic overlaps the arithmetic.
 //
-// Output y = [z - tau]_+ ** (1 / (alpha - 1)) for each row; x and y are row-major (rows x n).
+// Output y = [z - tau]_+ ** (1 / (alpha - 1)) for each row; x and y are row-major (rows x n). Threads: the
+// OpenMP runtime PyTorch loaded where the library is built with -fopenmp, else std::thread.
 
 #include <cmath>
 #include <cstdint>
@@ -22,20 +23,13 @@
 #include <thread>
 #include <vector>
 
+#include "vector_math.h"
+
 namespace {
 
-constexpr int L = 16;  // rows per block = vector lanes
-typedef float vf __attribute__((vector_size(4 * L)));
-typedef int32_t vi __attribute__((vector_size(4 * L)));
+using namespace vitscope;
 
-enum Kind { SPARSEMAX = 0, ENTMAX15 = 1 };
-
-inline vf splat(float v) { return vf{} + v; }
-inline vf vsqrt(vf a) {
-    vf r;
-    for (int l = 0; l < L; ++l) r[l] = std::sqrt(a[l]);
-    return r;
-}
+enum Kind { SPARSEMAX = 0, ENTMAX15 = 1, ALPHA = 2 };
 
 // One stage of a 16 x 16 transpose: swap the off-diagonal h x h blocks of every 2h x 2h block.
 #define STAGE(h, ...) \
@@ -179,31 +173,102 @@ void solve_block(const float *x, float *y, uint8_t *ok, int rows, int64_t n, int
     }
 }
 
+// alpha-entmax for other alpha in (1, 2): Newton on ||[z - tau]_+||_p - 1 with p = 1 / (alpha - 1), from the
+// same lower bound; convex and nearly linear, so it converges in a handful of passes. A row is done when its
+// Newton step falls below 16 float32 ulps of 1 (the eager solver's tolerance); the output is renormalised.
+void solve_alpha_block(const float *x, float *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf,
+                       float alpha) {
+    const float scale = alpha - 1.0f, power = 1.0f / scale, tol = 16.0f * 1.1920929e-7f;
+    const vf zero{}, inf = splat(INFINITY);
+    vf max, sum;
+    load_block(x, rows, n, scale, buf, max, sum);
+    for (int64_t i = 0; i < n; ++i) buf[i] -= max;
+    vf tau = sum / float(n) - max - std::pow(float(n), -scale);  // mean(z) - n**(-1/p)
+    tau = tau > splat(-1.0f) ? tau : splat(-1.0f);
+    vi live = (sum == sum) & (max > -inf) & (max < inf), passes{};
+    for (int l = rows; l < L; ++l) live[l] = 0;
+
+    for (int pass = 1; pass <= max_iter; ++pass) {
+        vf total{}, slope{};  // sum of gap**p and of gap**(p - 1) over the support
+        for (int64_t i = 0; i < n; ++i) {
+            const vf gap = buf[i] - tau;
+            const vf h = vpow_gap(gap, power - 1.0f);
+            total += h * (gap > zero ? gap : zero);
+            slope += h;
+        }
+        const vf norm_term = vexp(splat(1.0f - 1.0f / power) * vlog(total));  // total ** (1 - 1/p)
+        const vf step = (total - norm_term) / slope;
+        const vi open = live & (passes == 0);
+        tau = open ? tau + step : tau;
+        const vi small = (step <= splat(tol)) & (step >= splat(-tol));
+        passes = (open & small) ? vi{} + pass : passes;
+        bool left = false;
+        for (int l = 0; l < rows; ++l) left |= passes[l] == 0;
+        if (!left) break;
+    }
+
+    // y = gap**p / sum(gap**p), computed in the buffer, written back through the same 16 x 16 transposes
+    vf total{};
+    for (int64_t i = 0; i < n; ++i) {
+        buf[i] = vpow_gap(buf[i] - tau, power);
+        total += buf[i];
+    }
+    const vf inverse = splat(1.0f) / total;
+    int64_t i0 = 0;
+    for (; i0 + L <= n; i0 += L) {
+        vf t[L];
+        for (int c = 0; c < L; ++c) t[c] = buf[i0 + c] * inverse;
+        transpose16(t);
+        for (int l = 0; l < rows; ++l) std::memcpy(y + l * n + i0, &t[l], sizeof(vf));
+    }
+    for (int64_t i = i0; i < n; ++i)
+        for (int l = 0; l < rows; ++l) y[l * n + i] = buf[i][l] * inverse[l];
+    for (int l = 0; l < rows; ++l) ok[l] = uint8_t(passes[l] > 255 ? 255 : passes[l]);
+}
+
 template <Kind kind>
-void solve_rows(const float *x, float *y, uint8_t *ok, int64_t first, int64_t last, int64_t n, int max_iter) {
+void solve_rows(const float *x, float *y, uint8_t *ok, int64_t first, int64_t last, int64_t n, int max_iter,
+                float alpha) {
     vf *buf = static_cast<vf *>(std::aligned_alloc(sizeof(vf), size_t(n) * sizeof(vf)));
     if (!buf) return;  // ok stays 0: the caller's exact solver takes these rows
     for (int64_t r = first; r < last; r += L) {
         const int rows = last - r < L ? int(last - r) : L;
-        solve_block<kind>(x + r * n, y + r * n, ok + r, rows, n, max_iter, buf);
+        if constexpr (kind == ALPHA) solve_alpha_block(x + r * n, y + r * n, ok + r, rows, n, max_iter, buf, alpha);
+        else solve_block<kind>(x + r * n, y + r * n, ok + r, rows, n, max_iter, buf);
     }
     std::free(buf);
 }
 
-// Closed-form backward on rows [first, last): grad_x = w g - w sum(w g) / sum(w), with w = sqrt(y) for
-// entmax-1.5 and w = [y > 0] for sparsemax. Rows are independent, so one row at a time suffices here.
+// Closed-form backward on rows [first, last): grad_x = w g - w sum(w g) / sum(w), with w = y ** (2 - alpha) on
+// the support (sqrt(y) for entmax-1.5, the support's indicator for sparsemax). One row at a time: rows are
+// independent. The weights go to `out` in the first pass and are reused in the second, the row still in L1.
 template <Kind kind>
-void backward_rows(const float *grad, const float *y, float *out, int64_t first, int64_t last, int64_t n) {
+void backward_rows(const float *grad, const float *y, float *out, int64_t first, int64_t last, int64_t n,
+                   float alpha) {
     for (int64_t r = first; r < last; ++r) {
         const float *g = grad + r * n, *yr = y + r * n;
         float *o = out + r * n;
         float wg = 0.0f, w = 0.0f;
-        #pragma omp simd reduction(+ : wg, w)
-        for (int64_t i = 0; i < n; ++i) {
-            const float wi = kind == ENTMAX15 ? std::sqrt(yr[i]) : (yr[i] > 0.0f ? 1.0f : 0.0f);
-            o[i] = wi;  // kept for the second pass (the row is still in L1)
-            wg += wi * g[i];
-            w += wi;
+        if constexpr (kind != ALPHA) {
+            #pragma omp simd reduction(+ : wg, w)
+            for (int64_t i = 0; i < n; ++i) {
+                const float wi = kind == ENTMAX15 ? std::sqrt(yr[i]) : (yr[i] > 0.0f ? 1.0f : 0.0f);
+                o[i] = wi;
+                wg += wi * g[i];
+                w += wi;
+            }
+        } else {  // the power needs the vector exp/log: 16 entries per step, the tail zero-padded
+            vf wgv{}, wv{};
+            for (int64_t i = 0; i < n; i += L) {
+                const int width = n - i < L ? int(n - i) : L;
+                vf yv{}, gv{};
+                for (int l = 0; l < width; ++l) { yv[l] = yr[i + l]; gv[l] = g[i + l]; }
+                const vf weight = vpow_gap(yv, 2.0f - alpha);
+                for (int l = 0; l < width; ++l) o[i + l] = weight[l];
+                wgv += weight * gv;
+                wv += weight;
+            }
+            for (int l = 0; l < L; ++l) { wg += wgv[l]; w += wv[l]; }
         }
         const float mean = wg / w;
         #pragma omp simd
@@ -241,17 +306,18 @@ void in_parallel(int64_t rows, int64_t align, int threads, Fn fn) {
 }
 
 template <Kind kind>
-void solve(const float *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads, int max_iter) {
+void forward(const float *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads, int max_iter,
+             float alpha) {
     std::memset(ok, 0, size_t(rows));
     in_parallel(rows, L, threads, [&](int64_t first, int64_t last) {
-        solve_rows<kind>(x, y, ok, first, last, n, max_iter);
+        solve_rows<kind>(x, y, ok, first, last, n, max_iter, alpha);
     });
 }
 
 template <Kind kind>
-void backward(const float *grad, const float *y, float *out, int64_t rows, int64_t n, int threads) {
+void backward(const float *grad, const float *y, float *out, int64_t rows, int64_t n, int threads, float alpha) {
     in_parallel(rows, 1, threads, [&](int64_t first, int64_t last) {
-        backward_rows<kind>(grad, y, out, first, last, n);
+        backward_rows<kind>(grad, y, out, first, last, n, alpha);
     });
 }
 
@@ -259,26 +325,28 @@ void backward(const float *grad, const float *y, float *out, int64_t rows, int64
 
 extern "C" {
 
-int vitscope_abi_version() { return 1; }
+int vitscope_abi_version() { return 2; }
 
-void vitscope_sparsemax_forward(const float *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads,
-                                int max_iter) {
-    solve<SPARSEMAX>(x, y, ok, rows, n, threads, max_iter);
+// kind: 0 sparsemax, 1 entmax-1.5, 2 alpha-entmax with the given alpha (ignored otherwise). Returns 0, or -1
+// for an unknown kind.
+int vitscope_forward(int kind, float alpha, const float *x, float *y, uint8_t *ok, int64_t rows, int64_t n,
+                     int threads, int max_iter) {
+    switch (kind) {
+        case SPARSEMAX: forward<SPARSEMAX>(x, y, ok, rows, n, threads, max_iter, alpha); return 0;
+        case ENTMAX15: forward<ENTMAX15>(x, y, ok, rows, n, threads, max_iter, alpha); return 0;
+        case ALPHA: forward<ALPHA>(x, y, ok, rows, n, threads, max_iter, alpha); return 0;
+        default: return -1;
+    }
 }
 
-void vitscope_entmax15_forward(const float *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads,
-                               int max_iter) {
-    solve<ENTMAX15>(x, y, ok, rows, n, threads, max_iter);
-}
-
-void vitscope_sparsemax_backward(const float *grad, const float *y, float *out, int64_t rows, int64_t n,
-                                 int threads) {
-    backward<SPARSEMAX>(grad, y, out, rows, n, threads);
-}
-
-void vitscope_entmax15_backward(const float *grad, const float *y, float *out, int64_t rows, int64_t n,
-                                int threads) {
-    backward<ENTMAX15>(grad, y, out, rows, n, threads);
+int vitscope_backward(int kind, float alpha, const float *grad, const float *y, float *out, int64_t rows,
+                      int64_t n, int threads) {
+    switch (kind) {
+        case SPARSEMAX: backward<SPARSEMAX>(grad, y, out, rows, n, threads, alpha); return 0;
+        case ENTMAX15: backward<ENTMAX15>(grad, y, out, rows, n, threads, alpha); return 0;
+        case ALPHA: backward<ALPHA>(grad, y, out, rows, n, threads, alpha); return 0;
+        default: return -1;
+    }
 }
 
 }  // extern "C"
