@@ -2,11 +2,12 @@
 built at first use.
 
 The C++ source is compiled once per machine (about a second) with the system's C++ compiler (``$CXX``, else
-``c++``), ``-O3 -march=native`` and OpenMP where available (so the kernels share PyTorch's thread pool), into ``$VITSCOPE_CACHE/native`` (default ``~/.cache/vitscope/native``), written atomically
-and keyed by the source, the flags, the compiler and the CPU, then loaded with ctypes (which releases the GIL
-while a kernel runs). A flag set that fails to build leaves a ``.failed`` note beside it so that later processes
-do not retry it (delete the folder to rebuild). Where no compiler works, a warning says so once and vitscope
-uses its compiled-PyTorch kernels instead. ``VITSCOPE_NATIVE=0`` or ``set_native(False)`` turns this path off.
+``c++``), ``-O3 -march=native`` and OpenMP where available (so the kernels share PyTorch's thread pool), into
+``$VITSCOPE_CACHE/native`` (default ``~/.cache/vitscope/native``), written atomically and keyed by the source,
+the flags, the compiler and the CPU, then loaded with ctypes (which releases the GIL while a kernel runs). A
+flag set that fails to build leaves a ``.failed`` note beside it so that later processes do not retry it
+(delete the folder to rebuild). Where no compiler works, a warning says so once and vitscope uses its
+compiled-PyTorch kernels instead. ``VITSCOPE_NATIVE=0`` or ``set_native(False)`` turns this path off.
 """
 
 from __future__ import annotations
