@@ -102,15 +102,17 @@ def library() -> ctypes.CDLL | None:
         return None
     if _library is None:
         try:
-            lib = ctypes.CDLL(str(_compile(_compiler())))
+            path = _compile(_compiler())
+            lib = ctypes.CDLL(str(path))
             if lib.vitscope_abi_version() != _ABI_VERSION:
-                raise RuntimeError("stale library in the cache")
+                raise RuntimeError(f"{path} is stale: delete it to rebuild")
             head, sizes = [ctypes.c_int, ctypes.c_float], [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
             lib.vitscope_forward.argtypes = head + [ctypes.c_void_p] * 3 + sizes + [ctypes.c_int]
             lib.vitscope_backward.argtypes = head + [ctypes.c_void_p] * 3 + sizes
         except (OSError, RuntimeError, subprocess.SubprocessError) as err:
             _failed = True
-            warnings.warn(f"vitscope: native CPU kernels unavailable ({err}); using the compiled PyTorch kernels",
+            warnings.warn(f"vitscope: native CPU kernels unavailable ({err}); using the compiled PyTorch kernels. "
+                          "Install a C++17 compiler or point CXX at one (VITSCOPE_NATIVE=0 silences this)",
                           stacklevel=2)
             return None
         _library = lib
@@ -141,7 +143,7 @@ def backward(kind: str, grad: Tensor, y: Tensor, alpha: float = 1.5) -> Tensor:
     """Closed-form VJP (float32, shape of ``y``) of the forward whose float32 output is ``y``."""
     lib = _loaded()
     grad = grad.to(torch.float32).contiguous()
-    y = y.contiguous()
+    y = y.to(torch.float32).contiguous()
     out = torch.empty_like(y)
     lib.vitscope_backward(KINDS[kind], alpha, grad.data_ptr(), y.data_ptr(), out.data_ptr(), y.numel() // y.shape[-1],
                           y.shape[-1], _threads(y))

@@ -115,10 +115,10 @@ def _eager_alpha(x: Tensor, alpha: float) -> Tensor:
     return y / y.sum(dim=-1, keepdim=True)
 
 
-def _solve(x: Tensor, kernel_name: str, eager, **constants: float) -> Tensor:
-    """Probabilities in the compute dtype: the fused kernel where it applies, rows it could not prove
-    converged (and every row otherwise) from the exact eager solver."""
-    fast = fused.fast_forward(kernel_name, x, **constants)
+def _solve(x: Tensor, kind: str, eager, **constants: float) -> Tensor:
+    """Probabilities in the compute dtype: a fast kernel (native or compiled) where one applies, rows it could
+    not prove converged (and every row otherwise) from the exact eager solver."""
+    fast = fused.fast_forward(kind, x, **constants)
     if fast is None:
         return eager(x, **constants)
     y, converged = fast
