@@ -204,7 +204,7 @@ def test_broken_source_is_reported_once_per_flag_set(monkeypatch, tmp_path):
     source = tmp_path / "broken.cpp"
     source.write_text("this is not C++\n")
     monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(native, "_SOURCE", source)
+    monkeypatch.setattr(native, "_SOURCES", (source,))
     with pytest.raises(RuntimeError):
         native._compile(native._compiler())
     markers = sorted((tmp_path / "cache" / "native").glob("*.failed"))
@@ -212,3 +212,24 @@ def test_broken_source_is_reported_once_per_flag_set(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError):  # the second time reads the markers instead of compiling again
         native._compile(native._compiler())
     assert sorted((tmp_path / "cache" / "native").glob("*.failed")) == markers
+
+
+@pytest.mark.parametrize("prefix,t", [(1, 65), (5, 69), (0, 16), (1, 197), (2, 3)])
+def test_softmax_locality_equals_row_sums_of_the_probabilities(prefix, t):
+    from vitscope.metrics.locality import locality_row_sums
+
+    torch.manual_seed(t)
+    logits = torch.randn(3, 4, t, t) * 3
+    logits[0, 1, :, prefix] = float("-inf")  # a masked key
+    distances = torch.rand(t - prefix, t - prefix) * 7
+    probs = logits.double().softmax(-1)[..., prefix:, prefix:]
+    expected = locality_row_sums(probs, distances.double())
+    got = native.softmax_locality(logits, distances, prefix)
+    for ours, exact in zip(got, expected, strict=True):
+        assert ours.shape == exact.shape
+        torch.testing.assert_close(ours.double(), exact, atol=2e-6, rtol=1e-5)
+
+
+def test_softmax_locality_rejects_mismatched_distances():
+    with pytest.raises(ValueError, match="do not match distances"):
+        native.softmax_locality(torch.zeros(2, 65, 65), torch.zeros(65, 65), prefix=1)

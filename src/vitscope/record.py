@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitscope.attention import masked_logits
+from vitscope.attention import masked_logits, native
 from vitscope.compiled import compiled
 from vitscope.metrics import UNITS
 from vitscope.metrics.locality import locality_from_row_sums, locality_row_sums, unit_scale
@@ -113,7 +113,11 @@ class _StatsAccumulator:
         with torch.no_grad():
             prefix = layout.num_prefix_tokens
             dist, scale = self._geometry(layout, k.device, torch.float32)
-            sums = compiled(softmax_row_sums, prefix=prefix)(scaled_q.detach(), k.detach(), dist)
+            if native.runs_on(k):  # the row sums straight from the logits, no probabilities
+                logits = scaled_q.detach().float() @ k.detach().float().transpose(-2, -1)
+                sums = native.softmax_locality(logits, dist, prefix)
+            else:
+                sums = compiled(softmax_row_sums, prefix=prefix)(scaled_q.detach(), k.detach(), dist)
             self._add(sums, k.shape[-2] - prefix, scale)
 
     def _add(self, sums: tuple[Tensor, Tensor, Tensor], num_keys: int, scale: float) -> None:

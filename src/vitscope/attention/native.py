@@ -1,7 +1,7 @@
-"""Native CPU kernels for sparsemax, entmax-1.5 and alpha-entmax, forward and backward (``sparse_rows.cpp``),
-built at first use.
+"""Native CPU kernels, built at first use: sparsemax, entmax-1.5 and alpha-entmax forward and backward
+(``sparse_rows.cpp``), and softmax attention's locality row sums without its probabilities (``locality_rows.cpp``).
 
-The C++ source is compiled once per machine (about a second) with the system's C++ compiler (``$CXX``, else
+The C++ sources are compiled once per machine (about a second) with the system's C++ compiler (``$CXX``, else
 ``c++``), ``-O3 -march=native`` and OpenMP where available (so the kernels share PyTorch's thread pool), into
 ``$VITSCOPE_CACHE/native`` (default ``~/.cache/vitscope/native``), written atomically and keyed by the source,
 the flags, the compiler and the CPU, then loaded with ctypes (which releases the GIL while a kernel runs). A
@@ -29,11 +29,12 @@ from vitscope.files import atomic_write_bytes
 
 KINDS = {"sparsemax": 0, "entmax15": 1, "alpha": 2}  # the kind codes of sparse_rows.cpp
 MAX_PASSES = 32  # a row still open after this many passes is left to the exact eager solver
-_SOURCE = Path(__file__).with_name("sparse_rows.cpp")
-_HEADERS = (Path(__file__).with_name("vector_math.h"),)
+_HERE = Path(__file__).parent
+_SOURCES = (_HERE / "sparse_rows.cpp", _HERE / "locality_rows.cpp")
+_HEADERS = (_HERE / "vector_math.h", _HERE / "parallel.h")
 _FLAG_SETS = (["-march=native", "-fopenmp"], ["-mcpu=native", "-fopenmp"], ["-march=native"], ["-mcpu=native"], [])
 _COMMON_FLAGS = ["-O3", "-fno-math-errno", "-shared", "-fPIC", "-pthread", "-std=c++17"]
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 _MIN_ELEMENTS_PER_THREAD = 1 << 15
 
 _enabled = os.environ.get("VITSCOPE_NATIVE", "1") != "0"
@@ -69,12 +70,12 @@ def _compiler() -> str:
 
 def _compile(compiler: str) -> Path:
     """Build the library (or find it built) and return its path; raise RuntimeError when no flag set works."""
-    source = b"\0".join(path.read_bytes() for path in (_SOURCE, *_HEADERS))
+    source = b"\0".join(path.read_bytes() for path in (*_SOURCES, *_HEADERS))
     errors = []
     for flags in _FLAG_SETS:
         key = hashlib.sha256(b"\0".join([source, " ".join(_COMMON_FLAGS + flags).encode(), compiler.encode(),
                                          _cpu_signature().encode()])).hexdigest()[:16]
-        target = cache_dir() / f"sparse_rows-{key}.so"
+        target = cache_dir() / f"vitscope_native-{key}.so"
         failed = target.with_suffix(".failed")  # this flag set did not build here: don't retry every process
         if target.exists():
             return target
@@ -84,7 +85,7 @@ def _compile(compiler: str) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            run = subprocess.run([compiler, *_COMMON_FLAGS, *flags, str(_SOURCE), "-o", str(built)],
+            run = subprocess.run([compiler, *_COMMON_FLAGS, *flags, *map(str, _SOURCES), "-o", str(built)],
                                  capture_output=True, text=True)
             if run.returncode == 0:
                 os.replace(built, target)  # atomic: other processes see the old state or the whole library
@@ -109,6 +110,8 @@ def library() -> ctypes.CDLL | None:
             head, sizes = [ctypes.c_int, ctypes.c_float], [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
             lib.vitscope_forward.argtypes = head + [ctypes.c_void_p] * 3 + sizes + [ctypes.c_int]
             lib.vitscope_backward.argtypes = head + [ctypes.c_void_p] * 3 + sizes
+            lib.vitscope_softmax_locality.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+            lib.vitscope_softmax_locality.restype = None
         except (OSError, RuntimeError, subprocess.SubprocessError) as err:
             _failed = True
             warnings.warn(f"vitscope: native CPU kernels unavailable ({err}); using the compiled PyTorch kernels. "
@@ -119,10 +122,15 @@ def library() -> ctypes.CDLL | None:
     return _library
 
 
+def runs_on(x: Tensor) -> bool:
+    """Whether the native kernels can take ``x``: on the CPU, float32/16 or bfloat16, not empty, and built."""
+    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float16, torch.bfloat16) and x.dim() > 0
+            and x.shape[-1] > 0 and library() is not None)
+
+
 def applies(x: Tensor, kind: str) -> bool:
-    """Whether the native kernel can take ``x``: CPU, float32/16 or bfloat16, a kind it implements."""
-    return (kind in KINDS and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-            and x.dim() > 0 and x.shape[-1] > 0 and library() is not None)
+    """Whether the native normaliser ``kind`` can take ``x``."""
+    return kind in KINDS and runs_on(x)
 
 
 def forward(kind: str, x: Tensor, alpha: float = 1.5, max_passes: int | None = None) -> tuple[Tensor, Tensor]:
@@ -148,6 +156,23 @@ def backward(kind: str, grad: Tensor, y: Tensor, alpha: float = 1.5) -> Tensor:
     lib.vitscope_backward(KINDS[kind], alpha, grad.data_ptr(), y.data_ptr(), out.data_ptr(), y.numel() // y.shape[-1],
                           y.shape[-1], _threads(y))
     return out
+
+
+def softmax_locality(logits: Tensor, distances: Tensor, prefix: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``locality_row_sums`` of softmax(logits) over the patch block, computed from the logits (B, H, T, T) and
+    patch distances (T - prefix, T - prefix) without the probabilities: mass, weighted, plogp, each
+    (B, H, T - prefix)."""
+    lib = _loaded()
+    logits = logits.detach().to(torch.float32).contiguous()
+    t = logits.shape[-1]
+    if logits.shape[-2] != t or tuple(distances.shape) != (t - prefix, t - prefix):
+        raise ValueError(f"logits {tuple(logits.shape)} with {prefix} prefix tokens do not match distances "
+                         f"{tuple(distances.shape)}; expected square logits and (T - prefix)^2 distances")
+    distances = distances.to(torch.float32).contiguous()
+    mass, weighted, plogp = (torch.empty((*logits.shape[:-2], t - prefix)) for _ in range(3))
+    lib.vitscope_softmax_locality(logits.data_ptr(), distances.data_ptr(), mass.data_ptr(), weighted.data_ptr(),
+                                  plogp.data_ptr(), logits.numel() // (t * t), t, prefix, _threads(logits))
+    return mass, weighted, plogp
 
 
 def _loaded() -> ctypes.CDLL:

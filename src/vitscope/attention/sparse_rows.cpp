@@ -13,16 +13,14 @@
 //   input, say): the caller finishes those rows with its exact eager solver.
 // * While a block iterates, the next block is prefetched, so memory traffic overlaps the arithmetic.
 //
-// Output y = [z - tau]_+ ** (1 / (alpha - 1)) for each row; x and y are row-major (rows x n). Threads: the
-// OpenMP runtime PyTorch loaded where the library is built with -fopenmp, else std::thread.
+// Output y = [z - tau]_+ ** (1 / (alpha - 1)) for each row; x and y are row-major (rows x n).
 
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
-#include <vector>
 
+#include "parallel.h"
 #include "vector_math.h"
 
 namespace {
@@ -268,41 +266,13 @@ void backward_rows(const float *grad, const float *y, float *out, int64_t first,
                 wgv += weight * gv;
                 wv += weight;
             }
-            for (int l = 0; l < L; ++l) { wg += wgv[l]; w += wv[l]; }
+            wg = hsum(wgv);
+            w = hsum(wv);
         }
         const float mean = wg / w;
         #pragma omp simd
         for (int64_t i = 0; i < n; ++i) o[i] *= g[i] - mean;
     }
-}
-
-// Split rows [0, rows) into `threads` shares (multiples of `align` rows) and run fn(first, last) on each.
-template <typename Fn>
-void in_parallel(int64_t rows, int64_t align, int threads, Fn fn) {
-    const int64_t units = (rows + align - 1) / align;
-    if (threads < 1) threads = 1;
-    if (threads > units) threads = int(units > 0 ? units : 1);
-    const int64_t per = (units + threads - 1) / threads * align;
-    auto share = [&](int t) {
-        const int64_t first = t * per, last = first + per < rows ? first + per : rows;
-        if (first < last) fn(first, last);
-    };
-#ifdef _OPENMP
-    // the OpenMP runtime PyTorch has loaded (same soname), hence its thread pool: no second pool spinning
-    #pragma omp parallel for num_threads(threads) schedule(static, 1)
-    for (int t = 0; t < threads; ++t) share(t);
-#else
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) {
-        try {
-            pool.emplace_back(share, t);
-        } catch (...) {  // no thread to be had: do that share here
-            share(t);
-        }
-    }
-    share(0);
-    for (auto &thread : pool) thread.join();
-#endif
 }
 
 template <Kind kind>
@@ -325,7 +295,7 @@ void backward(const float *grad, const float *y, float *out, int64_t rows, int64
 
 extern "C" {
 
-int vitscope_abi_version() { return 2; }
+int vitscope_abi_version() { return 3; }
 
 // kind: 0 sparsemax, 1 entmax-1.5, 2 alpha-entmax with the given alpha (ignored otherwise). Returns 0, or -1
 // for an unknown kind.

@@ -14,6 +14,28 @@ typedef int32_t vi __attribute__((vector_size(4 * L)));
 
 inline vf splat(float v) { return vf{} + v; }
 
+// Horizontal sum and maximum of the 16 lanes, as a tree (a chain of 16 would be latency-bound)
+inline float hsum(vf v) {
+    typedef float v8 __attribute__((vector_size(32)));
+    typedef float v4 __attribute__((vector_size(16)));
+    const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+inline float hmax(vf v) {
+    typedef float v8 __attribute__((vector_size(32)));
+    typedef float v4 __attribute__((vector_size(16)));
+    const v8 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+    const v8 hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    const v8 a = lo > hi ? lo : hi;
+    const v4 c = __builtin_shufflevector(a, a, 0, 1, 2, 3), d = __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    const v4 b = c > d ? c : d;
+    const float e = b[0] > b[2] ? b[0] : b[2], f = b[1] > b[3] ? b[1] : b[3];
+    return e > f ? e : f;
+}
+
 inline vf vsqrt(vf a) {
     vf r{};
     for (int l = 0; l < L; ++l) r[l] = std::sqrt(a[l]);
