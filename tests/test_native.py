@@ -233,3 +233,19 @@ def test_softmax_locality_equals_row_sums_of_the_probabilities(prefix, t):
 def test_softmax_locality_rejects_mismatched_distances():
     with pytest.raises(ValueError, match="do not match distances"):
         native.softmax_locality(torch.zeros(2, 65, 65), torch.zeros(65, 65), prefix=1)
+
+
+def test_the_build_without_openmp_threads_gives_the_same_results(monkeypatch, tmp_path):
+    # compilers without OpenMP (Apple's clang, say) get the std::thread build
+    monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_FLAG_SETS", (["-fopenmp-simd"],))
+    monkeypatch.setattr(native, "_library", None)
+    x = adversarial(1000, 65, 2.0)
+    g = torch.randn_like(x)
+    expected = [native.forward(kind, x)[0] for kind in ("entmax15", "sparsemax")]
+    expected_grad = native.backward("entmax15", g, expected[0])
+    threaded = native.library()
+    assert threaded is not None and Path(threaded._name).parent == tmp_path / "native"
+    for kind, before in zip(("entmax15", "sparsemax"), expected, strict=True):
+        assert torch.equal(native.forward(kind, x)[0], before)  # the same arithmetic, other threads
+    torch.testing.assert_close(native.backward("entmax15", g, expected[0]), expected_grad, atol=1e-6, rtol=0)

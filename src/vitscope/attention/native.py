@@ -32,7 +32,10 @@ MAX_PASSES = 32  # a row still open after this many passes is left to the exact 
 _HERE = Path(__file__).parent
 _SOURCES = (_HERE / "sparse_rows.cpp", _HERE / "locality_rows.cpp")
 _HEADERS = (_HERE / "vector_math.h", _HERE / "parallel.h")
-_FLAG_SETS = (["-march=native", "-fopenmp"], ["-mcpu=native", "-fopenmp"], ["-march=native"], ["-mcpu=native"], [])
+# tried in order: OpenMP (PyTorch's thread pool) where the compiler has it, else std::thread with OpenMP's
+# vectorisation pragmas only; -march=native on x86 and most compilers, -mcpu=native where that is the spelling
+_FLAG_SETS = (["-march=native", "-fopenmp"], ["-mcpu=native", "-fopenmp"], ["-march=native", "-fopenmp-simd"],
+              ["-mcpu=native", "-fopenmp-simd"], ["-fopenmp-simd"], [])
 _COMMON_FLAGS = ["-O3", "-fno-math-errno", "-shared", "-fPIC", "-pthread", "-std=c++17"]
 _ABI_VERSION = 3
 _MIN_ELEMENTS_PER_THREAD = 1 << 15
