@@ -1,4 +1,4 @@
-"""Writing result files atomically: a temporary file beside the target, then a rename."""
+"""Writing result files atomically (a temporary file beside the target, then a rename), and vitscope's cache."""
 
 from __future__ import annotations
 
@@ -10,6 +10,12 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+
+def cache_root() -> Path:
+    """Where vitscope keeps what it can rebuild (decoded datasets, native kernels): ``$VITSCOPE_CACHE``, else
+    ``~/.cache/vitscope``."""
+    return Path(os.environ.get("VITSCOPE_CACHE", Path.home() / ".cache" / "vitscope"))
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:

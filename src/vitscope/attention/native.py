@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from vitscope.files import atomic_write_bytes
+from vitscope.files import atomic_write_bytes, cache_root
 
 KINDS = {"sparsemax": 0, "entmax15": 1, "alpha": 2}  # the kind codes of sparse_rows.cpp
 MAX_PASSES = 32  # a row still open after this many passes is left to the exact eager solver
@@ -52,7 +52,7 @@ def set_native(enabled: bool) -> None:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("VITSCOPE_CACHE", Path.home() / ".cache" / "vitscope")) / "native"
+    return cache_root() / "native"
 
 
 def _cpu_signature() -> str:

@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 from vitscope.data.dataset import ImageDataset
 from vitscope.data.files import IMAGE_SUFFIXES, FileTree, decode_images
 from vitscope.data.synthetic import synthetic_scenes
+from vitscope.files import cache_root
 
 DATASETS = ("cifar10", "cifar100", "tiny-imagenet", "imagefolder", "synthetic")
 _SPLIT_ALIASES = {"train": "train", "eval": "eval", "test": "eval", "val": "eval", "validation": "eval"}
@@ -51,7 +52,7 @@ def canonical_split(split: str) -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("VITSCOPE_CACHE", Path.home() / ".cache" / "vitscope")) / "datasets"
+    return cache_root() / "datasets"
 
 
 def _cache_path(name: str, split: str, root: Path, image_size: int | None) -> Path:
