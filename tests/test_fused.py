@@ -6,6 +6,7 @@ import entmax as reference
 import pytest
 import torch
 
+from adversarial import adversarial_rows
 from vitscope.attention import entmax, entmax15, fused, native, sparsemax
 from vitscope.compiled import compiled_and_run
 
@@ -21,13 +22,8 @@ CASES = [(entmax15, lambda x: reference.entmax15(x), 1.5, "entmax15"),
 
 
 def big_batch(n: int, scale: float, seed: int = 0) -> torch.Tensor:
-    torch.manual_seed(seed)
-    x = torch.randn(max(fused.MIN_ELEMENTS // n + 1, 64), n) * scale
-    x[0] = 0.0  # all equal
-    x[1, :3] = 5.0  # ties at the top
-    x[2, 0] = 1e4  # one huge logit
-    x[3, ::2] = float("-inf")  # masked keys
-    return x
+    """Adversarial rows, enough of them for the compiled path (at least MIN_ELEMENTS elements)."""
+    return adversarial_rows(max(fused.MIN_ELEMENTS // n + 1, 64), n, scale, seed)
 
 
 @pytest.mark.parametrize("ours,theirs,alpha,kernel", CASES)

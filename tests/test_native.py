@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adversarial import adversarial_rows
 from vitscope.attention import entmax, entmax15, fused, native, sparsemax
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no working C++ compiler on this machine")
@@ -62,23 +63,12 @@ def native_calls(monkeypatch):
     return calls
 
 
-def adversarial(rows: int, n: int, scale: float, seed: int = 0) -> torch.Tensor:
-    torch.manual_seed(seed)
-    x = torch.randn(rows, n) * scale
-    x[0] = 0.0  # all equal
-    if n > 3:
-        x[1, :3] = 5.0  # ties at the top
-        x[3, ::2] = float("-inf")  # masked keys
-    x[2, 0] = 1e4  # one huge logit
-    return x
-
-
 @pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("rows,n,scale", [(37, 1, 1.0), (16, 5, 3.0), (21, 16, 1.0), (53, 65, 2.0), (40, 197, 0.5),
                                           (19, 1025, 0.5), (64, 33, 20.0)])
 def test_matches_package_values_and_grads(name, rows, n, scale, native_calls):
     case = CASES[name]
-    x = adversarial(rows, n, scale).requires_grad_()
+    x = adversarial_rows(rows, n, scale).requires_grad_()
     y = case.ours(x)
     assert native_calls == [f"{case.kind} forward"]
     finite = x.detach().masked_fill(~torch.isfinite(x.detach()), -1e9).double().requires_grad_()
@@ -127,7 +117,7 @@ def test_attention_like_rows_finish_within_the_pass_budget(name, n, scale):
 @pytest.mark.parametrize("name", CASES)
 def test_unproven_rows_are_flagged_and_finished_exactly(name, monkeypatch):
     case = CASES[name]
-    x = adversarial(50, 197, 0.5, seed=3)
+    x = adversarial_rows(50, 197, 0.5, seed=3)
     _, converged = case.native(x, max_passes=1)
     assert not bool(converged.all())
     monkeypatch.setattr(native, "MAX_PASSES", 1)
@@ -153,7 +143,7 @@ def test_nan_rows_are_left_to_the_eager_solver(name):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_inputs_accurate_to_their_precision(dtype, native_calls):
-    x = adversarial(48, 65, 2.0).to(dtype)
+    x = adversarial_rows(48, 65, 2.0).to(dtype)
     y = entmax15(x)
     assert y.dtype == dtype and native_calls == ["entmax15 forward"]
     exact = reference.entmax15(x.double(), dim=-1)
@@ -161,7 +151,7 @@ def test_half_inputs_accurate_to_their_precision(dtype, native_calls):
 
 
 def test_thread_count_does_not_change_results():
-    x = adversarial(1000, 65, 2.0)
+    x = adversarial_rows(1000, 65, 2.0)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -193,7 +183,7 @@ def test_without_a_compiler_falls_back_with_a_warning(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setattr(native, "_library", None)
     monkeypatch.setattr(native, "_failed", False)
-    x = adversarial(600, 65, 2.0)
+    x = adversarial_rows(600, 65, 2.0)
     with pytest.warns(UserWarning, match="native CPU kernels unavailable"):
         y = entmax15(x)
     assert native.library() is None
@@ -240,7 +230,7 @@ def test_the_build_without_openmp_threads_gives_the_same_results(monkeypatch, tm
     monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path))
     monkeypatch.setattr(native, "_FLAG_SETS", (["-fopenmp-simd"],))
     monkeypatch.setattr(native, "_library", None)
-    x = adversarial(1000, 65, 2.0)
+    x = adversarial_rows(1000, 65, 2.0)
     g = torch.randn_like(x)
     expected = [native.forward(kind, x)[0] for kind in ("entmax15", "sparsemax")]
     expected_grad = native.backward("entmax15", g, expected[0])

@@ -69,10 +69,15 @@ class AttentionStats:
         return float(torch.nan_to_num(self.mad[picks], nan=float("inf")).min())
 
 
+def attention_logits(scaled_q: Tensor, k: Tensor) -> Tensor:
+    """q k^T (B, heads, T, T) in float32 from scaled queries and keys (B, heads, T, head_dim)."""
+    return scaled_q.float() @ k.float().transpose(-2, -1)
+
+
 def softmax_row_sums(scaled_q: Tensor, k: Tensor, distances: Tensor, *, prefix: int
                      ) -> tuple[Tensor, Tensor, Tensor]:
     """``locality_row_sums`` of softmax(q k^T) restricted to patches, without keeping the probabilities."""
-    probs = (scaled_q.float() @ k.float().transpose(-2, -1)).softmax(dim=-1)
+    probs = attention_logits(scaled_q, k).softmax(dim=-1)
     return locality_row_sums(probs[..., prefix:, prefix:], distances)
 
 
@@ -114,8 +119,7 @@ class _StatsAccumulator:
             prefix = layout.num_prefix_tokens
             dist, scale = self._geometry(layout, k.device, torch.float32)
             if native.runs_on(k):  # the row sums straight from the logits, no probabilities
-                logits = scaled_q.detach().float() @ k.detach().float().transpose(-2, -1)
-                sums = native.softmax_locality(logits, dist, prefix)
+                sums = native.softmax_locality(attention_logits(scaled_q.detach(), k.detach()), dist, prefix)
             else:
                 sums = compiled(softmax_row_sums, prefix=prefix)(scaled_q.detach(), k.detach(), dist)
             self._add(sums, k.shape[-2] - prefix, scale)

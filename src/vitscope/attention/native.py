@@ -145,8 +145,8 @@ def forward(kind: str, x: Tensor, alpha: float = 1.5, max_passes: int | None = N
     n = rows_in.shape[-1]
     y = torch.empty_like(rows_in)
     passes = torch.empty(rows_in.shape[:-1], dtype=torch.uint8)
-    lib.vitscope_forward(KINDS[kind], alpha, rows_in.data_ptr(), y.data_ptr(), passes.data_ptr(), y.numel() // n, n,
-                         _threads(y), MAX_PASSES if max_passes is None else max_passes)
+    _check(lib.vitscope_forward(KINDS[kind], alpha, rows_in.data_ptr(), y.data_ptr(), passes.data_ptr(),
+                                y.numel() // n, n, _threads(y), MAX_PASSES if max_passes is None else max_passes))
     return y, passes > 0
 
 
@@ -156,8 +156,8 @@ def backward(kind: str, grad: Tensor, y: Tensor, alpha: float = 1.5) -> Tensor:
     grad = grad.to(torch.float32).contiguous()
     y = y.to(torch.float32).contiguous()
     out = torch.empty_like(y)
-    lib.vitscope_backward(KINDS[kind], alpha, grad.data_ptr(), y.data_ptr(), out.data_ptr(), y.numel() // y.shape[-1],
-                          y.shape[-1], _threads(y))
+    _check(lib.vitscope_backward(KINDS[kind], alpha, grad.data_ptr(), y.data_ptr(), out.data_ptr(),
+                                 y.numel() // y.shape[-1], y.shape[-1], _threads(y)))
     return out
 
 
@@ -183,6 +183,11 @@ def _loaded() -> ctypes.CDLL:
     if lib is None:
         raise RuntimeError("native kernels are unavailable; check applies() first")
     return lib
+
+
+def _check(status: int) -> None:
+    if status != 0:  # KINDS and sparse_rows.cpp disagree: a stale build
+        raise RuntimeError(f"native kernel returned {status}: delete {cache_dir()} to rebuild")
 
 
 def _threads(x: Tensor) -> int:
