@@ -1,0 +1,70 @@
+"""``vitscope analyze locality|norms``: measure a model on a dataset."""
+
+from __future__ import annotations
+
+import argparse
+
+from vitscope.cli.common import add_common, add_model_changes, prepare_analysis, print_files
+
+
+def register(commands) -> None:
+    analyze = commands.add_parser("analyze", help="measure a model on a dataset")
+    kinds = analyze.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
+    locality = kinds.add_parser("locality", help="per-head mean attention distance and entropy")
+    add_common(locality)
+    locality.add_argument("--unit", default="normalized", choices=["normalized", "patch", "pixel"])
+    locality.add_argument("--no-renormalize", dest="renormalize", action="store_false",
+                          help="keep the raw patch mass of each row instead of renormalising it")
+    locality.set_defaults(handler=run_locality)
+    norms = kinds.add_parser("norms", help="token norms per layer and high-norm (artifact) tokens")
+    add_common(norms)
+    norms.add_argument("--threshold", default="percentile:98", help="percentile:Q, absolute:T or auto")
+    norms.add_argument("--detect-layer", type=int, default=0,
+                       help="layer (numbered from 1) whose patch tokens set the threshold; 0 = the last")
+    norms.set_defaults(handler=run_norms)
+    for sub in (locality, norms):
+        add_model_changes(sub)
+
+
+def run_locality(args: argparse.Namespace) -> int:
+    from vitscope.analyze import measure_locality, write_locality
+    from vitscope.report.figures import behaviour_space, per_layer
+
+    device, dataset, model, out, meta = prepare_analysis(args, "vitscope-locality")
+    result = measure_locality(model, dataset, batch_size=args.batch_size, device=device,
+                              renormalize=args.renormalize, unit=args.unit, img_size=args.img_size)
+    files = write_locality(out, result, meta)
+    mad, entropy = result.stats.mad.numpy(), result.stats.entropy.numpy()
+    files["figure"] = behaviour_space({args.model: (mad, entropy)}, out / "behaviour_space.png", unit=args.unit)
+    files["per-layer"] = per_layer({args.model: mad}, f"MAD ({args.unit})", out / "mad_per_layer.png")
+    print(f"min early-layer MAD {result.summary()['min_early_mad']:.4f} ({args.unit}) over {len(dataset)} images")
+    print_files(files)
+    return 0
+
+
+def run_norms(args: argparse.Namespace) -> int:
+    from vitscope.analyze.inputs import model_batches
+    from vitscope.analyze.norms import measure_norms, write_norms
+    from vitscope.metrics.norms import parse_threshold
+    from vitscope.report.norm_figures import high_norm_maps, norm_histograms
+
+    parse_threshold(args.threshold)  # fail before loading anything
+    device, dataset, model, out, meta = prepare_analysis(args, "vitscope-norms")
+    result = measure_norms(model, dataset, threshold=args.threshold, detect_layer=args.detect_layer - 1,
+                           batch_size=args.batch_size, device=device, img_size=args.img_size)
+    files = write_norms(out, result, meta)
+    files["histograms"] = norm_histograms([n.numpy().ravel() for n in result.norms], result.names,
+                                          result.threshold.value, result.threshold.spec, out / "norm_histograms.png")
+    if result.tokens["kind"] == "plain":
+        grid = result.tokens["patches"]["grid"]
+        count = min(16, len(dataset))
+        images, _ = next(model_batches(model, dataset.subset(count), count, "cpu", args.img_size))
+        shown = (images - images.amin(dim=(1, 2, 3), keepdim=True))
+        shown = (shown / shown.amax(dim=(1, 2, 3), keepdim=True)).permute(0, 2, 3, 1).numpy()
+        maps = result.norms[result.detect_layer][:count, result.prefix :].view(count, *grid).numpy()
+        files["maps"] = high_norm_maps(shown, maps, result.threshold.value, out / "high_norm_maps.png")
+    top = result.summary()[result.detect_layer]
+    print(f"threshold {result.threshold.spec} = {result.threshold.value:.4g}; high-norm patch tokens at layer "
+          f"{result.detect_layer + 1}: {top['high_norm_fraction']:.2%}")
+    print_files(files)
+    return 0
