@@ -1,0 +1,64 @@
+"""Models that a study measures instead of training its own: ``--model LABEL=SPEC[@WEIGHTS]`` (repeatable).
+
+``SPEC`` is anything ``vitscope.models.load`` takes (a preset, ``timm:NAME``, a run folder or weights
+file); ``@WEIGHTS`` names a local weights file for it (the last ``@`` splits). ``LABEL`` names the model in
+results and reports (letters, digits and ``._+-``). Shared by every study that takes ``--model``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+LABEL = re.compile(r"^[A-Za-z0-9._+-]+$")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model of a study: a label, a spec for ``vitscope.models.load``, optional local weights and load
+    options (e.g. ``img_size``, ``depth`` for a small random timm model)."""
+
+    label: str
+    spec: str
+    weights: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not LABEL.match(self.label):
+            raise ValueError(f"model label {self.label!r} may hold only letters, digits and ._+-; "
+                             "e.g. --model dinov2-reg=timm:vit_small_patch14_reg4_dinov2@weights.safetensors")
+
+    def load(self) -> nn.Module:
+        from vitscope.models import load
+
+        return load(self.spec, weights=self.weights, **self.options)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "spec": self.spec, "weights": self.weights, "options": dict(self.options)}
+
+
+def parse_model_entry(text: str) -> ModelEntry:
+    """``LABEL=SPEC[@WEIGHTS]`` -> ModelEntry; a bad form names the expected one."""
+    label, sep, rest = text.partition("=")
+    if not sep or not label.strip() or not rest.strip():
+        raise ValueError(f"--model {text!r} needs the form LABEL=SPEC[@WEIGHTS], e.g. "
+                         "--model deit3=timm:deit3_small_patch16_224@deit3_small.safetensors or --model mine=runs/x")
+    spec, at, weights = rest.strip().rpartition("@")
+    if not at:
+        spec, weights = weights, None
+    elif not spec or not weights:
+        raise ValueError(f"--model {text!r}: both SPEC and WEIGHTS must be given around '@'")
+    return ModelEntry(label.strip(), spec, weights)
+
+
+def parse_model_entries(texts: list[str]) -> list[ModelEntry]:
+    """Several ``--model`` values; labels must be unique."""
+    entries = [parse_model_entry(t) for t in texts]
+    labels = [e.label for e in entries]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ValueError(f"model label(s) {', '.join(repeated)} given more than once; give each --model its own label")
+    return entries

@@ -1,0 +1,226 @@
+"""Study: high-norm tokens and registers across architectures (arXiv 2603.25803, after Darcet et al. 2309.16588).
+
+Two sources of models, in one list:
+
+* trained here: vitscope ViTs with 0, 1, 4, 16 registers (``registers``), same data, seeds and recipe, with a
+  training objective as a setting (``supervised``; ``dino`` when the trainer offers it); every run resumes
+  after a kill and is reused when finished;
+* given: ``--model LABEL=SPEC[@WEIGHTS]`` entries (existing runs, checkpoints, timm models with local weights),
+  and the preset's own list (the demo's randomly initialised timm ViT, Swin and PVT-v2; the paper's timm
+  names with the user's weights).
+
+Each model gets the census (``registers_census``) on the evaluation split; one model may also be measured
+with planted outliers (``vitscope.models.planted``). Every model's measurement is cached in
+``models/<label>/`` (written atomically), so a rerun after a kill measures only what is missing. The results go
+to ``results.json`` (``{schema_version, kind, settings, rows, provenance}``) and ``results.csv``;
+``vitscope.report.registers`` turns them into ``report.html``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from vitscope.data import load_dataset
+from vitscope.files import write_csv, write_json
+from vitscope.models.planted import plant_outliers
+from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
+from vitscope.studies.models import ModelEntry
+from vitscope.studies.registers_census import CensusSettings, run_census
+from vitscope.studies.registers_presets import DEMO_TRAINING, PAPER_TRAINING, preset_models
+from vitscope.train import TrainConfig, train
+
+KIND = "registers-study"
+
+
+@dataclass
+class RegistersStudy:
+    """What to train and measure. ``preset`` (demo, paper, none) fills the defaults; explicit fields win.
+
+    ``registers``: register counts to train (None: the preset's; [] trains nothing); ``models``: given models;
+    ``plant``: ``{"model": LABEL, "layer": BLOCK (0-based), "count": K, "scale": S}`` measures that model again
+    with planted outliers, as ``LABEL+planted``; ``census``: the census settings."""
+
+    preset: str = "demo"
+    dataset: str = "synthetic"
+    data_dir: str | None = None
+    registers: list[int] | None = None
+    objective: str = "supervised"
+    seeds: list[int] = field(default_factory=lambda: [0])
+    models: list[ModelEntry] = field(default_factory=list)
+    weights_dir: str | None = None
+    plant: dict[str, Any] | None = None
+    census: CensusSettings = field(default_factory=CensusSettings)
+    epochs: int | None = None
+    batch_size: int | None = None
+    train_images: int | None = None
+    eval_images: int | None = None
+    device: str = "auto"
+    out: str = "vitscope-registers"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.preset not in ("demo", "paper", "none"):
+            raise ValueError(f"preset {self.preset!r} is unknown; use demo, paper or none")
+        if self.objective not in ("supervised", "dino"):
+            raise ValueError(f"objective {self.objective!r} is unknown; use supervised or dino")
+        if self.registers is None:
+            self.registers = [0, 4] if self.preset == "demo" else ([] if self.preset == "paper" else [0, 1, 4, 16])
+        if any(r < 0 for r in self.registers):
+            raise ValueError(f"register counts {self.registers} must be >= 0")
+        if not self.seeds:
+            raise ValueError("a study needs at least one seed")
+        if isinstance(self.census, dict):
+            self.census = CensusSettings(**self.census)
+        self.models = [m if isinstance(m, ModelEntry) else ModelEntry(**m) for m in self.models]
+        labels = [m.label for m in self.all_models()]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"model labels {labels} repeat; give each --model its own label")
+        if self.plant is not None and self.plant.get("model") not in labels:
+            raise ValueError(f"plant model {self.plant.get('model')!r} is not one of the study's models {labels}")
+        if not labels:
+            raise ValueError("the study has no models: train some (--registers 0,4) or give --model LABEL=SPEC")
+
+    def run_label(self, registers: int, seed: int) -> str:
+        return f"reg{registers}" + (f"-seed{seed}" if len(self.seeds) > 1 else "")
+
+    def run_dir(self, registers: int, seed: int) -> Path:
+        return Path(self.out) / "runs" / f"reg{registers}" / f"seed-{seed}"
+
+    def trained(self) -> list[tuple[str, int, int]]:
+        """(label, registers, seed) of every run to train."""
+        return [(self.run_label(r, s), r, s) for r in self.registers for s in self.seeds]
+
+    def all_models(self) -> list[ModelEntry]:
+        """Every model measured, trained ones as entries on their run folders."""
+        trained = [ModelEntry(label, str(self.run_dir(r, s))) for label, r, s in self.trained()]
+        return trained + preset_models(self.preset, self.weights_dir) + list(self.models)
+
+    def train_config(self, registers: int, seed: int, device: str) -> TrainConfig:
+        schedule = dict(DEMO_TRAINING if self.preset == "demo" else PAPER_TRAINING)
+        for key in ("epochs", "batch_size"):
+            if getattr(self, key) is not None:
+                schedule[key] = getattr(self, key)
+        synthetic = self.dataset == "synthetic"
+        values = {
+            "model": "vit-micro" if self.preset == "demo" else "vit-compact",
+            "model_options": {"num_registers": registers},
+            "dataset": self.dataset, "data_dir": self.data_dir,
+            "dataset_options": {"num_images": 4096, "num_classes": 8} if synthetic else {},
+            "train_images": self.train_images, "eval_images": self.eval_images, "protocol": "baseline",
+            "seed": seed, "device": device, "out": str(self.run_dir(registers, seed)), "progress": self.progress,
+            "eval_every": max(1, schedule["epochs"] // 4), **schedule,
+        }
+        if self.objective != "supervised":
+            values["objective"] = self.objective  # needs a trainer with objectives; TrainConfig names the fix
+        return TrainConfig.from_dict(values)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = dataclasses.asdict(self)
+        values["models"] = [m.to_dict() for m in self.all_models()]
+        return values
+
+
+def _eval_set(study: RegistersStudy):
+    options = {"num_images": study.eval_images or 512, "num_classes": 8} if study.dataset == "synthetic" else {}
+    data = load_dataset(study.dataset, study.data_dir, "eval", **options)
+    return data.subset(study.eval_images)
+
+
+def _train_run(study: RegistersStudy, registers: int, seed: int, device: str) -> dict[str, Any]:
+    cfg = study.train_config(registers, seed, device)
+    summary = train(cfg, resume=Path(cfg.out).exists())
+    evaluation = summary.get("eval") or {}
+    return {"top1": evaluation.get("top1"), "knn_top1": evaluation.get("knn_top1"), "epochs": summary.get("epochs"),
+            "registers": registers, "seed": seed, "objective": study.objective}
+
+
+def _measure(study: RegistersStudy, entry: ModelEntry, dataset, device: torch.device, folder: Path,
+             plant: dict[str, Any] | None, training: dict[str, Any] | None) -> dict[str, Any]:
+    """The census of one model, cached in ``folder`` (census.json last, so its presence means done)."""
+    record_file = folder / "census.json"
+    if record_file.is_file():
+        return json.loads(record_file.read_text())
+    model = entry.load()
+    hooks = plant_outliers(model, **{k: v for k, v in plant.items() if k != "model"}) if plant else None
+    try:
+        settings = dataclasses.replace(study.census, img_size=entry.options.get("img_size", study.census.img_size))
+        census = run_census(model, dataset, entry.label + ("+planted" if plant else ""), settings, device,
+                            progress=study.progress)
+    finally:
+        if hooks is not None:
+            hooks.remove()
+    tensors = {k: v.float().contiguous() for k, v in census.tensors.items()}
+    if hooks is not None:
+        tensors["planted_positions"] = hooks.positions[: len(tensors["images"])].float().contiguous()
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / ".census.safetensors.tmp"
+    save_file(tensors, str(tmp))
+    tmp.replace(folder / "census.safetensors")
+    label = entry.label + ("+planted" if plant else "")
+    record = {"label": label, "entry": entry.to_dict(), "planted": plant, "training": training,
+              "tokens": census.tokens, "thresholds": census.thresholds, "histograms": census.histograms,
+              "rows": census.rows, "num_images": len(dataset), "schema_version": SCHEMA_VERSION,
+              "parameters": sum(p.numel() for p in model.parameters())}
+    write_json(record_file, record)
+    return record
+
+
+def load_census_tensors(out: str | Path, label: str) -> dict[str, torch.Tensor]:
+    """The figures' tensors of one measured model (images, norm maps, high-norm maps, CLS attention)."""
+    return load_file(str(Path(out) / "models" / label / "census.safetensors"))
+
+
+def run(study: RegistersStudy) -> dict[str, Any]:
+    """Train what is missing, measure every model, and write results.json and results.csv; returns the payload."""
+    started = dt.datetime.now(dt.UTC)
+    out = Path(study.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(study.device)
+    training = {}
+    for k, (label, registers, seed) in enumerate(study.trained(), 1):
+        if study.progress:
+            print(f"[train {k}/{len(study.trained())}] {label}", flush=True)
+        training[label] = _train_run(study, registers, seed, str(device))
+    dataset = _eval_set(study)
+    records = []
+    entries = study.all_models()
+    plants = [(e, None) for e in entries]
+    if study.plant:
+        plants += [(e, study.plant) for e in entries if e.label == study.plant["model"]]
+    for k, (entry, plant) in enumerate(plants, 1):
+        label = entry.label + ("+planted" if plant else "")
+        if study.progress:
+            print(f"[measure {k}/{len(plants)}] {label}", flush=True)
+        records.append(_measure(study, entry, dataset, device, out / "models" / label, plant,
+                                training.get(entry.label)))
+    return write_results(study, records, started, device)
+
+
+def write_results(study: RegistersStudy, records: list[dict[str, Any]], started: dt.datetime,
+                  device: torch.device) -> dict[str, Any]:
+    rows = [row for record in records for row in record["rows"]]
+    for record in records:
+        for metric in ("top1", "knn_top1"):
+            value = (record.get("training") or {}).get(metric)
+            if value is not None:
+                rows.append({"model": record["label"], "group": "image", "metric": metric, "value": value,
+                             "n": record["num_images"]})
+    meta = provenance(config=study.to_dict(), seed=study.seeds[0], dataset=study.dataset,
+                      dataset_root=study.data_dir, device=device, started=started)
+    models = [{k: r[k] for k in ("label", "entry", "planted", "training", "tokens", "thresholds", "num_images",
+                                 "parameters")} for r in records]
+    payload = {"schema_version": SCHEMA_VERSION, "kind": KIND, "settings": study.to_dict(), "models": models,
+               "rows": rows, "provenance": meta}
+    write_json(Path(study.out) / "results.json", payload)
+    columns = ["model", "layer", "layer_kind", "stage", "group", "metric", "value", "n", "threshold",
+               "threshold_value"]
+    write_csv(Path(study.out) / "results.csv", [{c: r.get(c) for c in columns} for r in rows])
+    return payload

@@ -1,0 +1,281 @@
+"""The high-norm token census of one model on one dataset (arXiv 2603.25803, after Darcet et al. 2309.16588).
+
+Per token layer (0 = input of block 1, l = output of block l, before the final norm):
+
+* token-norm distributions of patch, CLS and register tokens (log-binned histograms and summaries);
+* the high-norm fraction of patch tokens under each threshold mode, the threshold fixed on the detection
+  layer (default: the last) and applied to every layer, so that the first layer with high-norm tokens means
+  something; prefix tokens (CLS, registers) are never candidates and never enter a threshold;
+* where they sit, under the first threshold mode: their share on background patches against the share of
+  all patches (when the data has masks or boxes), and the mean intensity and local variance of their patches
+  against normal patches (``vitscope.metrics.high_norm``);
+* what attends to them: the attention mass that CLS and patch queries of attention layer l put on the
+  high-norm patches of token layer l - 1 (its keys), against those patches' share of all keys.
+
+Hierarchical models (Swin, PVT-v2) have no prefix tokens and change width per stage: each stage gets its own
+threshold, set on the stage's last block, and attention mass is not measured (their keys are windows or a
+reduced grid, not the tokens). Results are flat rows ``{model, layer, layer_kind, group, metric, value, n,
+threshold, threshold_value[, stage]}``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from vitscope.analyze.inputs import model_batches, model_input
+from vitscope.data import ImageDataset
+from vitscope.metrics.high_norm import (
+    high_norm_mask,
+    mass_on_high_norm,
+    patch_in_boxes,
+    patch_object_fraction,
+    patch_statistics,
+    region_share,
+)
+from vitscope.metrics.norms import Threshold, high_norm_threshold, parse_threshold
+from vitscope.models.sites import token_blocks
+from vitscope.models.token_map import token_map
+from vitscope.record import record_attention, record_tokens
+
+HISTOGRAM_BINS = 48
+
+
+@dataclass
+class CensusSettings:
+    """``thresholds``: specs, the first one drives location and attention; ``detect_layer``: token layer
+    (0..L) or ``"last"``; ``attention_images``: images whose attention maps are recorded; ``example_images``:
+    images kept for artifact maps."""
+
+    thresholds: list[str] = field(default_factory=lambda: ["percentile:98", "absolute:150", "auto"])
+    detect_layer: int | str = "last"
+    attention_images: int = 32
+    example_images: int = 8
+    batch_size: int = 64
+    img_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.thresholds:
+            raise ValueError("the census needs at least one threshold, e.g. percentile:98")
+        for spec in self.thresholds:
+            parse_threshold(spec)
+        if self.detect_layer != "last" and (not isinstance(self.detect_layer, int) or self.detect_layer < 0):
+            raise ValueError(f"detect_layer={self.detect_layer!r} must be a token layer number >= 0 or 'last'")
+
+
+@dataclass
+class Census:
+    """What ``run_census`` measured: ``rows`` (flat), ``histograms`` per layer and group, ``thresholds`` and
+    ``tensors`` for figures (images, norm maps, high-norm maps, CLS attention of the last layer)."""
+
+    rows: list[dict[str, Any]]
+    histograms: dict[str, Any]
+    thresholds: list[dict[str, Any]]
+    tokens: dict[str, Any]
+    tensors: dict[str, Tensor]
+
+
+def _row(model: str, layer: int, group: str, metric: str, value: float, n: int, **extra: Any) -> dict[str, Any]:
+    return {"model": model, "layer": layer, "layer_kind": "token", "group": group, "metric": metric,
+            "value": float(value), "n": int(n), **extra}
+
+
+def _histograms(norms: dict[str, list[Tensor]], layers: list[int]) -> dict[str, Any]:
+    """Log-spaced bin edges shared by every layer and group, and counts per (group, layer)."""
+    values = torch.cat([t.flatten() for group in norms.values() for t in group if t.numel()])
+    positive = values[values > 0]
+    low, high = (float(positive.min()), float(positive.max())) if positive.numel() else (1e-3, 1.0)
+    edges = np.logspace(math.log10(low), math.log10(high * 1.001 + 1e-12), HISTOGRAM_BINS + 1)
+    counts = {group: {str(layer): np.histogram(t.numpy(), bins=edges)[0].tolist()
+                      for layer, t in zip(layers, tensors, strict=True) if t.numel()}
+              for group, tensors in norms.items()}
+    return {"edges": edges.tolist(), "counts": counts}
+
+
+def _detect_index(settings: CensusSettings, layers: list[int]) -> int:
+    if settings.detect_layer == "last":
+        return len(layers) - 1
+    if settings.detect_layer not in layers:
+        raise ValueError(f"detect_layer={settings.detect_layer} is not a recorded token layer; use one of "
+                         f"{layers[0]}..{layers[-1]} or 'last'")
+    return layers.index(settings.detect_layer)
+
+
+@torch.no_grad()
+def _record(model: nn.Module, dataset: ImageDataset, settings: CensusSettings, device: torch.device,
+            plain: bool, progress: bool) -> tuple[list[Tensor], Tensor]:
+    """Token norms per token layer (images, T) and the model-side images in [0, 1] (images, 3, S, S)."""
+    _, mean, std = model_input(model, dataset, settings.img_size)
+    m, s = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
+    embedded: list[Tensor] = []
+    handle = None
+    if plain:  # token layer 0: the input of block 1
+        handle = model.blocks[0].register_forward_pre_hook(
+            lambda _m, args: embedded.append(args[0].detach().float().norm(dim=-1).cpu()))
+    pixels = []
+    bar = tqdm(total=len(dataset), unit="img", desc="census", disable=not progress, dynamic_ncols=True)
+    try:
+        with record_tokens(model, keep="norms") as rec:
+            for images, _ in model_batches(model, dataset, settings.batch_size, device, settings.img_size):
+                model(images)
+                pixels.append((images.cpu() * s + m).clamp(0, 1))
+                bar.update(len(images))
+    finally:
+        bar.close()
+        if handle is not None:
+            handle.remove()
+    norms = [n.cpu() for n in rec.norms]
+    return ([torch.cat(embedded)] if plain else []) + norms, torch.cat(pixels)
+
+
+def _object_map(dataset: ImageDataset, grid: tuple[int, int], side: int) -> Tensor | None:
+    """(images, N) boolean object map of the patches, from masks (majority) or boxes (centre); None without."""
+    masks, boxes = dataset.extras.get("masks"), dataset.extras.get("boxes")
+    if masks is not None:
+        if side % grid[0] or side % grid[1]:
+            return None
+        resized = F.interpolate(masks[:, None].float(), size=(side, side), mode="nearest")[:, 0]
+        return patch_object_fraction(resized, grid) >= 0.5
+    if boxes is not None:
+        scale = side / dataset.image_size
+        return patch_in_boxes(boxes.float() * scale, grid, (side, side))
+    return None
+
+
+def _location_rows(label: str, layer: int, high: Tensor, pixels: Tensor, objects: Tensor | None,
+                   grid: tuple[int, int], extra: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    side = pixels.shape[-1]
+    if side % grid[0] == 0 and side % grid[1] == 0:
+        intensity, variance = patch_statistics(pixels, grid)
+        for group, pick in (("high-norm", high), ("normal", ~high)):
+            count = int(pick.sum())
+            if count:
+                rows.append(_row(label, layer, group, "patch_intensity", intensity[pick].mean(), count, **extra))
+                rows.append(_row(label, layer, group, "patch_local_variance", variance[pick].mean(), count, **extra))
+    if objects is not None:
+        share = region_share(high, objects)
+        if share["count_high"]:
+            rows.append(_row(label, layer, "high-norm", "background_share", share["background_share_high"],
+                             share["count_high"], **extra))
+        rows.append(_row(label, layer, "patch", "background_share", share["background_share_all"], high.numel(),
+                         **extra))
+    return rows
+
+
+@torch.no_grad()
+def _attention_rows(model: nn.Module, dataset: ImageDataset, settings: CensusSettings, device: torch.device,
+                    label: str, norms: list[Tensor], threshold: Threshold, prefix: int, extra: dict[str, Any]
+                    ) -> tuple[list[dict[str, Any]], Tensor]:
+    """Attention mass on high-norm keys per attention layer, and the CLS rows (images, T) of the last layer."""
+    count = min(settings.attention_images, len(dataset))
+    sample = dataset.subset(count)
+    images = torch.cat([b for b, _ in model_batches(model, sample, settings.batch_size, device, settings.img_size)])
+    with record_attention(model, keep="maps") as rec:
+        model(images)
+    rows = []
+    for index, probs in enumerate(rec.maps):
+        probs = probs.float().cpu()
+        keys = high_norm_mask(norms[index][:count], threshold.value, prefix)  # token layer index = block index
+        mass = mass_on_high_norm(probs, keys, prefix)
+        layer = index + 1  # attention layer l reads token layer l - 1
+        for group in ("cls", "patch"):
+            if prefix or group == "patch":
+                rows.append(_row(label, layer, f"{group}-query", "attention_mass_on_high_norm",
+                                 mass[group].mean(), count, layer_kind="attention", **extra))
+        rows.append(_row(label, layer, "high-norm", "key_share", mass["share"].mean(), count,
+                         layer_kind="attention", **extra))
+    last = rec.maps[-1].float().cpu().mean(dim=1)  # (images, T, T) averaged over heads
+    return rows, last[:, 0] if prefix else last.mean(dim=1)
+
+
+def run_census(model: nn.Module, dataset: ImageDataset, label: str, settings: CensusSettings | None = None,
+               device: torch.device | str = "cpu", progress: bool = True) -> Census:
+    """Measure ``model`` (plain ViT, Swin or PVT-v2) on ``dataset``; see the module docstring."""
+    settings = settings or CensusSettings()
+    device = torch.device(device)
+    model = model.to(device).eval()
+    tokens = token_map(model)
+    plain = tokens["kind"] == "plain"
+    norms, pixels = _record(model, dataset, settings, device, plain, progress)
+    side = pixels.shape[-1]
+    if plain:
+        return _plain_census(model, dataset, settings, device, label, tokens, norms, pixels, side)
+    return _hierarchical_census(model, dataset, settings, label, tokens, norms, pixels, side)
+
+
+def _plain_census(model, dataset, settings, device, label, tokens, norms, pixels, side) -> Census:
+    prefix, grid = tokens["num_prefix_tokens"], tuple(tokens["patches"]["grid"])
+    layers = list(range(len(norms)))  # token layers 0..L
+    detect = _detect_index(settings, layers)
+    thresholds = [high_norm_threshold(norms[detect][:, prefix:], spec) for spec in settings.thresholds]
+    objects = _object_map(dataset, grid, side)
+    rows = []
+    groups = {"patch": tokens["patches"]["start"], "cls": tokens["cls"], "register": tokens["registers"]}
+    for layer, n in zip(layers, norms, strict=True):
+        for group, index in groups.items():
+            values = n[:, index:] if group == "patch" else n[:, index]
+            if values.numel():
+                rows.append(_row(label, layer, group, "norm_mean", values.mean(), values.numel()))
+                rows.append(_row(label, layer, group, "norm_median", values.median(), values.numel()))
+        for t in thresholds:
+            high = high_norm_mask(n, t.value, prefix)
+            rows.append(_row(label, layer, "patch", "high_norm_fraction", high.float().mean(), high.numel(),
+                             threshold=t.spec, threshold_value=t.value))
+        primary = thresholds[0]
+        extra = {"threshold": primary.spec, "threshold_value": primary.value}
+        rows += _location_rows(label, layer, high_norm_mask(n, primary.value, prefix), pixels, objects, grid, extra)
+    attention, cls_rows = _attention_rows(model, dataset, settings, device, label, norms, thresholds[0], prefix,
+                                          {"threshold": thresholds[0].spec, "threshold_value": thresholds[0].value})
+    hist_groups = {"patch": [n[:, prefix:] for n in norms], "cls": [n[:, tokens["cls"]] for n in norms],
+                   "register": [n[:, tokens["registers"]] for n in norms]}
+    shown = min(settings.example_images, len(dataset))
+    tensors = {
+        "images": pixels[:shown].contiguous(),
+        "norm_maps": norms[detect][:shown, prefix:].reshape(shown, *grid).contiguous(),
+        "high_norm_maps": high_norm_mask(norms[detect][:shown], thresholds[0].value, prefix)
+        .reshape(shown, *grid).to(torch.uint8).contiguous(),
+        "cls_attention_last": cls_rows[:shown].contiguous(),
+    }
+    return Census(rows + attention, _histograms(hist_groups, layers),
+                  [{"spec": t.spec, "value": t.value, "detection_layer": layers[detect]} for t in thresholds],
+                  tokens, tensors)
+
+
+def _hierarchical_census(model, dataset, settings, label, tokens, norms, pixels, side) -> Census:
+    names = [name for name, _ in token_blocks(model)]
+    stages = [int(name.split(".")[1]) for name in names]
+    rows, thresholds = [], []
+    for stage in sorted(set(stages)):
+        members = [i for i, s in enumerate(stages) if s == stage]
+        detect = members[-1]
+        count = norms[detect].shape[1]
+        side_cells = math.isqrt(count)
+        grid = (side_cells, side_cells) if side_cells * side_cells == count else None
+        objects = _object_map(dataset, grid, side) if grid else None
+        stage_thresholds = [high_norm_threshold(norms[detect], spec) for spec in settings.thresholds]
+        thresholds += [{"spec": t.spec, "value": t.value, "detection_layer": detect + 1, "stage": stage + 1}
+                       for t in stage_thresholds]
+        for i in members:
+            n, extra = norms[i], {"stage": stage + 1}
+            rows.append(_row(label, i + 1, "patch", "norm_mean", n.mean(), n.numel(), **extra))
+            rows.append(_row(label, i + 1, "patch", "norm_median", n.median(), n.numel(), **extra))
+            for t in stage_thresholds:
+                high = n > t.value
+                rows.append(_row(label, i + 1, "patch", "high_norm_fraction", high.float().mean(), high.numel(),
+                                 threshold=t.spec, threshold_value=t.value, **extra))
+            if grid:
+                primary = stage_thresholds[0]
+                rows += _location_rows(label, i + 1, n > primary.value, pixels, objects, grid,
+                                       {"threshold": primary.spec, "threshold_value": primary.value, **extra})
+    layers = list(range(1, len(norms) + 1))
+    shown = min(settings.example_images, len(dataset))
+    return Census(rows, _histograms({"patch": norms}, layers), thresholds, tokens,
+                  {"images": pixels[:shown].contiguous()})

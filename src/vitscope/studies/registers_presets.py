@@ -1,0 +1,84 @@
+"""Presets of the registers study: the demo's models and recipe, and the paper's list of timm models.
+
+* ``demo``: vit-micro with 0 and 4 registers trained on synthetic scenes (the recipe below), plus randomly
+  initialised timm ViT, Swin and PVT-v2 at small sizes: these show the plumbing on each geometry, not
+  findings (random weights grow no artifacts);
+* ``paper``: DeiT-III, DINO, DINOv2 (with and without registers), OpenCLIP, Swin and PVT-v2 at small and
+  large sizes, each loaded from ``WEIGHTS_DIR/<timm name>.safetensors`` (or ``.pth`` / ``.bin``), which the
+  user downloads (vitscope never does); images: ImageNet validation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vitscope.studies.models import ModelEntry
+
+DEMO_TRAINING = {"epochs": 8, "batch_size": 128, "lr": 2e-3, "min_lr": 1e-5, "warmup_epochs": 1,
+                 "weight_decay": 0.05, "grad_clip": 1.0}
+# vit-compact for the trained registers comparison at full scale (same optimisation as the locality study's)
+PAPER_TRAINING = {"epochs": 200, "batch_size": 128, "lr": 1e-3, "min_lr": 1e-5, "warmup_epochs": 10,
+                  "weight_decay": 0.05, "grad_clip": 1.0}
+
+DEMO_MODELS = [
+    ModelEntry("timm-vit-random", "timm:vit_small_patch16_224", options={"img_size": 64, "patch_size": 8,
+                                                                         "depth": 4}),
+    ModelEntry("timm-swin-random", "timm:swin_tiny_patch4_window7_224",
+               options={"img_size": 112, "depths": (2, 2, 2, 2), "embed_dim": 48, "num_heads": (2, 4, 8, 16)}),
+    ModelEntry("timm-pvt-v2-random", "timm:pvt_v2_b0", options={"img_size": 64}),  # any input size: measured at 64
+]
+
+# label -> (timm name, load options); input 224 px (DINOv2's patch-14 models are resampled to 224)
+PAPER_MODELS = {
+    "deit3-s16": ("deit3_small_patch16_224", {}),
+    "deit3-l16": ("deit3_large_patch16_224", {}),
+    "dino-s16": ("vit_small_patch16_224.dino", {}),
+    "dino-b16": ("vit_base_patch16_224.dino", {}),
+    "dinov2-s14": ("vit_small_patch14_dinov2", {"img_size": 224}),
+    "dinov2-s14-reg4": ("vit_small_patch14_reg4_dinov2", {"img_size": 224}),
+    "dinov2-l14": ("vit_large_patch14_dinov2", {"img_size": 224}),
+    "dinov2-l14-reg4": ("vit_large_patch14_reg4_dinov2", {"img_size": 224}),
+    "openclip-b16": ("vit_base_patch16_clip_224", {}),
+    "openclip-l14": ("vit_large_patch14_clip_224", {}),
+    "swin-t": ("swin_tiny_patch4_window7_224", {}),
+    "swin-b": ("swin_base_patch4_window7_224", {}),
+    "pvt-v2-b2": ("pvt_v2_b2", {}),
+    "pvt-v2-b5": ("pvt_v2_b5", {}),
+}
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".bin")
+
+
+def _weights_file(folder: Path, name: str) -> Path | None:
+    for stem in (name, name.split(".")[0]):
+        for suffix in WEIGHT_SUFFIXES:
+            if (folder / f"{stem}{suffix}").is_file():
+                return folder / f"{stem}{suffix}"
+    return None
+
+
+def paper_models(weights_dir: str | Path | None) -> list[ModelEntry]:
+    """The paper preset's models with their local weights; a missing file is an error naming every one."""
+    if weights_dir is None:
+        raise ValueError("the paper preset needs --weights-dir DIR holding <timm name>.safetensors for each of "
+                         + ", ".join(name for name, _ in PAPER_MODELS.values()))
+    folder = Path(weights_dir).expanduser()
+    entries, missing = [], []
+    for label, (name, options) in PAPER_MODELS.items():
+        found = _weights_file(folder, name)
+        if found is None:
+            missing.append(f"{name}.safetensors")
+        else:
+            entries.append(ModelEntry(label, f"timm:{name.split('.')[0]}", str(found), dict(options)))
+    if missing:
+        raise ValueError(f"{folder} lacks the weights {', '.join(missing)}; download them from the timm hub "
+                         "(model.safetensors of each timm/<name> repository, renamed) or use --model LABEL=SPEC@FILE")
+    return entries
+
+
+def preset_models(preset: str, weights_dir: str | Path | None = None) -> list[ModelEntry]:
+    """The models a preset brings besides those it trains."""
+    if preset == "demo":
+        return list(DEMO_MODELS)
+    if preset == "paper":
+        return paper_models(weights_dir)
+    return []
