@@ -74,7 +74,7 @@ def region_share(high: Tensor, on_object: Tensor) -> dict[str, float]:
     background = ~on_object.bool()
     count = int(high.sum())
     return {
-        "background_share_high": float((background & high).sum() / count) if count else float("nan"),
+        "background_share_high": int((background & high).sum()) / count if count else float("nan"),
         "background_share_all": float(background.float().mean()),
         "count_high": count,
     }
