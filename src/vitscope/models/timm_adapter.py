@@ -20,6 +20,7 @@ from torch import nn
 
 from vitscope.attention import Attention
 from vitscope.models.checkpoint import load_weights
+from vitscope.models.resize import check_img_size
 
 
 def create_timm(name: str, **overrides: Any) -> nn.Module:
@@ -96,6 +97,8 @@ def modify(model: nn.Module, *, attention: str | None = None, num_registers: int
     if img_size is not None and fixed_size:  # models without a fixed size (PVT-v2) take any input as it is
         if not hasattr(model, "set_input_size"):
             raise ValueError(f"{type(model).__name__} cannot change its input size; drop img_size=")
+        patch = model.patch_embed.patch_size
+        check_img_size(img_size, int(patch[0] if isinstance(patch, tuple | list) else patch), type(model).__name__)
         model.set_input_size(img_size=img_size)
     if attention is not None:
         swap_attention(model, attention)

@@ -1,0 +1,41 @@
+"""Floors that every probe table shows: the same architecture with random weights, and trivial predictors."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+
+
+def random_twin(model: nn.Module, seed: int = 0) -> nn.Module:
+    """A copy of ``model`` (same structure, normaliser, registers) re-initialised with the architecture's own
+    scheme (``init_weights`` for timm, ``_init_weights`` for vitscope, then ``reset_parameters`` of leaves)."""
+    twin = copy.deepcopy(model)
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        for module in twin.modules():
+            if hasattr(module, "reset_parameters") and module is not twin:
+                module.reset_parameters()
+        for name, param in twin.named_parameters(recurse=False):  # tokens held directly by the model
+            if param is not None and name in ("cls_token", "reg_token", "pos_embed", "vitscope_registers"):
+                nn.init.trunc_normal_(param, std=0.02)
+        init = getattr(twin, "init_weights", None) or getattr(twin, "_init_weights", None)
+        if callable(init):
+            init()
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return twin.eval()
+
+
+def majority_top1(train_labels: Tensor, eval_labels: Tensor) -> float:
+    """Top-1 in [0, 1] of always predicting the most frequent training class."""
+    majority = torch.as_tensor(train_labels).long().bincount().argmax()
+    return float((torch.as_tensor(eval_labels).long() == majority).float().mean())
+
+
+def mean_predictor_mse(train_targets: Tensor, eval_targets: Tensor) -> float:
+    """MSE of always predicting the mean training target (per output)."""
+    mean = torch.as_tensor(train_targets).double().reshape(len(train_targets), -1).mean(0)
+    return float(((torch.as_tensor(eval_targets).double().reshape(len(eval_targets), -1) - mean) ** 2).mean())

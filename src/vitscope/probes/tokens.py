@@ -1,0 +1,236 @@
+"""Token probes: what a single token carries, layer by layer (local: position, pixels; global: image class).
+
+* **position**: logistic regression from a patch token to its patch index; top-1 and the mean distance (patch
+  units) between the predicted and the true grid cell. Chance: 1 / patches and the mean distance between two
+  random cells.
+* **pixels**: ridge regression from a patch token to its patch's normalised input pixels (3 p² values); MSE.
+  Chance: predicting the mean training patch.
+* **class**: logistic regression from one token to the image's class; top-1. Chance: the majority class.
+
+Groups: ``cls``, ``register<i>`` (one per register), ``patch-mean``, ``patch`` (any patch token) and any named
+patch-token masks the caller gives (e.g. ``high-norm`` and ``normal`` tokens). Position and pixels are defined for
+patch-token groups only. Images are split into fit and held-out halves (seeded, stratified by class); within a
+probe every group has the same number of tokens per split (the smallest group's, at most ``max_tokens``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitscope.analyze.inputs import model_batches
+from vitscope.data import ImageDataset
+from vitscope.metrics.locality import grid_distances
+from vitscope.probes.baselines import majority_top1, mean_predictor_mse, random_twin
+from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
+from vitscope.probes.linear import fit_classifier, fit_regressor, stratified_split
+
+PROBES = ("position", "pixels", "class")
+PatchMask = Tensor | Mapping[int, Tensor]  # (N, patches) bool, or one such mask per token layer
+
+
+@dataclass
+class TokenProbeResult:
+    """Flat rows ``{model, layer, layer_kind, group, metric, value, n}`` (``model`` is the label, the label with
+    `` (random init)``, or ``chance``) and the settings used."""
+
+    rows: list[dict[str, Any]]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def value(self, layer: int, group: str, metric: str, model: str | None = None) -> float:
+        """The value of one cell (model defaults to the probed model's label)."""
+        model = model or self.settings["model"]
+        for row in self.rows:
+            if (row["model"], row["layer"], row["group"], row["metric"]) == (model, layer, group, metric):
+                return row["value"]
+        raise KeyError(f"no row for model={model!r} layer={layer} group={group!r} metric={metric!r}")
+
+
+def patch_pixels(model: nn.Module, dataset: ImageDataset, grid: tuple[int, int], patch: int, batch_size: int,
+                 img_size: int | None = None) -> Tensor:
+    """The model's normalised input cut into patches: (N, rows * cols, 3 p²), row-major like the tokens."""
+    out = []
+    for images, _ in model_batches(model, dataset, batch_size, "cpu", img_size):
+        b, c = images.shape[:2]
+        cells = images[:, :, : grid[0] * patch, : grid[1] * patch].reshape(b, c, grid[0], patch, grid[1], patch)
+        out.append(cells.permute(0, 2, 4, 1, 3, 5).reshape(b, grid[0] * grid[1], c * patch * patch))
+    return torch.cat(out)
+
+
+def _sample(mask: Tensor, images: Tensor, count: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``count`` (image, patch) pairs drawn without replacement from ``mask`` restricted to ``images``."""
+    allowed = torch.zeros(len(mask), dtype=torch.bool)
+    allowed[images] = True
+    pairs = (mask & allowed[:, None]).nonzero()
+    pick = pairs[torch.randperm(len(pairs), generator=generator)[:count]]
+    return pick[:, 0], pick[:, 1]
+
+
+def _layer_mask(mask: PatchMask, layer: int) -> Tensor:
+    if isinstance(mask, Mapping):
+        if layer not in mask:
+            raise ValueError(f"a per-layer patch mask has no entry for token layer {layer}; give one per layer")
+        return mask[layer].bool().cpu()
+    return torch.as_tensor(mask).bool().cpu()
+
+
+class _Prober:
+    """Runs the probes of one model over its features; fit/held-out images and pixel targets are shared."""
+
+    def __init__(self, labels: Tensor, pixels: Tensor | None, grid: tuple[int, int], fit: Tensor, held: Tensor,
+                 max_tokens: int, probes: Sequence[str], seed: int, device: torch.device | str,
+                 fit_options: Mapping[str, Any]):
+        self.labels, self.pixels, self.grid, self.fit, self.held = labels, pixels, grid, fit, held
+        self.max_tokens, self.probes, self.seed, self.device = max_tokens, probes, seed, device
+        self.options = {"seed": seed, "device": device, **fit_options}
+        self.distances = grid_distances(grid)
+
+    def samples(self, masks: dict[str, Tensor]) -> dict[str, dict[str, tuple[Tensor, Tensor]]]:
+        """Per patch group, per split, (image, patch) index pairs of the common size."""
+        counts = [int((m[split]).sum()) for m in masks.values() for split in (self.fit, self.held)]
+        size = min([self.max_tokens, *counts])
+        generator = torch.Generator().manual_seed(self.seed)
+        return {name: {"fit": _sample(m, self.fit, size, generator), "held": _sample(m, self.held, size, generator)}
+                for name, m in masks.items()}
+
+    def local(self, tokens: Tensor, picks: dict[str, tuple[Tensor, Tensor]]) -> list[tuple[str, float, int]]:
+        """Position and pixel metrics of one patch group: (metric, value, held-out count) triples."""
+        rows = []
+        (fi, fp), (hi, hp) = picks["fit"], picks["held"]
+        if len(fi) < 2 or len(hi) < 1:
+            return rows
+        x_fit, x_held = tokens[fi, fp].float(), tokens[hi, hp].float()
+        if "position" in self.probes:
+            clf = fit_classifier(x_fit, fp, self.distances.shape[0], **self.options)
+            predicted = clf.predict(x_held).cpu()
+            rows.append(("position_top1", float((predicted == hp).float().mean()), len(hi)))
+            rows.append(("position_distance", float(self.distances[predicted, hp].mean()), len(hi)))
+        if "pixels" in self.probes and self.pixels is not None:
+            reg = fit_regressor(x_fit, self.pixels[fi, fp], seed=self.seed, device=self.device)
+            rows.append(("pixels_mse", reg.mse(x_held, self.pixels[hi, hp]), len(hi)))
+        return rows
+
+    def global_(self, x: Tensor, images: tuple[Tensor, Tensor]) -> list[tuple[str, float, int]]:
+        """Image-class top-1 from one token per image: ``x`` (N, D); ``images`` the fit and held-out rows."""
+        if "class" not in self.probes:
+            return []
+        fit, held = images
+        num_classes = int(self.labels.max()) + 1
+        clf = fit_classifier(x[fit].float(), self.labels[fit], num_classes, **self.options)
+        return [("class_top1", clf.top1(x[held].float(), self.labels[held]), len(held))]
+
+    def chance(self, picks: dict[str, tuple[Tensor, Tensor]] | None, images: tuple[Tensor, Tensor]
+               ) -> list[tuple[str, float, int]]:
+        rows = []
+        if picks is not None:
+            (fi, fp), (hi, hp) = picks["fit"], picks["held"]
+            if "position" in self.probes and len(hi):
+                rows.append(("position_top1", 1.0 / self.distances.shape[0], len(hi)))
+                rows.append(("position_distance", float(self.distances.mean()), len(hi)))
+            if "pixels" in self.probes and self.pixels is not None and len(hi) and len(fi):
+                rows.append(("pixels_mse", mean_predictor_mse(self.pixels[fi, fp], self.pixels[hi, hp]), len(hi)))
+        if "class" in self.probes:
+            rows.append(("class_top1", majority_top1(self.labels[images[0]], self.labels[images[1]]),
+                         len(images[1])))
+        return rows
+
+
+def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence[int | str] = "0,last", *,
+                 probes: Sequence[str] = PROBES, patch_groups: Mapping[str, PatchMask] | None = None,
+                 max_tokens: int = 2048, held_fraction: float = 0.5, norm: bool = True, baseline: bool = True,
+                 label: str = "model", batch_size: int = 64, device: torch.device | str = "cpu",
+                 img_size: int | None = None, cache: Any = True, seed: int = 0, progress: bool = True,
+                 fit_options: Mapping[str, Any] | None = None) -> TokenProbeResult:
+    """Probe single tokens of ``model`` on ``dataset`` at token ``layers`` (0 = embedding, l = block l).
+
+    ``patch_groups`` maps a group name to a patch mask (N, patches) over ``dataset`` (or one per layer), e.g.
+    high-norm tokens and matched normal ones; the ``patch`` group (every patch token) is always probed.
+    ``baseline`` adds the same probes on a randomly initialised copy; chance rows are always added.
+    ``fit_options`` go to ``fit_classifier`` (lrs, weight_decays, epochs, batch_size).
+    """
+    unknown = set(probes) - set(PROBES)
+    if unknown:
+        raise ValueError(f"unknown token probes {sorted(unknown)}; use {', '.join(PROBES)}")
+    wanted = parse_layers(layers, depth_of(model))
+    fit, held = stratified_split(dataset.labels, held_fraction, seed)
+    models = [(label, model)] + ([(f"{label} (random init)", random_twin(model, seed))] if baseline else [])
+    rows: list[dict[str, Any]] = []
+    pixels = None
+    for name, backbone in models:
+        features = extract_features(backbone, dataset, wanted, norm=norm, batch_size=batch_size, device=device,
+                                    img_size=img_size, cache=cache, progress=progress)
+        some = features[wanted[0]]
+        if pixels is None and "pixels" in probes:
+            pixels = patch_pixels(backbone, dataset, some.grid, some.patch_size, batch_size, img_size)
+        prober = _Prober(dataset.labels, pixels, some.grid, fit, held, max_tokens, probes, seed, device,
+                         fit_options or {})
+        for layer in wanted:
+            rows += _probe_layer(prober, features[layer], name, patch_groups or {}, include_chance=name == label)
+    settings = {"model": label, "layers": wanted, "probes": list(probes), "max_tokens": max_tokens,
+                "held_fraction": held_fraction, "norm": norm, "seed": seed, "fit_images": len(fit),
+                "held_images": len(held), "fit_options": dict(fit_options or {}),
+                "groups": sorted({row["group"] for row in rows})}
+    return TokenProbeResult(rows, settings)
+
+
+def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_groups: Mapping[str, PatchMask],
+                 include_chance: bool) -> list[dict[str, Any]]:
+    layer, n_images, n_patches = features.layer, len(features.tokens), features.patches.shape[1]
+    masks = {"patch": torch.ones(n_images, n_patches, dtype=torch.bool)}
+    for group, mask in patch_groups.items():
+        mask = _layer_mask(mask, layer)
+        if tuple(mask.shape) != (n_images, n_patches):
+            raise ValueError(f"patch mask {group!r} has shape {tuple(mask.shape)}; it must be (images, patches) = "
+                             f"({n_images}, {n_patches}) for this dataset and model")
+        masks[group] = mask
+    picks = prober.samples(masks)
+    images = _common_images(prober, picks)
+    singles: dict[str, Tensor] = {}
+    if features.has_cls:
+        singles["cls"] = features.cls
+    for r in range(features.num_registers):
+        singles[f"register{r}"] = features.registers[:, r]
+    singles["patch-mean"] = features.patches.float().mean(1)
+    out = []
+
+    def add(model: str, group: str, triples: list[tuple[str, float, int]]) -> None:
+        out.extend({"model": model, "layer": layer, "layer_kind": "token", "group": group, "metric": metric,
+                    "value": value, "n": n} for metric, value, n in triples)
+
+    for group, pick in picks.items():
+        patch_images = (pick["fit"][0], pick["held"][0])
+        x = features.patches
+        local = prober.local(x, pick)
+        tokens_per_image = (x[pick["fit"][0], pick["fit"][1]], x[pick["held"][0], pick["held"][1]])
+        add(name, group, local + _class_on_tokens(prober, tokens_per_image, patch_images))
+        if include_chance:
+            add("chance", group, prober.chance(pick, patch_images))
+    for group, x in singles.items():
+        add(name, group, prober.global_(x, images))
+        if include_chance:
+            add("chance", group, prober.chance(None, images))
+    return out
+
+
+def _common_images(prober: _Prober, picks: dict[str, dict[str, tuple[Tensor, Tensor]]]) -> tuple[Tensor, Tensor]:
+    """Fit and held-out images for one-token-per-image groups, as many as a patch group's tokens (or all)."""
+    size = min(len(prober.fit), len(prober.held), *(len(p["held"][0]) for p in picks.values()))
+    size = max(size, 2)
+    generator = torch.Generator().manual_seed(prober.seed + 1)
+    fit = prober.fit[torch.randperm(len(prober.fit), generator=generator)[:size]]
+    held = prober.held[torch.randperm(len(prober.held), generator=generator)[:size]]
+    return fit, held
+
+
+def _class_on_tokens(prober: _Prober, tokens: tuple[Tensor, Tensor], images: tuple[Tensor, Tensor]
+                     ) -> list[tuple[str, float, int]]:
+    """Image class from single patch tokens of a group (``tokens`` fit/held (M, D); ``images`` their images)."""
+    if "class" not in prober.probes or len(tokens[0]) < 2 or not len(tokens[1]):
+        return []
+    num_classes = int(prober.labels.max()) + 1
+    clf = fit_classifier(tokens[0].float(), prober.labels[images[0]], num_classes, **prober.options)
+    return [("class_top1", clf.top1(tokens[1].float(), prober.labels[images[1]]), len(images[1]))]
