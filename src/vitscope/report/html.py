@@ -1,0 +1,48 @@
+"""Pieces of a self-contained HTML report: a style sheet, tables of flat rows, embedded PNG figures."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Any
+
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;margin:1em 0}
+.note{background:#fff8e1;border-left:4px solid #f0b400;padding:.6em 1em}code{background:#f3f3f3;padding:0 3px}
+.reproduced{color:#1b7f2a;font-weight:600}.not{color:#b3261e;font-weight:600}.untested{color:#666}"""
+
+
+def fmt(value: Any) -> str:
+    """A cell: 4 significant figures for floats (n/a for NaN and None), lists joined, text escaped."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return "n/a" if value != value else f"{value:.4g}"
+    if isinstance(value, list | tuple):
+        return html.escape(", ".join(map(str, value)))
+    return html.escape(str(value))
+
+
+def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    """An HTML table of flat rows (columns: the first row's keys unless given)."""
+    if not rows:
+        return "<p>(none)</p>"
+    columns = columns or list(rows[0])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{fmt(r.get(c))}</td>" for c in columns) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def image(path: Path, alt: str) -> str:
+    """A PNG embedded as a data URI."""
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def page(title: str, sections: list[str]) -> bytes:
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>").encode()
