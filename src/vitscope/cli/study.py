@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from vitscope.cli.common import add_shared
+from vitscope.cli.study_registers import add_registers_parser
 
 
 def register(commands) -> None:
@@ -27,6 +28,7 @@ def register(commands) -> None:
                      help="slurm: one submitit job per (condition, seed); needs the 'slurm' extra")
     add_shared(loc, device="auto", batch_size=None, seed=None, out="vitscope-study")
     loc.set_defaults(handler=run_locality)
+    add_registers_parser(studies)
 
 
 def run_locality_study(**options) -> Path:

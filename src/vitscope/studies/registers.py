@@ -35,7 +35,7 @@ from vitscope.models.planted import plant_outliers
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.studies.models import ModelEntry
 from vitscope.studies.registers_census import CensusSettings, run_census
-from vitscope.studies.registers_presets import DEMO_TRAINING, PAPER_TRAINING, preset_models
+from vitscope.studies.registers_presets import DEMO_PLANT, DEMO_PROBES, DEMO_TRAINING, PAPER_TRAINING, preset_models
 from vitscope.studies.registers_probes import ProbeSettings, probe_model
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, run_all
 from vitscope.train import TrainConfig, train
@@ -49,19 +49,21 @@ class RegistersStudy:
 
     ``registers``: register counts to train (None: the preset's; [] trains nothing); ``models``: given models;
     ``plant``: ``{"model": LABEL, "layer": BLOCK (0-based), "count": K, "scale": S}`` measures that model again
-    with planted outliers, as ``LABEL+planted``; ``census``: the census settings."""
+    with planted outliers, as ``LABEL+planted`` (``"preset"``: the demo plants in reg0); ``census`` and
+    ``probes``: their settings (``probes=None``: the preset's)."""
 
     preset: str = "demo"
     dataset: str = "synthetic"
     data_dir: str | None = None
     registers: list[int] | None = None
+    model: str | None = None  # the preset trained with registers (default: vit-micro for demo, else vit-compact)
     objective: str = "supervised"
     seeds: list[int] = field(default_factory=lambda: [0])
     models: list[ModelEntry] = field(default_factory=list)
     weights_dir: str | None = None
-    plant: dict[str, Any] | None = None
+    plant: dict[str, Any] | str | None = "preset"
     census: CensusSettings = field(default_factory=CensusSettings)
-    probes: ProbeSettings = field(default_factory=ProbeSettings)
+    probes: ProbeSettings | None = None
     epochs: int | None = None
     batch_size: int | None = None
     train_images: int | None = None
@@ -86,8 +88,12 @@ class RegistersStudy:
         check_launcher(self.launcher)
         if isinstance(self.census, dict):
             self.census = CensusSettings(**self.census)
+        if self.probes is None:  # the demo's fits are small enough for its time budget
+            self.probes = DEMO_PROBES if self.preset == "demo" else {}
         if isinstance(self.probes, dict):
             self.probes = ProbeSettings(**self.probes)
+        if self.plant == "preset":
+            self.plant = dict(DEMO_PLANT) if self.preset == "demo" and 0 in self.registers else None
         self.models = [m if isinstance(m, ModelEntry) else ModelEntry(**m) for m in self.models]
         labels = [m.label for m in self.all_models()]
         if len(set(labels)) != len(labels):
@@ -119,7 +125,7 @@ class RegistersStudy:
                 schedule[key] = getattr(self, key)
         synthetic = self.dataset == "synthetic"
         values = {
-            "model": "vit-micro" if self.preset == "demo" else "vit-compact",
+            "model": self.model or ("vit-micro" if self.preset == "demo" else "vit-compact"),
             "model_options": {"num_registers": registers},
             "dataset": self.dataset, "data_dir": self.data_dir,
             "dataset_options": {"num_images": 4096, "num_classes": 8} if synthetic else {},
