@@ -134,7 +134,10 @@ class RegistersStudy:
             "eval_every": max(1, schedule["epochs"] // 4), **schedule,
         }
         if self.objective != "supervised":
-            values["objective"] = self.objective  # needs a trainer with objectives; TrainConfig names the fix
+            if "objective" not in {f.name for f in dataclasses.fields(TrainConfig)}:
+                raise ValueError(f"objective={self.objective!r} needs a trainer with objectives, which this "
+                                 "vitscope lacks; use objective='supervised'")
+            values["objective"] = self.objective
         return TrainConfig.from_dict(values)
 
     def to_dict(self) -> dict[str, Any]:
