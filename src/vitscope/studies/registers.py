@@ -58,6 +58,7 @@ class RegistersStudy:
     registers: list[int] | None = None
     model: str | None = None  # the preset trained with registers (default: vit-micro for demo, else vit-compact)
     objective: str = "supervised"
+    objective_options: dict[str, Any] = field(default_factory=dict)  # e.g. DINO's head size
     seeds: list[int] = field(default_factory=lambda: [0])
     models: list[ModelEntry] = field(default_factory=list)
     weights_dir: str | None = None
@@ -138,6 +139,7 @@ class RegistersStudy:
                 raise ValueError(f"objective={self.objective!r} needs a trainer with objectives, which this "
                                  "vitscope lacks; use objective='supervised'")
             values["objective"] = self.objective
+            values["objective_options"] = dict(self.objective_options)
         return TrainConfig.from_dict(values)
 
     def to_dict(self) -> dict[str, Any]:
