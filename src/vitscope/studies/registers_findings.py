@@ -121,7 +121,15 @@ def detector_check(rows: list[dict[str, Any]], models: list[dict[str, Any]]) -> 
                            and r.get("threshold") == "auto" and r.get("layer_kind") == "token")
         first = next((layer for layer, value in fractions if value > 0), None)
         patches = m["tokens"]["patches"]["count"]
-        out.append({"model": m["label"], "planted at token layer": plant["layer"] + 1, "first layer found": first,
-                    "planted fraction": plant["count"] / patches, "found fraction (last layer)": fractions[-1][1],
-                    "exact": first == plant["layer"] + 1 and abs(fractions[-1][1] - plant["count"] / patches) < 1e-9})
+        entry = {"model": m["label"], "planted at token layer": plant["layer"] + 1, "first layer found": first,
+                 "planted fraction": plant["count"] / patches, "found fraction (last layer)": fractions[-1][1],
+                 "exact": first == plant["layer"] + 1 and abs(fractions[-1][1] - plant["count"] / patches) < 1e-9}
+        probed = sorted({r["layer"] for r in rows if r["model"] == m["label"] and r["metric"] == "position_top1"
+                         and r["group"] == "high-norm"})
+        if probed:  # what the probes read from the planted tokens against normal ones, last probed layer
+            for metric in ("position_top1", "class_top1"):
+                for group in ("high-norm", "normal"):
+                    entry[f"{metric} {group} (layer {probed[-1]})"] = _value(
+                        rows, model=m["label"], layer=probed[-1], group=group, metric=metric)
+        out.append(entry)
     return out

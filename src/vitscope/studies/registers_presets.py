@@ -14,15 +14,15 @@ from pathlib import Path
 
 from vitscope.studies.models import ModelEntry
 
-DEMO_TRAINING = {"epochs": 8, "batch_size": 128, "lr": 2e-3, "min_lr": 1e-5, "warmup_epochs": 1,
+DEMO_TRAINING = {"epochs": 6, "batch_size": 128, "lr": 2e-3, "min_lr": 1e-5, "warmup_epochs": 1,
                  "weight_decay": 0.05, "grad_clip": 1.0}
 # vit-compact for the trained registers comparison at full scale (same optimisation as the locality study's)
 PAPER_TRAINING = {"epochs": 200, "batch_size": 128, "lr": 1e-3, "min_lr": 1e-5, "warmup_epochs": 10,
                   "weight_decay": 0.05, "grad_clip": 1.0}
 
 DEMO_MODELS = [
-    ModelEntry("timm-vit-random", "timm:vit_small_patch16_224", options={"img_size": 64, "patch_size": 8,
-                                                                         "depth": 4}),
+    ModelEntry("timm-vit-random", "timm:vit_tiny_patch16_224", options={"img_size": 64, "patch_size": 8,
+                                                                        "depth": 4}),
     ModelEntry("timm-swin-random", "timm:swin_tiny_patch4_window7_224",
                options={"img_size": 112, "depths": (2, 2, 2, 2), "embed_dim": 48, "num_heads": (2, 4, 8, 16)}),
     ModelEntry("timm-pvt-v2-random", "timm:pvt_v2_b0", options={"img_size": 64}),  # any input size: measured at 64
