@@ -109,31 +109,55 @@ def _detect_index(settings: CensusSettings, layers: list[int]) -> int:
     return layers.index(settings.detect_layer)
 
 
+PatchStats = dict[tuple[int, int], tuple[Tensor, Tensor]]  # grid -> (intensity, variance), each (images, cells)
+
+
+@torch.no_grad()
+def _token_grids(model: nn.Module, dataset: ImageDataset, settings: CensusSettings, device: torch.device
+                 ) -> list[tuple[int, int]]:
+    """The square token grids of the model's blocks (hierarchical models: one per stage), from one image."""
+    images, _ = next(model_batches(model, dataset.subset(1), 1, device, settings.img_size))
+    with record_tokens(model, keep="norms") as rec:
+        model(images)
+    counts = dict.fromkeys(n.shape[1] for n in rec.norms)
+    return [(math.isqrt(c), math.isqrt(c)) for c in counts if math.isqrt(c) ** 2 == c]
+
+
 @torch.no_grad()
 def _record(model: nn.Module, dataset: ImageDataset, settings: CensusSettings, device: torch.device,
-            plain: bool, progress: bool) -> tuple[list[Tensor], Tensor]:
-    """Token norms per token layer (images, T) and the model-side images in [0, 1] (images, 3, S, S)."""
-    _, mean, std = model_input(model, dataset, settings.img_size)
+            plain: bool, grids: list[tuple[int, int]], progress: bool) -> tuple[list[Tensor], PatchStats, Tensor]:
+    """Token norms per token layer (images, T); the local statistics of every image's patches on each grid
+    (computed batch by batch, so memory holds no images); the first example images in [0, 1] at model side."""
+    side, mean, std = model_input(model, dataset, settings.img_size)
     m, s = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
+    grids = [g for g in grids if side % g[0] == 0 and side % g[1] == 0]
     embedded: list[Tensor] = []
     handle = None
     if plain:  # token layer 0: the input of block 1
         handle = model.blocks[0].register_forward_pre_hook(
             lambda _m, args: embedded.append(args[0].detach().float().norm(dim=-1).cpu()))
-    pixels = []
+    stats: dict[tuple[int, int], list[tuple[Tensor, Tensor]]] = {g: [] for g in grids}
+    examples, kept = [], 0
     bar = tqdm(total=len(dataset), unit="img", desc="census", disable=not progress, dynamic_ncols=True)
     try:
         with record_tokens(model, keep="norms") as rec:
             for images, _ in model_batches(model, dataset, settings.batch_size, device, settings.img_size):
                 model(images)
-                pixels.append((images.cpu() * s + m).clamp(0, 1))
+                pixels = (images.cpu() * s + m).clamp(0, 1)
+                for grid in grids:
+                    stats[grid].append(patch_statistics(pixels, grid))
+                if kept < settings.example_images:
+                    examples.append(pixels[: settings.example_images - kept])
+                    kept += len(examples[-1])
                 bar.update(len(images))
     finally:
         bar.close()
         if handle is not None:
             handle.remove()
     norms = [n.cpu() for n in rec.norms]
-    return ([torch.cat(embedded)] if plain else []) + norms, torch.cat(pixels)
+    patch_stats = {g: (torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts]))
+                   for g, parts in stats.items()}
+    return ([torch.cat(embedded)] if plain else []) + norms, patch_stats, torch.cat(examples)
 
 
 def _object_map(dataset: ImageDataset, grid: tuple[int, int], side: int) -> Tensor | None:
@@ -142,20 +166,22 @@ def _object_map(dataset: ImageDataset, grid: tuple[int, int], side: int) -> Tens
     if masks is not None:
         if side % grid[0] or side % grid[1]:
             return None
-        resized = F.interpolate(masks[:, None].float(), size=(side, side), mode="nearest")[:, 0]
-        return patch_object_fraction(resized, grid) >= 0.5
+        parts = []
+        for start in range(0, len(masks), 256):  # chunks: masks at model side never all in memory
+            chunk = masks[start : start + 256, None].float()
+            parts.append(patch_object_fraction(F.interpolate(chunk, size=(side, side), mode="nearest")[:, 0], grid))
+        return torch.cat(parts) >= 0.5
     if boxes is not None:
         scale = side / dataset.image_size
         return patch_in_boxes(boxes.float() * scale, grid, (side, side))
     return None
 
 
-def _location_rows(label: str, layer: int, high: Tensor, pixels: Tensor, objects: Tensor | None,
-                   grid: tuple[int, int], extra: dict[str, Any]) -> list[dict[str, Any]]:
+def _location_rows(label: str, layer: int, high: Tensor, local: tuple[Tensor, Tensor] | None,
+                   objects: Tensor | None, extra: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
-    side = pixels.shape[-1]
-    if side % grid[0] == 0 and side % grid[1] == 0:
-        intensity, variance = patch_statistics(pixels, grid)
+    if local is not None:
+        intensity, variance = local
         for group, pick in (("high-norm", high), ("normal", ~high)):
             count = int(pick.sum())
             if count:
@@ -205,14 +231,15 @@ def run_census(model: nn.Module, dataset: ImageDataset, label: str, settings: Ce
     model = model.to(device).eval()
     tokens = token_map(model)
     plain = tokens["kind"] == "plain"
-    norms, pixels = _record(model, dataset, settings, device, plain, progress)
-    side = pixels.shape[-1]
+    grids = [tuple(tokens["patches"]["grid"])] if plain else _token_grids(model, dataset, settings, device)
+    norms, local, examples = _record(model, dataset, settings, device, plain, grids, progress)
+    side = examples.shape[-1]
     if plain:
-        return _plain_census(model, dataset, settings, device, label, tokens, norms, pixels, side)
-    return _hierarchical_census(model, dataset, settings, label, tokens, norms, pixels, side)
+        return _plain_census(model, dataset, settings, device, label, tokens, norms, local, examples, side)
+    return _hierarchical_census(model, dataset, settings, label, tokens, norms, local, examples, side)
 
 
-def _plain_census(model, dataset, settings, device, label, tokens, norms, pixels, side) -> Census:
+def _plain_census(model, dataset, settings, device, label, tokens, norms, local, examples, side) -> Census:
     prefix, grid = tokens["num_prefix_tokens"], tuple(tokens["patches"]["grid"])
     layers = list(range(len(norms)))  # token layers 0..L
     detect = _detect_index(settings, layers)
@@ -232,14 +259,15 @@ def _plain_census(model, dataset, settings, device, label, tokens, norms, pixels
                              threshold=t.spec, threshold_value=t.value))
         primary = thresholds[0]
         extra = {"threshold": primary.spec, "threshold_value": primary.value}
-        rows += _location_rows(label, layer, high_norm_mask(n, primary.value, prefix), pixels, objects, grid, extra)
+        rows += _location_rows(label, layer, high_norm_mask(n, primary.value, prefix), local.get(grid), objects,
+                               extra)
     attention, cls_rows = _attention_rows(model, dataset, settings, device, label, norms, thresholds[0], prefix,
                                           {"threshold": thresholds[0].spec, "threshold_value": thresholds[0].value})
     hist_groups = {"patch": [n[:, prefix:] for n in norms], "cls": [n[:, tokens["cls"]] for n in norms],
                    "register": [n[:, tokens["registers"]] for n in norms]}
-    shown = min(settings.example_images, len(dataset))
+    shown = len(examples)
     tensors = {
-        "images": pixels[:shown].contiguous(),
+        "images": examples.contiguous(),
         "norm_maps": norms[detect][:shown, prefix:].reshape(shown, *grid).contiguous(),
         "high_norm_maps": high_norm_mask(norms[detect][:shown], thresholds[0].value, prefix)
         .reshape(shown, *grid).to(torch.uint8).contiguous(),
@@ -251,7 +279,7 @@ def _plain_census(model, dataset, settings, device, label, tokens, norms, pixels
                                     for layer, n in zip(layers, norms, strict=True)})
 
 
-def _hierarchical_census(model, dataset, settings, label, tokens, norms, pixels, side) -> Census:
+def _hierarchical_census(model, dataset, settings, label, tokens, norms, local, examples, side) -> Census:
     names = [name for name, _ in token_blocks(model)]
     stages = [int(name.split(".")[1]) for name in names]
     rows, thresholds = [], []
@@ -275,9 +303,7 @@ def _hierarchical_census(model, dataset, settings, label, tokens, norms, pixels,
                                  threshold=t.spec, threshold_value=t.value, **extra))
             if grid:
                 primary = stage_thresholds[0]
-                rows += _location_rows(label, i + 1, n > primary.value, pixels, objects, grid,
+                rows += _location_rows(label, i + 1, n > primary.value, local.get(grid), objects,
                                        {"threshold": primary.spec, "threshold_value": primary.value, **extra})
     layers = list(range(1, len(norms) + 1))
-    shown = min(settings.example_images, len(dataset))
-    return Census(rows, _histograms({"patch": norms}, layers), thresholds, tokens,
-                  {"images": pixels[:shown].contiguous()})
+    return Census(rows, _histograms({"patch": norms}, layers), thresholds, tokens, {"images": examples.contiguous()})
