@@ -74,6 +74,7 @@ def _comparison(results: dict[str, Any]) -> list[dict[str, Any]]:
         label, last = m["label"], _last_layer(rows, m["label"])
         entry = {"model": label, "registers": len(m["tokens"]["registers"]),
                  "top-1": (m.get("training") or {}).get("top1"),
+                 "kNN top-1": (m.get("training") or {}).get("knn_top1"),
                  "patch norm median": _one(rows, model=label, layer=last, group="patch", metric="norm_median"),
                  "CLS norm": _one(rows, model=label, layer=last, group="cls", metric="norm_mean"),
                  "register norm": _one(rows, model=label, layer=last, group="register", metric="norm_mean")}
@@ -175,7 +176,7 @@ def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
             shown = tensors["images"].transpose(0, 2, 3, 1)
             paths[f"maps:{label}"] = high_norm_maps(shown, tensors["norm_maps"], m["thresholds"][0]["value"],
                                                     fig_dir / f"artifacts_{label}.png")
-            if m.get("training") and not m.get("planted"):
+            if not m.get("planted"):  # every plain model, registers or not, on the same images
                 images = shown if images is None else images
                 panels[label] = (tensors["cls_attention_last"], tuple(m["tokens"]["patches"]["grid"]),
                                  m["tokens"]["num_prefix_tokens"])
