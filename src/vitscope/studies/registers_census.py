@@ -203,8 +203,12 @@ def _attention_rows(model: nn.Module, dataset: ImageDataset, settings: CensusSet
                     ) -> tuple[list[dict[str, Any]], Tensor]:
     """Attention mass on high-norm keys per attention layer, and the CLS rows (images, T) of the last layer."""
     count = min(settings.attention_images, len(dataset))
-    sample = dataset.subset(count)
-    images = torch.cat([b for b, _ in model_batches(model, sample, settings.batch_size, device, settings.img_size)])
+    batches = []  # the first ``count`` images in dataset order, those whose norms are norms[:, :count]
+    for batch, _ in model_batches(model, dataset, min(settings.batch_size, count), device, settings.img_size):
+        batches.append(batch)
+        if sum(len(b) for b in batches) >= count:
+            break
+    images = torch.cat(batches)[:count]
     with record_attention(model, keep="maps") as rec:
         model(images)
     rows = []
