@@ -141,7 +141,8 @@ def test_report_renders_in_headless_chromium(finished_study, tmp_path):
     (["--registers", "0,four"], "--registers"),
     (["--plant", "reg0"], "LABEL:LAYER"),
     (["--thresholds", "median"], "percentile:Q"),
-    (["--preset", "paper", "--weights-dir", "/nonexistent"], "lacks the weights"),
+    (["--preset", "paper", "--dataset", "imagefolder", "--weights-dir", "/nonexistent"], "lacks the weights"),
+    (["--preset", "paper"], "ImageNet validation"),
 ])
 def test_cli_errors_are_one_line(argv, message, capsys, tmp_path):
     assert main(["study", "registers", "--out", str(tmp_path / "x"), *argv]) == 2

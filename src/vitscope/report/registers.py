@@ -8,12 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from safetensors.numpy import load_file
-
 from vitscope.files import atomic_write_bytes
 from vitscope.report import registers_figures as rf
 from vitscope.report.html import fmt, image, page, table
 from vitscope.report.norm_figures import high_norm_maps
+from vitscope.studies.registers import load_census_tensors
 from vitscope.studies.registers_findings import ENRICHMENT, MAX_FRACTION, MIN_RATIO, detector_check, findings
 
 TERMS = ("<p><b>Terms, used once and for all.</b> A <i>high-norm token</i> is a patch token whose L2 norm (block "
@@ -171,7 +170,7 @@ def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
         census = json.loads((out / "models" / label / "census.json").read_text())
         paths[f"hist:{label}"] = rf.norm_histograms(census["histograms"], census["thresholds"],
                                                     f"{label}: token norms per layer", fig_dir / f"norms_{label}.png")
-        tensors = load_file(str(out / "models" / label / "census.safetensors"))
+        tensors = {k: v.numpy() for k, v in load_census_tensors(out, label).items()}
         if "norm_maps" in tensors:
             shown = tensors["images"].transpose(0, 2, 3, 1)
             paths[f"maps:{label}"] = high_norm_maps(shown, tensors["norm_maps"], m["thresholds"][0]["value"],

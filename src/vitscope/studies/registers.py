@@ -78,6 +78,9 @@ class RegistersStudy:
     def __post_init__(self) -> None:
         if self.preset not in ("demo", "paper", "none"):
             raise ValueError(f"preset {self.preset!r} is unknown; use demo, paper or none")
+        if self.preset == "paper" and self.dataset == "synthetic":
+            raise ValueError("the paper preset measures ImageNet validation images; pass --dataset imagefolder "
+                             "--data-dir PATH (a folder of class subfolders)")
         if self.objective not in ("supervised", "dino"):
             raise ValueError(f"objective {self.objective!r} is unknown; use supervised or dino")
         if self.registers is None:
