@@ -1,0 +1,122 @@
+"""``vitscope probe linear|knn|tokens``: what a frozen backbone's features hold, layer by layer.
+
+Each writes ``results.json`` (the shared results schema: rows for the model, the same architecture with random
+weights, and the chance level), ``results.csv`` and a figure of score against token layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vitscope.cli.common import add_common, add_model_changes, output_dir, print_files
+
+METRICS = {"linear": "top1", "knn": "knn_top1"}
+
+
+def register(commands) -> None:
+    probe = commands.add_parser("probe", help="probe a frozen backbone's features")
+    kinds = probe.add_subparsers(dest="probe", metavar="PROBE", required=True)
+    linear = kinds.add_parser("linear", help="image class by logistic regression (lr/wd sweep on held-out train)")
+    knn = kinds.add_parser("knn", help="image class by DINO's weighted kNN (k=20, T=0.07)")
+    tokens = kinds.add_parser("tokens", help="what single tokens carry: position, pixels, image class")
+    for sub in (linear, knn, tokens):
+        add_common(sub)
+        add_model_changes(sub)
+        sub.add_argument("--layers", default="last", help="token layers: last, all or e.g. 0,4,last "
+                                                          "(0 = embedding, l = output of block l)")
+        sub.add_argument("--no-norm", dest="norm", action="store_false",
+                         help="read tokens before the final norm (default: after it)")
+        sub.add_argument("--no-baseline", dest="baseline", action="store_false",
+                         help="skip the randomly initialised backbone row")
+        sub.add_argument("--label", default=None, help="name of the model in results (default: --model)")
+        sub.add_argument("--no-cache", dest="cache", action="store_false",
+                         help="do not keep features in $VITSCOPE_CACHE/features")
+    for sub in (linear, knn):
+        sub.add_argument("--pool", default="cls", choices=["cls", "mean", "both"], help="image feature")
+        sub.add_argument("--train-images", type=int, default=None,
+                         help="a seeded class-stratified sample of N training images")
+    linear.add_argument("--dino-last4", action="store_true",
+                        help="also DINO's protocol: CLS of the last 4 blocks concatenated")
+    linear.add_argument("--epochs", type=int, default=100)
+    knn.add_argument("--k", type=int, default=20)
+    knn.add_argument("--temperature", type=float, default=0.07)
+    tokens.add_argument("--probes", default="position,pixels,class", help="comma-separated: position,pixels,class")
+    tokens.add_argument("--max-tokens", type=int, default=2048, help="tokens per group and split")
+    tokens.set_defaults(handler=run_tokens, layers="0,last")
+    linear.set_defaults(handler=run_image)
+    knn.set_defaults(handler=run_image)
+
+
+def _load(args: argparse.Namespace, split: str, count: int | None):
+    from vitscope.data import load_dataset
+
+    return load_dataset(args.dataset, args.data_dir, split, download=args.download).subset(count, seed=args.seed)
+
+
+def _prepare(args: argparse.Namespace):
+    import torch
+
+    from vitscope.models import load
+    from vitscope.provenance import resolve_device
+
+    out = output_dir(args.out or f"vitscope-probe-{args.probe}")
+    device = resolve_device(args.device)
+    torch.manual_seed(args.seed)
+    model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
+                 img_size=args.img_size)
+    return out, device, model, args.label or args.model
+
+
+def _provenance(args: argparse.Namespace, device, subsets: dict) -> dict:
+    from vitscope.provenance import provenance
+
+    config = {k: v for k, v in vars(args).items()
+              if k not in ("command", "probe", "debug", "handler", "shared_defaults")}
+    return provenance(config=config, seed=args.seed, dataset=args.dataset, dataset_root=args.data_dir,
+                      device=device, subsets=subsets)
+
+
+def _finish(args: argparse.Namespace, result, out: Path, device, subsets: dict, metrics: list[str]) -> int:
+    from vitscope.report.probe_figures import score_by_layer
+
+    files = result.write(out, _provenance(args, device, subsets))
+    for metric in metrics:
+        if any(r["metric"] == metric for r in result.rows):
+            files[metric] = score_by_layer(result.rows, metric, out / f"{metric}_by_layer.png",
+                                           title=f"{args.probe} probe: {result.settings['model']}")
+    for r in result.rows:
+        print(f"{r['model']:>28} layer {r['layer']:>2} {r.get('group', ''):>12} {r['metric']:>18} "
+              f"{r['value']:.4f}  (n={r.get('n', '')})")
+    print_files(files)
+    return 0
+
+
+def run_image(args: argparse.Namespace) -> int:
+    from vitscope.probes import knn_probe, linear_probe
+
+    out, device, model, label = _prepare(args)
+    train, held = _load(args, "train", args.train_images), _load(args, "eval", args.num_images)
+    common = {"pool": args.pool, "baseline": args.baseline, "label": label, "norm": args.norm,
+              "batch_size": args.batch_size, "device": device, "img_size": args.img_size, "cache": args.cache,
+              "seed": args.seed}
+    if args.probe == "linear":
+        result = linear_probe(model, train, held, args.layers, dino_last4=args.dino_last4,
+                              fit_options={"epochs": args.epochs}, **common)
+    else:
+        result = knn_probe(model, train, held, args.layers, k=args.k, temperature=args.temperature, **common)
+    subsets = {"train": train.selection, "eval": held.selection}
+    return _finish(args, result, out, device, subsets, [METRICS[args.probe]])
+
+
+def run_tokens(args: argparse.Namespace) -> int:
+    from vitscope.probes import probe_tokens
+
+    probes = [p.strip() for p in args.probes.split(",") if p.strip()]
+    out, device, model, label = _prepare(args)
+    dataset = _load(args, "eval", args.num_images)
+    result = probe_tokens(model, dataset, args.layers, probes=probes, max_tokens=args.max_tokens,
+                          norm=args.norm, baseline=args.baseline, label=label, batch_size=args.batch_size,
+                          device=device, img_size=args.img_size, cache=args.cache, seed=args.seed)
+    return _finish(args, result, out, device, {"eval": dataset.selection},
+                   ["position_top1", "pixels_mse", "class_top1"])
