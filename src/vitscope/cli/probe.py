@@ -1,7 +1,8 @@
-"""``vitscope probe linear|knn|tokens``: what a frozen backbone's features hold, layer by layer.
+"""``vitscope probe linear|knn|tokens|pib|pca``: what a frozen backbone's features hold, layer by layer.
 
 Each writes ``results.json`` (the shared results schema: rows for the model, the same architecture with random
-weights, and the chance level), ``results.csv`` and a figure of score against token layer.
+weights, and the chance level), ``results.csv`` and a figure of score against token layer; ``pca`` writes a PNG
+grid of input images above their PCA maps and the explained variance.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ def register(commands) -> None:
     linear = kinds.add_parser("linear", help="image class by logistic regression (lr/wd sweep on held-out train)")
     knn = kinds.add_parser("knn", help="image class by DINO's weighted kNN (k=20, T=0.07)")
     tokens = kinds.add_parser("tokens", help="what single tokens carry: position, pixels, image class")
-    for sub in (linear, knn, tokens):
+    pib = kinds.add_parser("pib", help="Point-in-Box per layer, with its chance level")
+    pca = kinds.add_parser("pca", help="first three principal components of patch features as RGB maps")
+    for sub in (linear, knn, tokens, pib, pca):
         add_common(sub)
         add_model_changes(sub)
         sub.add_argument("--layers", default="last", help="token layers: last, all or e.g. 0,4,last "
@@ -44,6 +47,14 @@ def register(commands) -> None:
     tokens.add_argument("--probes", default="position,pixels,class", help="comma-separated: position,pixels,class")
     tokens.add_argument("--max-tokens", type=int, default=2048, help="tokens per group and split")
     tokens.set_defaults(handler=run_tokens, layers="0,last")
+    pib.add_argument("--score", default="attention", choices=["attention", "norm", "cosine"],
+                     help="patch score: CLS-to-patch attention (mean over heads), token norm, cosine to CLS")
+    pib.set_defaults(handler=run_pib, layers="all")
+    pca.add_argument("--count", type=int, default=8, help="images shown")
+    pca.add_argument("--per-image", dest="joint", action="store_false", help="fit the PCA per image")
+    pca.add_argument("--foreground", type=float, default=None,
+                     help="threshold in [0, 1] on the first component; patches below are black")
+    pca.set_defaults(handler=run_pca)
     linear.set_defaults(handler=run_image)
     knn.set_defaults(handler=run_image)
 
@@ -120,3 +131,37 @@ def run_tokens(args: argparse.Namespace) -> int:
                           device=device, img_size=args.img_size, cache=args.cache, seed=args.seed)
     return _finish(args, result, out, device, {"eval": dataset.selection},
                    ["position_top1", "pixels_mse", "class_top1"])
+
+
+def run_pib(args: argparse.Namespace) -> int:
+    from vitscope.probes.pib import pib_probe
+
+    out, device, model, label = _prepare(args)
+    dataset = _load(args, "eval", args.num_images)
+    result = pib_probe(model, dataset, args.layers, score=args.score, norm=args.norm, baseline=args.baseline,
+                       label=label, batch_size=args.batch_size, device=device, img_size=args.img_size,
+                       cache=args.cache, seed=args.seed)
+    return _finish(args, result, out, device, {"eval": dataset.selection}, ["pib"])
+
+
+def run_pca(args: argparse.Namespace) -> int:
+    from vitscope.files import write_json
+    from vitscope.probes.pca import pca_maps
+    from vitscope.report.probe_figures import pca_grid
+
+    out, device, model, label = _prepare(args)
+    dataset = _load(args, "eval", args.num_images)
+    layer = args.layers.split(",")[-1]
+    result = pca_maps(model, dataset, layer, joint=args.joint, foreground=args.foreground, count=args.count,
+                      norm=args.norm, batch_size=args.batch_size, device=device, img_size=args.img_size,
+                      cache=args.cache)
+    titles = [dataset.classes[int(y)] for y in dataset.labels[: len(result.maps)]]
+    files = {"figure": pca_grid(result.images.numpy(), result.maps.numpy(), out / "pca_maps.png", titles)}
+    payload = {"schema_version": 1, "kind": "pca", "settings": {"model": label, **result.settings},
+               "explained_variance": result.explained.tolist(),
+               "provenance": _provenance(args, device, {"eval": dataset.selection})}
+    files["json"] = write_json(out / "pca.json", payload)
+    print(f"explained variance of components 1-3 at layer {result.settings['layer']}: "
+          + ", ".join(f"{v:.3f}" for v in result.explained.mean(0).tolist()))
+    print_files(files)
+    return 0
