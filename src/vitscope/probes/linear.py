@@ -30,7 +30,7 @@ _SMALL_WORK = 5e7  # multiply-adds per step below which one CPU thread is faster
 
 
 @contextmanager
-def _threads_for(work: float, device: torch.device | str) -> Iterator[None]:
+def threads_for(work: float, device: torch.device | str) -> Iterator[None]:
     """One intra-op thread for small CPU problems: thread hand-offs cost more than such matmuls, and far more
     when the CPU is shared (40x measured on 2 busy cores); larger problems keep the current setting."""
     previous = torch.get_num_threads()
@@ -121,7 +121,7 @@ class LinearClassifier:
 def _train_logistic(x: Tensor, y: Tensor, num_classes: int, lr: float, weight_decay: float, epochs: int,
                     batch_size: int, seed: int) -> tuple[Tensor, Tensor]:
     """AdamW with a cosine schedule on standardised ``x`` (N, D); returns weight (C, D) and bias (C,)."""
-    with _threads_for(min(len(x), batch_size) * x.shape[1] * num_classes, x.device):
+    with threads_for(min(len(x), batch_size) * x.shape[1] * num_classes, x.device):
         return _adamw_logistic(x, y, num_classes, lr, weight_decay, epochs, batch_size, seed)
 
 
