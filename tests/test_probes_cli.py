@@ -24,3 +24,13 @@ def test_bad_layer_is_one_line_and_exit_2(tmp_path, capsys):
     code = main(["probe", "tokens", "--layers", "0,9", "--num-images", "4", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "0..4" in err and "Traceback" not in err
+
+
+def test_probe_depth_on_synthetic_scenes_writes_rows_with_and_without_cls(tmp_path):
+    out = tmp_path / "depth"
+    code = main(["probe", "depth", "--num-images", "4", "--train-images", "8", "--epochs", "1", "--layers", "last",
+                 "--no-baseline", "--no-cache", "--out", str(out)])
+    assert code == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {(r["model"], r.get("with_cls")) for r in rows if r["metric"] == "rmse"} == {
+        ("vit-micro", False), ("vit-micro", True), ("chance", None)}

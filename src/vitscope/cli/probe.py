@@ -1,4 +1,4 @@
-"""``vitscope probe linear|knn|tokens|pib|pca``: what a frozen backbone's features hold, layer by layer.
+"""``vitscope probe linear|knn|segment|depth|tokens|pib|pca``: what a frozen backbone's features hold, layer by layer.
 
 Each writes ``results.json`` (the shared results schema: rows for the model, the same architecture with random
 weights, and the chance level), ``results.csv`` and a figure of score against token layer; ``pca`` writes a PNG
@@ -23,7 +23,10 @@ def register(commands) -> None:
     tokens = kinds.add_parser("tokens", help="what single tokens carry: position, pixels, image class")
     pib = kinds.add_parser("pib", help="Point-in-Box per layer, with its chance level")
     pca = kinds.add_parser("pca", help="first three principal components of patch features as RGB maps")
-    for sub in (linear, knn, tokens, pib, pca):
+    segment = kinds.add_parser("segment", help="linear segmentation (mIoU): voc, ade20k, cityscapes, segfolder, "
+                                               "synthetic")
+    depth = kinds.add_parser("depth", help="linear depth (RMSE): nyu, depthfolder, synthetic")
+    for sub in (linear, knn, tokens, pib, pca, segment, depth):
         add_common(sub)
         add_model_changes(sub)
         sub.add_argument("--layers", default="last", help="token layers: last, all or e.g. 0,4,last "
@@ -35,6 +38,15 @@ def register(commands) -> None:
         sub.add_argument("--label", default=None, help="name of the model in results (default: --model)")
         sub.add_argument("--no-cache", dest="cache", action="store_false",
                          help="do not keep features in $VITSCOPE_CACHE/features")
+    for sub in (segment, depth):
+        sub.add_argument("--with-cls", default="both", choices=["no", "yes", "both"],
+                         help="concatenate the CLS token to every patch: no, yes or both (default)")
+        sub.add_argument("--epochs", type=int, default=20)
+        sub.add_argument("--lr", type=float, default=1e-2)
+        sub.add_argument("--train-images", type=int, default=None, help="a seeded sample of N training images")
+        sub.set_defaults(handler=run_dense)
+    depth.add_argument("--eigen-crop", action="store_true", help="evaluate inside the NYU Eigen crop")
+    depth.add_argument("--max-depth", type=float, default=10.0, help="largest depth bin in metres")
     for sub in (linear, knn):
         sub.add_argument("--pool", default="cls", choices=["cls", "mean", "both"], help="image feature")
         sub.add_argument("--train-images", type=int, default=None,
@@ -97,8 +109,11 @@ def _finish(args: argparse.Namespace, result, out: Path, device, subsets: dict, 
             files[metric] = score_by_layer(result.rows, metric, out / f"{metric}_by_layer.png",
                                            title=f"{args.probe} probe: {result.settings['model']}")
     for r in result.rows:
-        print(f"{r['model']:>28} layer {r['layer']:>2} {r.get('group', ''):>12} {r['metric']:>18} "
-              f"{r['value']:.4f}  (n={r.get('n', '')})")
+        if r["metric"] == "iou":  # per-class IoU is in the files
+            continue
+        tag = (r.get("group") or "") + (" +CLS" if r.get("with_cls") else "")
+        print(f"{r['model']:>28} layer {r['layer']:>2} {tag:>12} {r['metric']:>18} {r['value']:.4f}  "
+              f"(n={r.get('n', '')})")
     print_files(files)
     return 0
 
@@ -165,3 +180,20 @@ def run_pca(args: argparse.Namespace) -> int:
           + ", ".join(f"{v:.3f}" for v in result.explained.mean(0).tolist()))
     print_files(files)
     return 0
+
+
+def run_dense(args: argparse.Namespace) -> int:
+    from vitscope.data.dense_layouts import load_dense
+    from vitscope.probes.dense import dense_probe
+
+    task = "segmentation" if args.probe == "segment" else "depth"
+    out, device, model, label = _prepare(args)
+    train = load_dense(args.dataset, args.data_dir, "train", task=task).subset(args.train_images, seed=args.seed)
+    held = load_dense(args.dataset, args.data_dir, "eval", task=task).subset(args.num_images, seed=args.seed)
+    with_cls = {"no": (False,), "yes": (True,), "both": (False, True)}[args.with_cls]
+    result = dense_probe(model, train, held, args.layers, with_cls=with_cls, epochs=args.epochs, lr=args.lr,
+                         eigen_crop=getattr(args, "eigen_crop", False), max_depth=getattr(args, "max_depth", 10.0),
+                         baseline=args.baseline, label=label, norm=args.norm, batch_size=args.batch_size,
+                         device=device, img_size=args.img_size, cache=args.cache, seed=args.seed)
+    subsets = {"train": train.settings.get("subset"), "eval": held.settings.get("subset")}
+    return _finish(args, result, out, device, subsets, ["miou", "rmse"])
