@@ -56,7 +56,8 @@ def register(commands) -> None:
     linear.add_argument("--epochs", type=int, default=100)
     knn.add_argument("--k", type=int, default=20)
     knn.add_argument("--temperature", type=float, default=0.07)
-    tokens.add_argument("--probes", default="position,pixels,class", help="comma-separated: position,pixels,class")
+    tokens.add_argument("--probes", default="position,pixels,class",
+                        help="comma-separated: position, pixels, pixels-mlp, class")
     tokens.add_argument("--max-tokens", type=int, default=2048, help="tokens per group and split")
     tokens.set_defaults(handler=run_tokens, layers="0,last")
     pib.add_argument("--score", default="attention", choices=["attention", "norm", "cosine"],

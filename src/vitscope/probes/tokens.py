@@ -5,6 +5,7 @@
   random cells.
 * **pixels**: ridge regression from a patch token to its patch's normalised input pixels (3 p² values); MSE.
   Chance: predicting the mean training patch.
+* **pixels-mlp**: the same target through a 2-layer MLP (``vitscope.probes.mlp``); MSE (chance as pixels).
 * **class**: logistic regression from one token to the image's class; top-1. Chance: the majority class.
 
 Groups: ``cls``, ``register<i>`` (one per register), ``patch-mean``, ``patch`` (any patch token) and any named
@@ -27,9 +28,11 @@ from vitscope.metrics.locality import grid_distances
 from vitscope.probes.baselines import majority_top1, mean_predictor_mse, random_twin
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import fit_classifier, fit_regressor, stratified_split
+from vitscope.probes.mlp import fit_mlp_regressor
 from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, ProbeResult, row
 
-PROBES = ("position", "pixels", "class")
+PROBES = ("position", "pixels", "pixels-mlp", "class")
+DEFAULT_PROBES = ("position", "pixels", "class")
 PatchMask = Tensor | Mapping[int, Tensor]  # (N, patches) bool, or one such mask per token layer
 
 
@@ -95,6 +98,9 @@ class _Prober:
         if "pixels" in self.probes and self.pixels is not None:
             reg = fit_regressor(x_fit, self.pixels[fi, fp], seed=self.seed, device=self.device)
             rows.append(("pixels_mse", reg.mse(x_held, self.pixels[hi, hp]), len(hi)))
+        if "pixels-mlp" in self.probes and self.pixels is not None:
+            mlp = fit_mlp_regressor(x_fit, self.pixels[fi, fp], seed=self.seed, device=self.device)
+            rows.append(("pixels_mlp_mse", mlp.mse(x_held, self.pixels[hi, hp]), len(hi)))
         return rows
 
     def global_(self, x: Tensor, images: tuple[Tensor, Tensor]) -> list[tuple[str, float, int]]:
@@ -114,8 +120,10 @@ class _Prober:
             if "position" in self.probes and len(hi):
                 rows.append(("position_top1", 1.0 / self.distances.shape[0], len(hi)))
                 rows.append(("position_distance", float(self.distances.mean()), len(hi)))
-            if "pixels" in self.probes and self.pixels is not None and len(hi) and len(fi):
-                rows.append(("pixels_mse", mean_predictor_mse(self.pixels[fi, fp], self.pixels[hi, hp]), len(hi)))
+            if self.pixels is not None and len(hi) and len(fi):
+                trivial = mean_predictor_mse(self.pixels[fi, fp], self.pixels[hi, hp])
+                rows += [(f"{name.replace('-', '_')}_mse", trivial, len(hi)) for name in ("pixels", "pixels-mlp")
+                         if name in self.probes]
         if "class" in self.probes:
             rows.append(("class_top1", majority_top1(self.labels[images[0]], self.labels[images[1]]),
                          len(images[1])))
@@ -123,7 +131,7 @@ class _Prober:
 
 
 def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence[int | str] = "0,last", *,
-                 probes: Sequence[str] = PROBES, patch_groups: Mapping[str, PatchMask] | None = None,
+                 probes: Sequence[str] = DEFAULT_PROBES, patch_groups: Mapping[str, PatchMask] | None = None,
                  max_tokens: int = 2048, held_fraction: float = 0.5, norm: bool = True, baseline: bool = True,
                  label: str = "model", batch_size: int = 64, device: torch.device | str = "cpu",
                  img_size: int | None = None, cache: Any = True, seed: int = 0, progress: bool = True,
@@ -147,7 +155,7 @@ def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence
         features = extract_features(backbone, dataset, wanted, norm=norm, batch_size=batch_size, device=device,
                                     img_size=img_size, cache=cache, progress=progress)
         some = features[wanted[0]]
-        if pixels is None and "pixels" in probes:
+        if pixels is None and {"pixels", "pixels-mlp"} & set(probes):
             pixels = patch_pixels(backbone, dataset, some.grid, some.patch_size, batch_size, img_size)
         prober = _Prober(dataset.labels, pixels, some.grid, fit, held, max_tokens, probes, seed, device,
                          fit_options or {})
