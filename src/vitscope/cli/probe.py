@@ -21,7 +21,8 @@ def register(commands) -> None:
     linear = kinds.add_parser("linear", help="image class by logistic regression (lr/wd sweep on held-out train)")
     knn = kinds.add_parser("knn", help="image class by DINO's weighted kNN (k=20, T=0.07)")
     tokens = kinds.add_parser("tokens", help="what single tokens carry: position, pixels, image class")
-    pib = kinds.add_parser("pib", help="Point-in-Box per layer, with its chance level")
+    pib = kinds.add_parser("pib", help="Point-in-Box per layer, with its chance level (synthetic, tiny-imagenet, "
+                                       "voc, imagenet)")
     pca = kinds.add_parser("pca", help="first three principal components of patch features as RGB maps")
     segment = kinds.add_parser("segment", help="linear segmentation (mIoU): voc, ade20k, cityscapes, segfolder, "
                                                "synthetic")
@@ -150,10 +151,16 @@ def run_tokens(args: argparse.Namespace) -> int:
 
 
 def run_pib(args: argparse.Namespace) -> int:
+    from vitscope.data.boxes import BOX_DATASETS, load_box_dataset
     from vitscope.probes.pib import pib_probe
 
     out, device, model, label = _prepare(args)
-    dataset = _load(args, "eval", args.num_images)
+    if args.dataset in BOX_DATASETS:
+        side = getattr(getattr(model, "cfg", None), "img_size", None) or args.img_size or 224
+        dataset = load_box_dataset(args.dataset, args.data_dir, "eval", image_size=side)
+        dataset = dataset.subset(args.num_images, seed=args.seed)
+    else:
+        dataset = _load(args, "eval", args.num_images)
     result = pib_probe(model, dataset, args.layers, score=args.score, norm=args.norm, baseline=args.baseline,
                        label=label, batch_size=args.batch_size, device=device, img_size=args.img_size,
                        cache=args.cache, seed=args.seed)
