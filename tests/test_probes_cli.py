@@ -34,3 +34,25 @@ def test_probe_depth_on_synthetic_scenes_writes_rows_with_and_without_cls(tmp_pa
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert {(r["model"], r.get("with_cls")) for r in rows if r["metric"] == "rmse"} == {
         ("vit-micro", False), ("vit-micro", True), ("chance", None)}
+
+
+def test_results_of_a_run_folder_are_stored_there_and_reused_until_its_weights_change(tmp_path, capsys):
+    import torch
+
+    from vitscope.models import create, save_model
+
+    run = tmp_path / "run"
+    torch.manual_seed(0)
+    model = create("vit-micro")
+    save_model(model, run / "model.safetensors")
+    argv = ["probe", "pib", "--model", str(run), "--num-images", "6", "--layers", "last", "--no-baseline",
+            "--no-cache", "--out", str(tmp_path / "out")]
+    assert main(argv) == 0 and "reused" not in capsys.readouterr().out
+    stored = list((run / "probes").glob("pib-*.json"))
+    assert len(stored) == 1
+    assert main(argv) == 0 and "reused the stored result" in capsys.readouterr().out
+    with torch.no_grad():
+        model.blocks[0].mlp.fc1.weight.add_(1.0)
+    save_model(model, run / "model.safetensors")  # a new checkpoint: a new key
+    assert main(argv) == 0 and "reused" not in capsys.readouterr().out
+    assert len(list((run / "probes").glob("pib-*.json"))) == 2

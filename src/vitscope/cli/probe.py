@@ -102,6 +102,25 @@ def _provenance(args: argparse.Namespace, device, subsets: dict) -> dict:
                       device=device, subsets=subsets)
 
 
+def _cached(args: argparse.Namespace, model, data: list, compute):
+    """Reuse or store the result in the run folder when ``--model`` is one (``vitscope.probes.run_cache``)."""
+    from vitscope.data.dense import DenseDataset
+    from vitscope.probes.features import dataset_fingerprint, model_fingerprint
+    from vitscope.probes.run_cache import cached_probe, dense_fingerprint
+
+    run_dir = args.model if Path(args.model).is_dir() else None
+    if run_dir is None:
+        return compute()
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "debug", "device", "handler",
+                                                                  "shared_defaults", "cache", "batch_size")}
+    key = {"model": model_fingerprint(model), "settings": settings,
+           "data": [dense_fingerprint(d) if isinstance(d, DenseDataset) else dataset_fingerprint(d) for d in data]}
+    result, reused = cached_probe(run_dir, args.probe, key, compute)
+    if reused:
+        print(f"reused the stored result in {run_dir}/probes")
+    return result
+
+
 def _finish(args: argparse.Namespace, result, out: Path, device, subsets: dict, metrics: list[str]) -> int:
     from vitscope.report.probe_figures import score_by_layer
 
@@ -129,10 +148,12 @@ def run_image(args: argparse.Namespace) -> int:
               "batch_size": args.batch_size, "device": device, "img_size": args.img_size, "cache": args.cache,
               "seed": args.seed}
     if args.probe == "linear":
-        result = linear_probe(model, train, held, args.layers, dino_last4=args.dino_last4,
-                              fit_options={"epochs": args.epochs}, **common)
+        result = _cached(args, model, [train, held], lambda: linear_probe(
+            model, train, held, args.layers, dino_last4=args.dino_last4, fit_options={"epochs": args.epochs},
+            **common))
     else:
-        result = knn_probe(model, train, held, args.layers, k=args.k, temperature=args.temperature, **common)
+        result = _cached(args, model, [train, held], lambda: knn_probe(
+            model, train, held, args.layers, k=args.k, temperature=args.temperature, **common))
     subsets = {"train": train.selection, "eval": held.selection}
     return _finish(args, result, out, device, subsets, [METRICS[args.probe]])
 
@@ -143,9 +164,10 @@ def run_tokens(args: argparse.Namespace) -> int:
     probes = [p.strip() for p in args.probes.split(",") if p.strip()]
     out, device, model, label = _prepare(args)
     dataset = _load(args, "eval", args.num_images)
-    result = probe_tokens(model, dataset, args.layers, probes=probes, max_tokens=args.max_tokens,
-                          norm=args.norm, baseline=args.baseline, label=label, batch_size=args.batch_size,
-                          device=device, img_size=args.img_size, cache=args.cache, seed=args.seed)
+    result = _cached(args, model, [dataset], lambda: probe_tokens(
+        model, dataset, args.layers, probes=probes, max_tokens=args.max_tokens, norm=args.norm,
+        baseline=args.baseline, label=label, batch_size=args.batch_size, device=device, img_size=args.img_size,
+        cache=args.cache, seed=args.seed))
     return _finish(args, result, out, device, {"eval": dataset.selection},
                    ["position_top1", "pixels_mse", "class_top1"])
 
@@ -161,9 +183,9 @@ def run_pib(args: argparse.Namespace) -> int:
         dataset = dataset.subset(args.num_images, seed=args.seed)
     else:
         dataset = _load(args, "eval", args.num_images)
-    result = pib_probe(model, dataset, args.layers, score=args.score, norm=args.norm, baseline=args.baseline,
-                       label=label, batch_size=args.batch_size, device=device, img_size=args.img_size,
-                       cache=args.cache, seed=args.seed)
+    result = _cached(args, model, [dataset], lambda: pib_probe(
+        model, dataset, args.layers, score=args.score, norm=args.norm, baseline=args.baseline, label=label,
+        batch_size=args.batch_size, device=device, img_size=args.img_size, cache=args.cache, seed=args.seed))
     return _finish(args, result, out, device, {"eval": dataset.selection}, ["pib"])
 
 
@@ -199,9 +221,10 @@ def run_dense(args: argparse.Namespace) -> int:
     train = load_dense(args.dataset, args.data_dir, "train", task=task).subset(args.train_images, seed=args.seed)
     held = load_dense(args.dataset, args.data_dir, "eval", task=task).subset(args.num_images, seed=args.seed)
     with_cls = {"no": (False,), "yes": (True,), "both": (False, True)}[args.with_cls]
-    result = dense_probe(model, train, held, args.layers, with_cls=with_cls, epochs=args.epochs, lr=args.lr,
-                         eigen_crop=getattr(args, "eigen_crop", False), max_depth=getattr(args, "max_depth", 10.0),
-                         baseline=args.baseline, label=label, norm=args.norm, batch_size=args.batch_size,
-                         device=device, img_size=args.img_size, cache=args.cache, seed=args.seed)
+    result = _cached(args, model, [train, held], lambda: dense_probe(
+        model, train, held, args.layers, with_cls=with_cls, epochs=args.epochs, lr=args.lr,
+        eigen_crop=getattr(args, "eigen_crop", False), max_depth=getattr(args, "max_depth", 10.0),
+        baseline=args.baseline, label=label, norm=args.norm, batch_size=args.batch_size, device=device,
+        img_size=args.img_size, cache=args.cache, seed=args.seed))
     subsets = {"train": train.settings.get("subset"), "eval": held.settings.get("subset")}
     return _finish(args, result, out, device, subsets, ["miou", "rmse"])
