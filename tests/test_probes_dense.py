@@ -59,3 +59,32 @@ def test_mask_of_another_size_names_the_file():
     with pytest.raises(ValueError, match="a.png: target"):
         DenseDataset("x", "train", "segmentation", [torch.zeros(3, 4, 4, dtype=torch.uint8)],
                      [torch.zeros(4, 5, dtype=torch.long)], ["a"], files=["a.png"])
+
+
+def test_windows_cover_the_image_and_stitch_back_exactly():
+    from vitscope.probes.dense_windows import eval_windows, stitch, train_crops, window_starts
+
+    assert window_starts(10, 4, 3) == [0, 3, 6] and window_starts(11, 4, 3) == [0, 3, 6, 7]
+    assert window_starts(3, 4, 3) == [0]
+    image = torch.arange(3 * 20 * 30, dtype=torch.float32).reshape(3, 20, 30).remainder(251).to(torch.uint8)
+    data = DenseDataset("x", "eval", "segmentation", [image], [torch.zeros(20, 30, dtype=torch.long)], ["a"])
+    view, placements, shapes = eval_windows(data, 20, 8, 5)  # short side 20: already that size
+    assert shapes == [(20, 30)] and view.images.shape[1:] == (3, 8, 8)
+    # stitching the windows' own pixels averages overlaps back to the image itself
+    restored = stitch(view.images.float(), [p[1:] for p in placements], shapes[0], (20, 30))
+    torch.testing.assert_close(restored, image.float())
+    crops = train_crops(DenseDataset("x", "train", "segmentation", [image], [torch.arange(600).reshape(20, 30)],
+                                     ["a"]), 10, 8, per_image=3)
+    assert len(crops) == 3 and all(t.shape == (8, 8) for t in crops.targets)
+    # labels are resized nearest-neighbour only: every crop value is one of the original labels
+    assert set(torch.cat([t.flatten() for t in crops.targets]).tolist()) <= set(range(600))
+
+
+def test_sliding_window_probe_on_synthetic_scenes():
+    model = create("vit-micro")
+    train, held = synthetic_dense("segmentation", "train", 6, image_size=48), synthetic_dense(
+        "segmentation", "eval", 3, image_size=48)
+    result = dense_probe(model, train, held, "last", with_cls=(False,), epochs=1, size=40, crops_per_image=2,
+                         baseline=False, cache=False, progress=False)
+    assert 0 <= result.value(4, metric="miou", with_cls=False) <= 100
+    assert "sliding window" in result.settings["geometry"]

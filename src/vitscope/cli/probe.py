@@ -45,6 +45,10 @@ def register(commands) -> None:
         sub.add_argument("--epochs", type=int, default=20)
         sub.add_argument("--lr", type=float, default=1e-2)
         sub.add_argument("--train-images", type=int, default=None, help="a seeded sample of N training images")
+        sub.add_argument("--size", type=int, default=None,
+                         help="resize images to this short side, train on random crops of the model's input side "
+                              "and evaluate by sliding window (default: each image resized whole to the input)")
+        sub.add_argument("--crops-per-image", type=int, default=1, help="random training crops per image (--size)")
         sub.set_defaults(handler=run_dense)
     depth.add_argument("--eigen-crop", action="store_true", help="evaluate inside the NYU Eigen crop")
     depth.add_argument("--max-depth", type=float, default=10.0, help="largest depth bin in metres")
@@ -225,6 +229,7 @@ def run_dense(args: argparse.Namespace) -> int:
         model, train, held, args.layers, with_cls=with_cls, epochs=args.epochs, lr=args.lr,
         eigen_crop=getattr(args, "eigen_crop", False), max_depth=getattr(args, "max_depth", 10.0),
         baseline=args.baseline, label=label, norm=args.norm, batch_size=args.batch_size, device=device,
-        img_size=args.img_size, cache=args.cache, seed=args.seed))
+        img_size=args.img_size, cache=args.cache, seed=args.seed, size=args.size,
+        crops_per_image=args.crops_per_image))
     subsets = {"train": train.settings.get("subset"), "eval": held.settings.get("subset")}
     return _finish(args, result, out, device, subsets, ["miou", "rmse"])

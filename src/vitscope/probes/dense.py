@@ -1,20 +1,22 @@
 """Dense probes on frozen patch tokens: segmentation (mIoU) and depth (RMSE), layer by layer, with or without CLS.
 
 Head: batch norm + 1x1 linear layer on the patch-token map (B, D, rows, cols), optionally with the CLS token
-concatenated to every patch (D -> 2D), its output upsampled bilinearly to each label's own size (labels are never
-resized). Segmentation: cross-entropy with the dataset's ignore index; scores from one confusion matrix over the
-eval split (``vitscope.metrics.dense``). Depth (DINOv2's linear head): 256 bins spaced linearly in
-[``min_depth``, ``max_depth``] metres, depth = softmax(logits)-weighted sum of bin centres, scale-invariant log
-loss (λ = 0.85) on valid pixels; RMSE (mean of per-image RMSE), pooled RMSE, abs-rel and δ < 1.25.
+concatenated to every patch (D -> 2D), its output upsampled bilinearly to each label's own size (labels are only
+ever resized nearest-neighbour, with their training crop). Segmentation: cross-entropy with the dataset's ignore
+index; scores from one confusion matrix over the eval split (``vitscope.metrics.dense``). Depth (DINOv2's linear
+head): 256 bins spaced linearly in [``min_depth``, ``max_depth``] metres, depth = softmax(logits)-weighted sum of
+bin centres, scale-invariant log loss (λ = 0.85) on valid pixels; RMSE (mean of per-image RMSE), pooled RMSE,
+abs-rel and δ < 1.25.
 
-The backbone sees each image resized to its input side (square); training uses every image whole (no random crops
-or sliding windows in this version). Floors: the same probe on a randomly initialised backbone, and the trivial
-predictor (the most frequent training class everywhere; the mean training depth everywhere).
+By default the backbone sees each image resized whole to its (square) input side; with ``size`` images are
+resized to that short side, training uses random crops and evaluation a sliding window (``dense_windows``).
+Floors: the same probe on a randomly initialised backbone, and the trivial predictor (the most frequent training
+class everywhere; the mean training depth everywhere).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -25,12 +27,15 @@ from vitscope.analyze.inputs import model_input
 from vitscope.data.dense import DenseDataset
 from vitscope.metrics.dense import confusion_matrix, depth_scores, segmentation_scores
 from vitscope.probes.baselines import random_twin
+from vitscope.probes.dense_windows import eval_windows, stitch, train_crops
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import threads_for
 from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, ProbeResult, row
 
 DEPTH_BINS = 256
 SILOG_LAMBDA = 0.85
+# placements (image, y, x) of each window, resized (height, width) of each image, window side in pixels
+Windows = tuple[list[tuple[int, int, int]], list[tuple[int, int]], int]
 
 
 def patch_maps(features: LayerFeatures, with_cls: bool) -> Tensor:
@@ -125,19 +130,36 @@ def _train_head(head: DenseHead, optimizer: torch.optim.Optimizer, schedule: Any
 
 
 @torch.no_grad()
-def predict_dense(head: DenseHead, maps: Tensor, sizes: Sequence[tuple[int, int]], task: str, *,
-                  min_depth: float = 1e-3, max_depth: float = 10.0, device: torch.device | str = "cpu"
-                  ) -> list[Tensor]:
-    """Per image: class map (H, W) int64 or depth (H, W) float32 at the image's label size."""
+def iter_predictions(head: DenseHead, maps: Tensor, sizes: Sequence[tuple[int, int]], task: str, *,
+                     min_depth: float = 1e-3, max_depth: float = 10.0, device: torch.device | str = "cpu",
+                     windows: Windows | None = None) -> Iterator[Tensor]:
+    """Per image, one at a time: class map (H, W) int64 or depth (H, W) float32 at the image's label size. With
+    ``windows`` (placements and resized shapes from ``eval_windows``), ``maps`` are per window and are stitched."""
     bins = depth_bins(min_depth, max_depth, device)
-    out = []
-    for i, size in enumerate(sizes):
-        logits = head(maps[i : i + 1].to(device), tuple(size))
-        out.append((logits.argmax(1) if task == "segmentation" else depth_from_logits(logits, bins))[0].cpu())
-    return out
+    if windows is None:
+        for i, size in enumerate(sizes):
+            logits = head(maps[i : i + 1].to(device), tuple(size))
+            yield (logits.argmax(1) if task == "segmentation" else depth_from_logits(logits, bins))[0].cpu()
+        return
+    placements, shapes, window = windows
+    slots: dict[int, list[int]] = {}
+    for slot, (index, _, _) in enumerate(placements):
+        slots.setdefault(index, []).append(slot)
+    for index, size in enumerate(sizes):
+        chosen = slots[index]
+        logits = head(maps[chosen].to(device), (window, window))
+        outputs = logits if task == "segmentation" else depth_from_logits(logits, bins)[:, None]
+        stitched = stitch(outputs, [placements[s][1:] for s in chosen], shapes[index], tuple(size))
+        yield (stitched.argmax(0) if task == "segmentation" else stitched[0]).cpu()
 
 
-def score_dense(preds: Sequence[Tensor], data: DenseDataset, *, eigen_crop: bool = False) -> dict[str, Any]:
+def predict_dense(head: DenseHead, maps: Tensor, sizes: Sequence[tuple[int, int]], task: str, **options: Any
+                  ) -> list[Tensor]:
+    """``iter_predictions`` as a list."""
+    return list(iter_predictions(head, maps, sizes, task, **options))
+
+
+def score_dense(preds: Iterable[Tensor], data: DenseDataset, *, eigen_crop: bool = False) -> dict[str, Any]:
     """Segmentation scores (one confusion matrix) or depth scores of ``preds`` against ``data.targets``."""
     if data.task == "segmentation":
         confusion = sum(confusion_matrix(p, t, data.num_classes, data.ignore_index)
@@ -161,9 +183,13 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
                 = "last", *, with_cls: Sequence[bool] = (False, True), epochs: int = 20, lr: float = 1e-2,
                 eigen_crop: bool = False, min_depth: float = 1e-3, max_depth: float = 10.0, baseline: bool = True,
                 label: str = "model", norm: bool = True, batch_size: int = 16, device: torch.device | str = "cpu",
-                img_size: int | None = None, cache: Any = True, seed: int = 0, progress: bool = True
-                ) -> ProbeResult:
-    """Segmentation or depth probe (by ``train.task``) per token layer, with and without CLS concatenated."""
+                img_size: int | None = None, cache: Any = True, seed: int = 0, progress: bool = True,
+                size: int | None = None, crops_per_image: int = 1) -> ProbeResult:
+    """Segmentation or depth probe (by ``train.task``) per token layer, with and without CLS concatenated.
+
+    ``size=None``: every image resized whole to the backbone's square input side. ``size=S``: images resized to
+    short side S; training on ``crops_per_image`` random crops of the input side, evaluation by sliding window
+    (stride two thirds of the window), see ``vitscope.probes.dense_windows``."""
     if train.task != eval_set.task:
         raise ValueError(f"train is a {train.task} set but eval a {eval_set.task} set")
     wanted = parse_layers(layers, depth_of(model))
@@ -176,18 +202,25 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
                     "device": device}
     models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, seed))] if baseline else [])
     sizes = [tuple(t.shape[-2:]) for t in eval_set.targets]
+    windows: Windows | None = None
+    fit_data, eval_view = train, eval_set.model_view(side)
+    if size is not None:
+        fit_data = train_crops(train, size, side, crops_per_image, seed)
+        eval_view, placements, shapes = eval_windows(eval_set, size, side, max(1, side * 2 // 3))
+        windows = (placements, shapes, side)
     rows = []
     for name, backbone in models:
-        feats = [extract_features(backbone, data.model_view(side), wanted, norm=norm, batch_size=batch_size,
-                                  device=device, img_size=img_size, cache=cache, progress=progress)
-                 for data in (train, eval_set)]
+        feats = [extract_features(backbone, view, wanted, norm=norm, batch_size=batch_size, device=device,
+                                  img_size=img_size, cache=cache, progress=progress)
+                 for view in (fit_data.model_view(side), eval_view)]
         for layer in wanted:
             for cls in with_cls:
                 if cls and not feats[0][layer].has_cls:
                     continue
-                head = fit_dense_head(patch_maps(feats[0][layer], cls), train.targets, train.task, **head_options)
-                preds = predict_dense(head, patch_maps(feats[1][layer], cls), sizes, train.task,
-                                      min_depth=min_depth, max_depth=max_depth, device=device)
+                head = fit_dense_head(patch_maps(feats[0][layer], cls), fit_data.targets, train.task,
+                                      **head_options)
+                preds = iter_predictions(head, patch_maps(feats[1][layer], cls), sizes, train.task,
+                                         min_depth=min_depth, max_depth=max_depth, device=device, windows=windows)
                 rows += _rows(name, layer, cls, score_dense(preds, eval_set, eigen_crop=eigen_crop), eval_set)
     trivial = _trivial(train, eval_set, eigen_crop)
     for layer in wanted:
@@ -195,7 +228,9 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
     return ProbeResult("segment" if train.task == "segmentation" else "depth", rows, {
         "model": label, "layers": wanted, "with_cls": list(with_cls), "epochs": epochs, "lr": lr, "norm": norm,
         "input_side": side, "train_images": len(train), "eval_images": len(eval_set), "eigen_crop": eigen_crop,
-        "depth_range": [min_depth, max_depth], "seed": seed, "dataset": eval_set.name})
+        "depth_range": [min_depth, max_depth], "seed": seed, "dataset": eval_set.name,
+        "geometry": "whole image resized to the input side" if size is None else
+        f"short side {size}, {crops_per_image} random crop(s) of {side} px, sliding window stride {side * 2 // 3}"})
 
 
 def _rows(name: str, layer: int, with_cls: bool | None, scores: dict[str, Any], data: DenseDataset
