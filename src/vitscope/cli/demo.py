@@ -26,7 +26,7 @@ class Demo:
 
 DEMOS: dict[str, Demo] = {
     "locality": Demo("Locality: does the training protocol make early layers attend locally? (arXiv 2605.16390)",
-                     "vitscope.cli.study:locality_demo", 5.5),
+                     "vitscope.cli.study:locality_demo", 3.5),
 }
 
 
