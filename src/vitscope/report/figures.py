@@ -139,7 +139,7 @@ def attention_examples(image: np.ndarray, maps: Mapping[str, np.ndarray], grid: 
             source = 0 if kind == "CLS" and prefix > 0 else query
             shown[row] = (name, kind, [attn[h, source, prefix:].reshape(gh, gw) for h in range(heads)])
     top = vmax if vmax is not None else max(float(np.max(v)) for _, _, values in shown.values() for v in values)
-    image_ = None
+    last_map = None
     for row, (name, kind, values) in shown.items():
         axes[row][0].imshow(image)
         axes[row][0].set_title(f"{name}\n{kind} query", fontsize=7)
@@ -147,12 +147,12 @@ def attention_examples(image: np.ndarray, maps: Mapping[str, np.ndarray], grid: 
             cy, cx = (gh // 2 + 0.5) * image.shape[0] / gh, (gw // 2 + 0.5) * image.shape[1] / gw
             axes[row][0].plot([cx], [cy], "r+", ms=8)
         for h, value in enumerate(values):
-            image_ = axes[row][h + 1].imshow(value, cmap="magma", vmin=0.0, vmax=top)
+            last_map = axes[row][h + 1].imshow(value, cmap="magma", vmin=0.0, vmax=top)
             axes[row][h + 1].set_title(f"head {h + 1}", fontsize=7)
     for ax in axes.ravel():
         ax.set_xticks([])
         ax.set_yticks([])
-    bar = fig.colorbar(image_, ax=axes.ravel().tolist(), shrink=0.8, pad=0.02)
+    bar = fig.colorbar(last_map, ax=axes.ravel().tolist(), shrink=0.8, pad=0.02)
     bar.set_label(f"attention probability (uniform over patches = 1/{gh * gw})", fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)

@@ -75,6 +75,14 @@ def _example_maps(tensors: dict[str, np.ndarray], index: int) -> dict[str, np.nd
     return {"layer 1": tensors["layer1"][index], "layer 2": tensors["layer2"][index]}
 
 
+def _shared_vmax(examples: dict[str, tuple[dict[str, Any], dict[str, np.ndarray]]]) -> float | None:
+    """The largest attention probability to a patch key in the example maps the report shows."""
+    peaks = [float(np.max(layer[..., run["num_prefix_tokens"]:]))
+             for run, tensors in examples.values() for i in range(min(EXAMPLE_IMAGES, len(tensors["images"])))
+             for layer in _example_maps(tensors, i).values()]
+    return max(peaks, default=None)
+
+
 def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     """Write every figure of the report into ``out/figures`` and return their paths."""
     fig_dir = out / "figures"
@@ -100,10 +108,7 @@ def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
         example = out / "runs" / condition / f"seed-{rs[0]['seed']}" / "attention_examples.safetensors"
         if example.is_file():
             examples[condition] = (rs[0], load_file(str(example)))
-    # one colour scale for every example figure, so that conditions compare by eye
-    vmax = max((float(np.max(m[..., r["num_prefix_tokens"]:])) for r, t in examples.values()
-                for i in range(min(EXAMPLE_IMAGES, len(t["images"]))) for m in _example_maps(t, i).values()),
-               default=None)
+    vmax = _shared_vmax(examples)  # one colour scale for every example figure, so that conditions compare by eye
     for condition, (run, tensors) in examples.items():
         for i in range(min(EXAMPLE_IMAGES, len(tensors["images"]))):
             paths[f"examples:{condition}:{i}"] = figures.attention_examples(
