@@ -73,6 +73,8 @@ def test_detect_layer_follows_token_layer_numbering(tmp_path):
     assert main([*common, "--detect-layer", "5", "--out", str(tmp_path / "c")]) == 2  # vit-micro has 4 blocks
     layer = {k: json.loads((tmp_path / k / "norms.json").read_text())["threshold"]["detection_layer"] for k in "ab"}
     assert layer == {"a": 4, "b": 2}
+    sample = json.loads((tmp_path / "a" / "norms.json").read_text())["provenance"]["subsets"]["eval"]
+    assert (sample["method"], sample["count"], sample["seed"]) == ("class-stratified", 8, 0)  # --num-images
 
 
 def test_out_that_is_a_file_or_cannot_be_made_is_named(tmp_path, capsys):
