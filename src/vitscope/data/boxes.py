@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from vitscope.data.dataset import ImageDataset
 from vitscope.data.dense import IMAGENET_MEAN, IMAGENET_STD
-from vitscope.data.dense_layouts import VOC_CLASSES, _rgb
+from vitscope.data.dense_layouts import VOC_CLASSES, read_rgb
 
 BOX_DATASETS = ("voc", "imagenet")
 
@@ -50,7 +50,7 @@ def _dataset(name: str, split: str, items: list[tuple[Path, Path]], classes: lis
     images, labels, boxes = [], [], []
     for image_path, xml_path in items[:limit]:
         names, found = read_xml_boxes(xml_path)
-        image = _rgb(image_path)
+        image = read_rgb(image_path)
         height, width = image.shape[-2:]
         areas = (found[:, 2] - found[:, 0]) * (found[:, 3] - found[:, 1])
         largest = names[int(areas.argmax())]

@@ -45,7 +45,8 @@ CITYSCAPES_TRAIN_IDS = {7: 0, 8: 1, 11: 2, 12: 3, 13: 4, 17: 5, 19: 6, 20: 7, 21
 IMAGE_TYPES = (".jpg", ".jpeg", ".png")
 
 
-def _rgb(path: Path) -> Tensor:
+def read_rgb(path: Path) -> Tensor:
+    """An image file as uint8 (3, H, W) RGB."""
     with Image.open(path) as image:
         return torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1).contiguous()
 
@@ -95,7 +96,7 @@ def _segmentation(name: str, split: str, pairs: list[tuple[Path, Path]], classes
     for image_path, mask_path in pairs[:limit]:
         mask = _indices(mask_path)
         mask = convert(mask) if convert is not None else mask
-        images.append(_rgb(image_path))
+        images.append(read_rgb(image_path))
         targets.append(_check_labels(mask, len(classes), ignore, mask_path))
     return DenseDataset(name, split, "segmentation", images, targets, list(classes), ignore, root=str(root),
                         files=[str(p) for _, p in pairs[:limit]])
@@ -174,7 +175,7 @@ def _depth_file(path: Path, scale8: float, scale16: float) -> Tensor:
 def _depth(name: str, split: str, pairs: list[tuple[Path, Path]], root: Path, scale8: float, scale16: float,
            limit: int | None) -> DenseDataset:
     pairs = pairs[:limit]
-    return DenseDataset(name, split, "depth", [_rgb(i) for i, _ in pairs],
+    return DenseDataset(name, split, "depth", [read_rgb(i) for i, _ in pairs],
                         [_depth_file(d, scale8, scale16) for _, d in pairs], root=str(root),
                         files=[str(d) for _, d in pairs], settings={"depth_scale": [scale8, scale16]})
 
