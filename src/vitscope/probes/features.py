@@ -104,8 +104,14 @@ class LayerFeatures:
         if pool in ("cls", "both"):
             parts.append(self.cls.float())
         if pool in ("mean", "both"):
-            parts.append(self.patches.float().mean(1))
+            parts.append(self.patch_mean())
         return torch.cat(parts, dim=1)
+
+    def patch_mean(self, chunk: int = 1024) -> Tensor:
+        """(N, D) float32 mean patch token, read ``chunk`` images at a time (memory flat in N)."""
+        patches = self.patches
+        return torch.cat([patches[i : i + chunk].float().mean(1) for i in range(0, len(patches), chunk)]) \
+            if len(patches) else torch.zeros(0, patches.shape[-1])
 
 
 def _hash_tensors(items: Sequence[tuple[str, Tensor]], digest: Any) -> None:

@@ -185,7 +185,7 @@ def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_grou
         singles["cls"] = features.cls
     for r in range(features.num_registers):
         singles[f"register{r}"] = features.registers[:, r]
-    singles["patch-mean"] = features.patches.float().mean(1)
+    singles["patch-mean"] = features.patch_mean()
     out = []
 
     def add(model: str, group: str, triples: list[tuple[str, float, int]]) -> None:
