@@ -73,3 +73,12 @@ def test_bad_patch_mask_names_the_expected_shape(scenes):
     with pytest.raises(ValueError, match=r"\(40, 64\)"):
         probe_tokens(create("vit-micro"), scenes, "0", probes=("class",), patch_groups={"x": torch.ones(3, 3)},
                      baseline=False, cache=False, progress=False, fit_options=FAST)
+
+
+def test_fit_and_held_images_are_class_balanced():
+    from vitscope.probes.tokens import balanced
+
+    labels = torch.tensor([0] * 10 + [1] * 4 + [2] * 6)
+    kept = balanced(torch.arange(20), labels, seed=0)
+    assert labels[kept].bincount().tolist() == [4, 4, 4]
+    assert torch.equal(kept, balanced(torch.arange(20), labels, seed=0))

@@ -10,8 +10,9 @@
 
 Groups: ``cls``, ``register<i>`` (one per register), ``patch-mean``, ``patch`` (any patch token) and any named
 patch-token masks the caller gives (e.g. ``high-norm`` and ``normal`` tokens). Position and pixels are defined for
-patch-token groups only. Images are split into fit and held-out halves (seeded, stratified by class); within a
-probe every group has the same number of tokens per split (the smallest group's, at most ``max_tokens``).
+patch-token groups only. Images are split into fit and held-out halves (seeded, stratified by class, then
+class-balanced); within a probe every group has the same number of tokens per split (the smallest group's, at most
+``max_tokens``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,17 @@ def _sample(mask: Tensor, images: Tensor, count: int, generator: torch.Generator
     pairs = (mask & allowed[:, None]).nonzero()
     pick = pairs[torch.randperm(len(pairs), generator=generator)[:count]]
     return pick[:, 0], pick[:, 1]
+
+
+def balanced(images: Tensor, labels: Tensor, seed: int) -> Tensor:
+    """A seeded subset of ``images`` with the same count of every class present (the smallest class's)."""
+    labels = labels[images]
+    present = labels.unique()
+    count = min(int((labels == c).sum()) for c in present)
+    generator = torch.Generator().manual_seed(seed)
+    keep = [images[labels == c][torch.randperm(int((labels == c).sum()), generator=generator)[:count]]
+            for c in present]
+    return torch.cat(keep).sort().values
 
 
 def _layer_mask(mask: PatchMask, layer: int) -> Tensor:
@@ -135,19 +147,22 @@ def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence
                  max_tokens: int = 2048, held_fraction: float = 0.5, norm: bool = True, baseline: bool = True,
                  label: str = "model", batch_size: int = 64, device: torch.device | str = "cpu",
                  img_size: int | None = None, cache: Any = True, seed: int = 0, progress: bool = True,
-                 fit_options: Mapping[str, Any] | None = None) -> ProbeResult:
+                 fit_options: Mapping[str, Any] | None = None, class_balanced: bool = True) -> ProbeResult:
     """Probe single tokens of ``model`` on ``dataset`` at token ``layers`` (0 = embedding, l = block l).
 
     ``patch_groups`` maps a group name to a patch mask (N, patches) over ``dataset`` (or one per layer), e.g.
     high-norm tokens and matched normal ones; the ``patch`` group (every patch token) is always probed.
     ``baseline`` adds the same probes on a randomly initialised copy; chance rows are always added.
-    ``fit_options`` go to ``fit_classifier`` (lrs, weight_decays, epochs, batch_size).
+    ``fit_options`` go to ``fit_classifier`` (lrs, weight_decays, epochs, batch_size). With ``class_balanced``
+    both halves keep the same number of images of every class (the smallest class's count).
     """
     unknown = set(probes) - set(PROBES)
     if unknown:
         raise ValueError(f"unknown token probes {sorted(unknown)}; use {', '.join(PROBES)}")
     wanted = parse_layers(layers, depth_of(model))
     fit, held = stratified_split(dataset.labels, held_fraction, seed)
+    if class_balanced:
+        fit, held = balanced(fit, dataset.labels, seed), balanced(held, dataset.labels, seed + 1)
     models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, seed))] if baseline else [])
     rows: list[dict[str, Any]] = []
     pixels = None
@@ -162,8 +177,8 @@ def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence
         for layer in wanted:
             rows += _probe_layer(prober, features[layer], name, patch_groups or {}, include_chance=name == label)
     settings = {"model": label, "layers": wanted, "probes": list(probes), "max_tokens": max_tokens,
-                "held_fraction": held_fraction, "norm": norm, "seed": seed, "fit_images": len(fit),
-                "held_images": len(held), "fit_options": dict(fit_options or {}),
+                "held_fraction": held_fraction, "class_balanced": class_balanced, "norm": norm, "seed": seed,
+                "fit_images": len(fit), "held_images": len(held), "fit_options": dict(fit_options or {}),
                 "groups": sorted({r["group"] for r in rows})}
     return ProbeResult("tokens", rows, settings)
 
