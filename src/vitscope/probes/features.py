@@ -122,10 +122,16 @@ def _hash_tensors(items: Sequence[tuple[str, Tensor]], digest: Any) -> None:
 
 
 def model_fingerprint(model: nn.Module) -> str:
-    """Hash of every weight and buffer and of the model's structure (its repr and prefix-token count)."""
+    """Hash of every weight and buffer, the model's structure (its repr and prefix-token count) and the forward
+    hooks on it. A hook (a planted outlier, say) changes outputs that weights do not show: it enters the key by
+    identity, so its features are reused within a process and recomputed in the next one."""
     digest = hashlib.sha1()
     digest.update(repr(model).encode())
     digest.update(str(getattr(model, "num_prefix_tokens", None)).encode())
+    for name, module in model.named_modules():
+        for hooks in (module._forward_hooks, module._forward_pre_hooks):
+            for hook in hooks.values():
+                digest.update(f"{name}:{getattr(hook, '__qualname__', type(hook).__name__)}:{id(hook)}".encode())
     _hash_tensors(list(model.state_dict().items()), digest)
     return digest.hexdigest()
 
