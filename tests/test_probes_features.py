@@ -50,6 +50,10 @@ def test_cached_features_equal_a_direct_forward_and_run_the_backbone_once(tmp_pa
     other_calls = _counted(other)
     extract_features(other, scenes, "last", batch_size=12, cache=tmp_path, progress=False)
     assert len(other_calls) == 1
+    # a forward hook (a planted outlier) changes the outputs but not the weights: it is part of the key
+    model.blocks[3].register_forward_hook(lambda _m, _i, out: out * 2)
+    extract_features(model, scenes, "last", batch_size=12, cache=tmp_path, progress=False)
+    assert len(calls) == 6
     assert not list(tmp_path.glob(".*.tmp"))
 
 

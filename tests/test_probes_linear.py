@@ -76,3 +76,13 @@ def test_bad_input_names_the_problem():
         fit_classifier(torch.randn(10, 3, 2), torch.zeros(10), 2)
     with pytest.raises(ValueError, match="9 target rows"):
         fit_regressor(torch.randn(10, 3), torch.randn(9, 2))
+
+
+def test_mlp_read_out_fits_what_a_linear_map_cannot():
+    from vitscope.probes.mlp import fit_mlp_regressor
+
+    torch.manual_seed(6)
+    x = torch.randn(800, 4)
+    t = x[:, :1] ** 2  # variance 2, no linear component
+    assert fit_regressor(x, t).mse(x, t) > 1.5
+    assert fit_mlp_regressor(x, t, hidden=64, epochs=300).mse(x, t) < 0.1

@@ -34,11 +34,13 @@ def test_pixels_are_recovered_exactly_from_a_wide_patch_embedding(scenes):
     model = create("vit-micro")  # width 64 >= 3 * 4 * 4 = 48 pixel values per patch
     with torch.no_grad():
         model.pos_embed.zero_()  # the patch embedding before positions are added
-    result = probe_tokens(model, scenes, "0,1", probes=("pixels",), norm=False, baseline=False, cache=False,
-                          progress=False)
+    result = probe_tokens(model, scenes, "0,1", probes=("pixels", "pixels-mlp"), norm=False, baseline=False,
+                          cache=False, progress=False, max_tokens=512)
     assert result.value(0, "patch", "pixels_mse") < 1e-4
     chance = result.value(0, "patch", "pixels_mse", model="chance")
     assert chance > 0.1 and result.value(1, "patch", "pixels_mse") > 10 * result.value(0, "patch", "pixels_mse")
+    assert result.value(0, "patch", "pixels_mlp_mse") < 0.5 * chance
+    assert result.value(0, "patch", "pixels_mlp_mse", model="chance") == chance
 
 
 def test_class_is_read_only_from_the_token_that_carries_it():
@@ -71,3 +73,12 @@ def test_bad_patch_mask_names_the_expected_shape(scenes):
     with pytest.raises(ValueError, match=r"\(40, 64\)"):
         probe_tokens(create("vit-micro"), scenes, "0", probes=("class",), patch_groups={"x": torch.ones(3, 3)},
                      baseline=False, cache=False, progress=False, fit_options=FAST)
+
+
+def test_fit_and_held_images_are_class_balanced():
+    from vitscope.probes.tokens import balanced
+
+    labels = torch.tensor([0] * 10 + [1] * 4 + [2] * 6)
+    kept = balanced(torch.arange(20), labels, seed=0)
+    assert labels[kept].bincount().tolist() == [4, 4, 4]
+    assert torch.equal(kept, balanced(torch.arange(20), labels, seed=0))

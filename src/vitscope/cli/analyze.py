@@ -36,11 +36,27 @@ def run_locality(args: argparse.Namespace) -> int:
                               renormalize=args.renormalize, unit=args.unit, img_size=args.img_size)
     files = write_locality(out, result, meta)
     mad, entropy = result.stats.mad.numpy(), result.stats.entropy.numpy()
-    files["figure"] = behaviour_space({args.model: (mad, entropy)}, out / "behaviour_space.png", unit=args.unit)
-    files["per-layer"] = per_layer({args.model: mad}, f"MAD ({args.unit})", out / "mad_per_layer.png")
+    uniform = plain_uniform_mad(model, args.unit)
+    files["figure"] = behaviour_space({args.model: (mad, entropy)}, out / "behaviour_space.png", unit=args.unit,
+                                      uniform=uniform)
+    files["per-layer"] = per_layer({args.model: mad}, f"MAD ({args.unit})", out / "mad_per_layer.png",
+                                   reference=uniform)
     print(f"min early-layer MAD {result.summary()['min_early_mad']:.4f} ({args.unit}) over {len(dataset)} images")
     print_files(files)
     return 0
+
+
+def plain_uniform_mad(model, unit: str) -> float | None:
+    """The uniform-attention MAD of a plain ViT's grid in ``unit``; None for hierarchical models (one grid per
+    stage), whose figures then show the entropy reference only."""
+    from vitscope.models import token_layout
+    from vitscope.report.figures import uniform_mad
+
+    try:
+        layout = token_layout(model)
+    except (ValueError, AttributeError):
+        return None
+    return uniform_mad(layout.grid_size, unit, layout.patch_size)
 
 
 def detect_layer_index(spec: str) -> int:

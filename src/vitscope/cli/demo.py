@@ -26,7 +26,7 @@ class Demo:
 
 DEMOS: dict[str, Demo] = {
     "locality": Demo("Locality: does the training protocol make early layers attend locally? (arXiv 2605.16390)",
-                     "vitscope.cli.study:locality_demo", 5.5),
+                     "vitscope.cli.study:locality_demo", 3.5),
     "registers": Demo("Registers: high-norm (artifact) tokens across architectures, and what registers change "
                       "(arXiv 2603.25803)", "vitscope.cli.study_registers:registers_demo", 2.5),
 }
@@ -35,7 +35,7 @@ DEMOS: dict[str, Demo] = {
 def register(commands) -> None:
     total = sum(d.minutes for d in DEMOS.values())
     demo = commands.add_parser(
-        "demo", help=f"every study's demo on built-in data, with an index.html (about {total:.0f} min on 2 CPU cores)",
+        "demo", help=f"every study's demo on built-in data, with an index.html (about {total:g} min, 2 idle cores)",
         description="Runs the named demos (default: all) on built-in synthetic data. Minutes measured on 2 idle "
                     "CPU cores: " + ", ".join(f"{n} {d.minutes:g}" for n, d in DEMOS.items()) + ".")
     demo.add_argument("studies", nargs="*", metavar="STUDY", help=f"one or more of: {', '.join(DEMOS)} (default: all)")

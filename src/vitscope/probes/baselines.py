@@ -10,7 +10,8 @@ from torch import Tensor, nn
 
 def random_twin(model: nn.Module, seed: int = 0) -> nn.Module:
     """A copy of ``model`` (same structure, normaliser, registers) re-initialised with the architecture's own
-    scheme (``init_weights`` for timm, ``_init_weights`` for vitscope, then ``reset_parameters`` of leaves)."""
+    scheme (``reset_parameters`` of leaves, then ``init_weights`` for timm or ``_init_weights`` for vitscope).
+    Forward hooks are copied with the model, so a documented modification such as a planted outlier stays."""
     twin = copy.deepcopy(model)
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)

@@ -104,8 +104,14 @@ class LayerFeatures:
         if pool in ("cls", "both"):
             parts.append(self.cls.float())
         if pool in ("mean", "both"):
-            parts.append(self.patches.float().mean(1))
+            parts.append(self.patch_mean())
         return torch.cat(parts, dim=1)
+
+    def patch_mean(self, chunk: int = 1024) -> Tensor:
+        """(N, D) float32 mean patch token, read ``chunk`` images at a time (memory flat in N)."""
+        patches = self.patches
+        return torch.cat([patches[i : i + chunk].float().mean(1) for i in range(0, len(patches), chunk)]) \
+            if len(patches) else torch.zeros(0, patches.shape[-1])
 
 
 def _hash_tensors(items: Sequence[tuple[str, Tensor]], digest: Any) -> None:
@@ -116,10 +122,16 @@ def _hash_tensors(items: Sequence[tuple[str, Tensor]], digest: Any) -> None:
 
 
 def model_fingerprint(model: nn.Module) -> str:
-    """Hash of every weight and buffer and of the model's structure (its repr and prefix-token count)."""
+    """Hash of every weight and buffer, the model's structure (its repr and prefix-token count) and the forward
+    hooks on it. A hook (a planted outlier, say) changes outputs that weights do not show: it enters the key by
+    identity, so its features are reused within a process and recomputed in the next one."""
     digest = hashlib.sha1()
     digest.update(repr(model).encode())
     digest.update(str(getattr(model, "num_prefix_tokens", None)).encode())
+    for name, module in model.named_modules():
+        for hooks in (module._forward_hooks, module._forward_pre_hooks):
+            for hook in hooks.values():
+                digest.update(f"{name}:{getattr(hook, '__qualname__', type(hook).__name__)}:{id(hook)}".encode())
     _hash_tensors(list(model.state_dict().items()), digest)
     return digest.hexdigest()
 

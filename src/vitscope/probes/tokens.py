@@ -5,18 +5,19 @@
   random cells.
 * **pixels**: ridge regression from a patch token to its patch's normalised input pixels (3 p² values); MSE.
   Chance: predicting the mean training patch.
+* **pixels-mlp**: the same target through a 2-layer MLP (``vitscope.probes.mlp``); MSE (chance as pixels).
 * **class**: logistic regression from one token to the image's class; top-1. Chance: the majority class.
 
 Groups: ``cls``, ``register<i>`` (one per register), ``patch-mean``, ``patch`` (any patch token) and any named
 patch-token masks the caller gives (e.g. ``high-norm`` and ``normal`` tokens). Position and pixels are defined for
-patch-token groups only. Images are split into fit and held-out halves (seeded, stratified by class); within a
-probe every group has the same number of tokens per split (the smallest group's, at most ``max_tokens``).
+patch-token groups only. Images are split into fit and held-out halves (seeded, stratified by class, then
+class-balanced); within a probe every group has the same number of tokens per split (the smallest group's, at most
+``max_tokens``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,26 +29,12 @@ from vitscope.metrics.locality import grid_distances
 from vitscope.probes.baselines import majority_top1, mean_predictor_mse, random_twin
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import fit_classifier, fit_regressor, stratified_split
+from vitscope.probes.mlp import fit_mlp_regressor
+from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, ProbeResult, row
 
-PROBES = ("position", "pixels", "class")
+PROBES = ("position", "pixels", "pixels-mlp", "class")
+DEFAULT_PROBES = ("position", "pixels", "class")
 PatchMask = Tensor | Mapping[int, Tensor]  # (N, patches) bool, or one such mask per token layer
-
-
-@dataclass
-class TokenProbeResult:
-    """Flat rows ``{model, layer, layer_kind, group, metric, value, n}`` (``model`` is the label, the label with
-    `` (random init)``, or ``chance``) and the settings used."""
-
-    rows: list[dict[str, Any]]
-    settings: dict[str, Any] = field(default_factory=dict)
-
-    def value(self, layer: int, group: str, metric: str, model: str | None = None) -> float:
-        """The value of one cell (model defaults to the probed model's label)."""
-        model = model or self.settings["model"]
-        for row in self.rows:
-            if (row["model"], row["layer"], row["group"], row["metric"]) == (model, layer, group, metric):
-                return row["value"]
-        raise KeyError(f"no row for model={model!r} layer={layer} group={group!r} metric={metric!r}")
 
 
 def patch_pixels(model: nn.Module, dataset: ImageDataset, grid: tuple[int, int], patch: int, batch_size: int,
@@ -68,6 +55,17 @@ def _sample(mask: Tensor, images: Tensor, count: int, generator: torch.Generator
     pairs = (mask & allowed[:, None]).nonzero()
     pick = pairs[torch.randperm(len(pairs), generator=generator)[:count]]
     return pick[:, 0], pick[:, 1]
+
+
+def balanced(images: Tensor, labels: Tensor, seed: int) -> Tensor:
+    """A seeded subset of ``images`` with the same count of every class present (the smallest class's)."""
+    labels = labels[images]
+    present = labels.unique()
+    count = min(int((labels == c).sum()) for c in present)
+    generator = torch.Generator().manual_seed(seed)
+    keep = [images[labels == c][torch.randperm(int((labels == c).sum()), generator=generator)[:count]]
+            for c in present]
+    return torch.cat(keep).sort().values
 
 
 def _layer_mask(mask: PatchMask, layer: int) -> Tensor:
@@ -112,6 +110,9 @@ class _Prober:
         if "pixels" in self.probes and self.pixels is not None:
             reg = fit_regressor(x_fit, self.pixels[fi, fp], seed=self.seed, device=self.device)
             rows.append(("pixels_mse", reg.mse(x_held, self.pixels[hi, hp]), len(hi)))
+        if "pixels-mlp" in self.probes and self.pixels is not None:
+            mlp = fit_mlp_regressor(x_fit, self.pixels[fi, fp], seed=self.seed, device=self.device)
+            rows.append(("pixels_mlp_mse", mlp.mse(x_held, self.pixels[hi, hp]), len(hi)))
         return rows
 
     def global_(self, x: Tensor, images: tuple[Tensor, Tensor]) -> list[tuple[str, float, int]]:
@@ -131,8 +132,10 @@ class _Prober:
             if "position" in self.probes and len(hi):
                 rows.append(("position_top1", 1.0 / self.distances.shape[0], len(hi)))
                 rows.append(("position_distance", float(self.distances.mean()), len(hi)))
-            if "pixels" in self.probes and self.pixels is not None and len(hi) and len(fi):
-                rows.append(("pixels_mse", mean_predictor_mse(self.pixels[fi, fp], self.pixels[hi, hp]), len(hi)))
+            if self.pixels is not None and len(hi) and len(fi):
+                trivial = mean_predictor_mse(self.pixels[fi, fp], self.pixels[hi, hp])
+                rows += [(f"{name.replace('-', '_')}_mse", trivial, len(hi)) for name in ("pixels", "pixels-mlp")
+                         if name in self.probes]
         if "class" in self.probes:
             rows.append(("class_top1", majority_top1(self.labels[images[0]], self.labels[images[1]]),
                          len(images[1])))
@@ -140,41 +143,44 @@ class _Prober:
 
 
 def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence[int | str] = "0,last", *,
-                 probes: Sequence[str] = PROBES, patch_groups: Mapping[str, PatchMask] | None = None,
+                 probes: Sequence[str] = DEFAULT_PROBES, patch_groups: Mapping[str, PatchMask] | None = None,
                  max_tokens: int = 2048, held_fraction: float = 0.5, norm: bool = True, baseline: bool = True,
                  label: str = "model", batch_size: int = 64, device: torch.device | str = "cpu",
                  img_size: int | None = None, cache: Any = True, seed: int = 0, progress: bool = True,
-                 fit_options: Mapping[str, Any] | None = None) -> TokenProbeResult:
+                 fit_options: Mapping[str, Any] | None = None, class_balanced: bool = True) -> ProbeResult:
     """Probe single tokens of ``model`` on ``dataset`` at token ``layers`` (0 = embedding, l = block l).
 
     ``patch_groups`` maps a group name to a patch mask (N, patches) over ``dataset`` (or one per layer), e.g.
     high-norm tokens and matched normal ones; the ``patch`` group (every patch token) is always probed.
     ``baseline`` adds the same probes on a randomly initialised copy; chance rows are always added.
-    ``fit_options`` go to ``fit_classifier`` (lrs, weight_decays, epochs, batch_size).
+    ``fit_options`` go to ``fit_classifier`` (lrs, weight_decays, epochs, batch_size). With ``class_balanced``
+    both halves keep the same number of images of every class (the smallest class's count).
     """
     unknown = set(probes) - set(PROBES)
     if unknown:
         raise ValueError(f"unknown token probes {sorted(unknown)}; use {', '.join(PROBES)}")
     wanted = parse_layers(layers, depth_of(model))
     fit, held = stratified_split(dataset.labels, held_fraction, seed)
-    models = [(label, model)] + ([(f"{label} (random init)", random_twin(model, seed))] if baseline else [])
+    if class_balanced:
+        fit, held = balanced(fit, dataset.labels, seed), balanced(held, dataset.labels, seed + 1)
+    models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, seed))] if baseline else [])
     rows: list[dict[str, Any]] = []
     pixels = None
     for name, backbone in models:
         features = extract_features(backbone, dataset, wanted, norm=norm, batch_size=batch_size, device=device,
                                     img_size=img_size, cache=cache, progress=progress)
         some = features[wanted[0]]
-        if pixels is None and "pixels" in probes:
+        if pixels is None and {"pixels", "pixels-mlp"} & set(probes):
             pixels = patch_pixels(backbone, dataset, some.grid, some.patch_size, batch_size, img_size)
         prober = _Prober(dataset.labels, pixels, some.grid, fit, held, max_tokens, probes, seed, device,
                          fit_options or {})
         for layer in wanted:
             rows += _probe_layer(prober, features[layer], name, patch_groups or {}, include_chance=name == label)
     settings = {"model": label, "layers": wanted, "probes": list(probes), "max_tokens": max_tokens,
-                "held_fraction": held_fraction, "norm": norm, "seed": seed, "fit_images": len(fit),
-                "held_images": len(held), "fit_options": dict(fit_options or {}),
-                "groups": sorted({row["group"] for row in rows})}
-    return TokenProbeResult(rows, settings)
+                "held_fraction": held_fraction, "class_balanced": class_balanced, "norm": norm, "seed": seed,
+                "fit_images": len(fit), "held_images": len(held), "fit_options": dict(fit_options or {}),
+                "groups": sorted({r["group"] for r in rows})}
+    return ProbeResult("tokens", rows, settings)
 
 
 def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_groups: Mapping[str, PatchMask],
@@ -194,12 +200,12 @@ def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_grou
         singles["cls"] = features.cls
     for r in range(features.num_registers):
         singles[f"register{r}"] = features.registers[:, r]
-    singles["patch-mean"] = features.patches.float().mean(1)
+    singles["patch-mean"] = features.patch_mean()
     out = []
 
     def add(model: str, group: str, triples: list[tuple[str, float, int]]) -> None:
-        out.extend({"model": model, "layer": layer, "layer_kind": "token", "group": group, "metric": metric,
-                    "value": value, "n": n} for metric, value, n in triples)
+        out.extend(row(model=model, layer=layer, layer_kind="token", group=group, metric=metric, value=value, n=n)
+                   for metric, value, n in triples)
 
     for group, pick in picks.items():
         patch_images = (pick["fit"][0], pick["held"][0])
@@ -208,11 +214,11 @@ def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_grou
         tokens_per_image = (x[pick["fit"][0], pick["fit"][1]], x[pick["held"][0], pick["held"][1]])
         add(name, group, local + _class_on_tokens(prober, tokens_per_image, patch_images))
         if include_chance:
-            add("chance", group, prober.chance(pick, patch_images))
+            add(CHANCE, group, prober.chance(pick, patch_images))
     for group, x in singles.items():
         add(name, group, prober.global_(x, images))
         if include_chance:
-            add("chance", group, prober.chance(None, images))
+            add(CHANCE, group, prober.chance(None, images))
     return out
 
 

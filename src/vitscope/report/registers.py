@@ -32,7 +32,7 @@ METRICS = {
     "attention_mass_on_high_norm": "attention layer l: mass that CLS (patch) queries put on the high-norm patches "
                                    "of token layer l-1, heads (and queries) averaged; key_share: their share of keys",
     "position_top1 / position_distance": "linear probe token -> patch index: top-1 and mean grid distance (patches)",
-    "pixels_mse": "ridge probe token -> its patch's normalised pixels: MSE",
+    "pixels_mse / pixels_mlp_mse": "ridge (2-layer MLP) probe token -> its patch's normalised pixels: MSE",
     "class_top1": "logistic probe single token -> image class: top-1",
 }
 
@@ -133,7 +133,7 @@ def _attention(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _probe_tables(results: dict[str, Any]) -> str:
     rows, parts = results["rows"], []
-    metrics = ("position_top1", "position_distance", "pixels_mse", "class_top1")
+    metrics = ("position_top1", "position_distance", "pixels_mse", "pixels_mlp_mse", "class_top1")
     for m in results["models"]:
         label = m["label"]
         mine = [r for r in rows if r["metric"] in metrics and r["model"] in (label, f"{label} (random init)", "chance")

@@ -3,13 +3,14 @@
 Per token layer, the census's high-norm patches (first threshold mode) form the ``high-norm`` group and the
 other patches of the same images the ``normal`` group (the probes draw the same number from each); a layer
 with fewer than ``min_group`` high-norm patches is probed without these two groups (its table reads N/A).
-Probes: position and pixels (patch groups only) and image class, with the randomly initialised backbone and
-chance rows (``vitscope.probes.tokens``). Plain ViTs only; hierarchical models have no single-token probes.
+Probes: position, pixels and pixels through a small MLP (patch groups only) and image class, with the randomly
+initialised backbone and chance rows (``vitscope.probes.tokens``). Plain ViTs only; hierarchical models have no
+single-token probes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ from torch import Tensor, nn
 
 from vitscope.data import ImageDataset
 from vitscope.probes.features import depth_of, parse_layers
-from vitscope.probes.tokens import probe_tokens
+from vitscope.probes.tokens import PROBES, probe_tokens
 
 
 @dataclass
@@ -27,6 +28,7 @@ class ProbeSettings:
 
     enabled: bool = True
     layers: str = "last"
+    probes: list[str] = field(default_factory=lambda: list(PROBES))  # position, pixels, pixels-mlp, class
     max_tokens: int = 1024
     min_group: int = 16
     fit_options: dict[str, Any] | None = None
@@ -50,7 +52,8 @@ def probe_model(model: nn.Module, dataset: ImageDataset, label: str, high_norm: 
     rows = []
     for layer in parse_layers(settings.layers, depth_of(model)):
         groups = high_norm_groups(high_norm[layer], settings.min_group) if layer in high_norm else {}
-        result = probe_tokens(model, dataset, [layer], patch_groups=groups, max_tokens=settings.max_tokens,
+        result = probe_tokens(model, dataset, [layer], probes=settings.probes, patch_groups=groups,
+                              max_tokens=settings.max_tokens,
                               baseline=baseline, label=label, batch_size=settings.batch_size, device=device,
                               img_size=img_size, cache=False, progress=progress, fit_options=settings.fit_options)
         rows += [row | {"layer_kind": "token"} for row in result.rows]
