@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from vitscope.attention import Attention, AttentionEvent, make_normalizer
+from vitscope.attention import Attention, AttentionEvent, Softmax
 from vitscope.models.hierarchical import hierarchical_geometry
 from vitscope.models.layout import TokenLayout
 
@@ -95,7 +95,7 @@ def is_timm_vit_attention(module: nn.Module | None) -> bool:
 
 def _attach_timm_vit(module: nn.Module, deliver: Callable[[AttentionEvent], None]) -> Callable[[], None]:
     """q and k at the outputs of q_norm / k_norm, the mask at the module's input; the fused path stays on."""
-    softmax = make_normalizer("softmax")
+    softmax = Softmax()
     seen: dict[str, Tensor | None] = {}
 
     def inputs(_m, args, kwargs) -> None:
