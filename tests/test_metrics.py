@@ -125,3 +125,11 @@ def test_shape_errors_name_the_fix():
         mean_attention_distance(attn, num_prefix_tokens=1, distances=torch.zeros(3, 3))
     with pytest.raises(TypeError):
         mean_attention_distance(attn, GRID)  # num_prefix_tokens is required
+
+
+def test_early_layers_are_the_first_quarter_unless_named():
+    from vitscope.metrics import early_layers
+
+    assert early_layers(8) == [0, 1] and early_layers(12) == [0, 1, 2] and early_layers(3) == [0]
+    assert early_layers([2, 5, 6, 7, 9, 11, 12, 13]) == [2, 5]  # of the recorded layers
+    assert early_layers(8, [4, 6]) == [4, 6]
