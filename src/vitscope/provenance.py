@@ -22,8 +22,11 @@ def device_description(device: torch.device | str) -> str:
 
 
 def provenance(*, config: dict[str, Any], seed: int | None, dataset: str | None, dataset_root: str | None,
-               device: torch.device | str, started: dt.datetime | None = None) -> dict[str, Any]:
-    """Versions, device, the resolved config and seed, the data, timestamps and the schema version."""
+               device: torch.device | str, started: dt.datetime | None = None,
+               subsets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Versions, device, the resolved config and seed, the data, timestamps and the schema version.
+
+    ``subsets`` maps a split to how its images were sampled (``ImageDataset.selection``; None = all)."""
     now = dt.datetime.now(dt.UTC)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -36,6 +39,7 @@ def provenance(*, config: dict[str, Any], seed: int | None, dataset: str | None,
         "seed": seed,
         "dataset": dataset,
         "dataset_root": dataset_root,
+        "subsets": subsets or {},
         "started": (started or now).isoformat(),
         "finished": now.isoformat(),
     }

@@ -65,7 +65,7 @@ def measure_norms(model: nn.Module, dataset: ImageDataset, *, threshold: str = "
                   detect_layer: int = -1, batch_size: int = 64, device: torch.device | str = "cpu",
                   img_size: int | None = None, progress: bool = True) -> NormsResult:
     """Record every block's token norms over ``dataset`` and set the high-norm threshold on the patch
-    tokens of ``detect_layer`` (default: the last block)."""
+    tokens of ``detect_layer``, a 0-based block index (-1, the default: the last block)."""
     parse_threshold(threshold)  # a bad spec fails before any image is processed
     model = model.to(device).eval()
     bar = tqdm(total=len(dataset), unit="img", desc="norms", disable=not progress, dynamic_ncols=True)
@@ -76,6 +76,9 @@ def measure_norms(model: nn.Module, dataset: ImageDataset, *, threshold: str = "
     bar.close()
     norms = [n.cpu() for n in rec.norms]
     tokens = token_map(model)
+    if not -len(norms) <= detect_layer < len(norms):
+        raise ValueError(f"detection layer {detect_layer + 1} (token layer numbering) is past this model's "
+                         f"{len(norms)} blocks; use 1..{len(norms)} or 'last'")
     layer = detect_layer % len(norms)
     prefix = tokens.get("num_prefix_tokens", 0)
     return NormsResult(norms, rec.names, tokens, high_norm_threshold(norms[layer][:, prefix:], threshold), layer)

@@ -2,7 +2,8 @@
 
 Each command lives in its own module of this package and exposes ``register(commands)``, which adds its
 subparser and sets ``handler`` (a function of the parsed arguments returning the exit code). A new command
-is one new module and one entry in ``COMMAND_MODULES``.
+is one new module and one entry in ``COMMAND_MODULES``. A command takes the shared options it names with
+``common.add_shared`` (``--device --batch-size --seed --out --debug``), before or after its name.
 """
 
 from __future__ import annotations
@@ -13,27 +14,41 @@ import sys
 from collections.abc import Sequence
 
 import vitscope
+from vitscope.cli.common import add_shared_to_top, output_dir, quiet_torch_notices, resolve_shared
 
-COMMAND_MODULES = ("models", "analyze", "train", "study", "demo")
+COMMAND_MODULES = ("models", "analyze", "train", "study", "demo", "doctor")
+SHARED_EPILOG = """shared options: --device, --batch-size, --seed, --out and --debug go before or after the command
+name; each command lists in its --help the ones it takes (models: --debug only; doctor: --device, --debug;
+train: all, as overrides of its config; study locality: --seed is a single --seeds)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vitscope", description=vitscope.__doc__)
+    parser = argparse.ArgumentParser(prog="vitscope", description=vitscope.__doc__, epilog=SHARED_EPILOG)
     parser.add_argument("--version", action="version", version=f"vitscope {vitscope.__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_shared_to_top(parser)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"vitscope.cli.{name}").register(commands)
     return parser
 
 
+def _command_name(args: argparse.Namespace) -> str:
+    sub = getattr(args, "analysis", None) or getattr(args, "study", None)
+    return f"{args.command} {sub}" if isinstance(sub, str) else args.command
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_torch_notices()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
+    args.debug = bool(getattr(args, "debug", False) or getattr(args, "top_debug", False))
     try:
+        resolve_shared(args, _command_name(args))
+        if getattr(args, "out", None):
+            output_dir(args.out)
         return args.handler(args)
     except KeyboardInterrupt:
         print("vitscope: interrupted", file=sys.stderr)

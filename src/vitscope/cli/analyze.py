@@ -19,8 +19,9 @@ def register(commands) -> None:
     norms = kinds.add_parser("norms", help="token norms per layer and high-norm (artifact) tokens")
     add_common(norms)
     norms.add_argument("--threshold", default="percentile:98", help="percentile:Q, absolute:T or auto")
-    norms.add_argument("--detect-layer", type=int, default=0,
-                       help="layer (numbered from 1) whose patch tokens set the threshold; 0 = the last")
+    norms.add_argument("--detect-layer", default="last", metavar="LAYER",
+                       help="token layer (1..L = output of block l, or last) whose patch tokens set the threshold "
+                            "(default: last)")
     norms.set_defaults(handler=run_norms)
     for sub in (locality, norms):
         add_model_changes(sub)
@@ -33,10 +34,25 @@ def run_locality(args: argparse.Namespace) -> int:
     device, dataset, model, out, meta = prepare_analysis(args, "vitscope-locality")
     result = measure_locality(model, dataset, batch_size=args.batch_size, device=device,
                               renormalize=args.renormalize, unit=args.unit, img_size=args.img_size)
-    files = write_locality(out, result, meta) | locality_figures(result, args.model, out, args.unit)
+    files = write_locality(out, result, meta) | locality_figures(result, model, args.model, out, args.unit)
     print(f"min early-layer MAD {result.summary()['min_early_mad']:.4f} ({args.unit}) over {len(dataset)} images")
     print_files(files)
     return 0
+
+
+def detect_layer_index(spec: str) -> int:
+    """0-based block index of a token layer given as ``last`` or 1..L (token layer l = output of block l);
+    token layer 0 (the embedding) has no block output to threshold."""
+    if str(spec).strip().lower() == "last":
+        return -1
+    try:
+        layer = int(spec)
+    except ValueError:
+        raise ValueError(f"--detect-layer {spec!r} must be a token layer number 1..L or 'last'") from None
+    if layer < 1:
+        raise ValueError(f"--detect-layer {layer}: token layers are numbered 1..L (the output of block l); layer 0 "
+                         "is the embedding, which has no block norms; use 1..L or 'last'")
+    return layer - 1
 
 
 def run_norms(args: argparse.Namespace) -> int:
@@ -45,8 +61,9 @@ def run_norms(args: argparse.Namespace) -> int:
     from vitscope.report.analysis_figures import norm_figures
 
     parse_threshold(args.threshold)  # fail before loading anything
+    detect_block = detect_layer_index(args.detect_layer)
     device, dataset, model, out, meta = prepare_analysis(args, "vitscope-norms")
-    result = measure_norms(model, dataset, threshold=args.threshold, detect_layer=args.detect_layer - 1,
+    result = measure_norms(model, dataset, threshold=args.threshold, detect_layer=detect_block,
                            batch_size=args.batch_size, device=device, img_size=args.img_size)
     files = write_norms(out, result, meta) | norm_figures(result, model, dataset, out, args.img_size)
     top = result.summary()[result.detect_layer]

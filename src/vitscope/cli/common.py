@@ -1,32 +1,120 @@
-"""Options and helpers shared by the commands."""
+"""Options and helpers shared by the commands.
+
+The shared options (``--device --batch-size --seed --out --debug``) are one table, ``SHARED_OPTIONS``. Each
+command names the ones it takes, with its own defaults (``add_shared``); they may be given before or after
+the command's name (``vitscope --device cpu demo`` = ``vitscope demo --device cpu``), and one given before
+a command that does not take it is refused rather than ignored.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 from pathlib import Path
+from typing import Any
+
+SHARED_OPTIONS: dict[str, dict[str, Any]] = {
+    "device": {"metavar": "DEVICE", "help": "auto, cpu, cuda or cuda:N"},
+    "batch_size": {"type": int, "metavar": "N", "help": "images per batch"},
+    "seed": {"type": int, "metavar": "SEED", "help": "random seed"},
+    "out": {"metavar": "DIR", "help": "output folder (created if missing)"},
+    "debug": {"action": "store_true", "help": "show the full traceback of an error"},
+}
+TOP_PREFIX = "top_"  # dests of the shared options given before the command name
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_shared(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+    """Add the shared options named in ``defaults`` (name -> this command's default) to a command's parser;
+    ``--debug`` is always added."""
+    defaults = {**defaults, "debug": False}
+    for name in defaults:
+        spec = dict(SHARED_OPTIONS[name])
+        if defaults[name] is not None and spec.get("action") is None:
+            spec["help"] = f"{spec['help']} (default: {defaults[name]})"
+        parser.add_argument(flag(name), dest=name, default=argparse.SUPPRESS, **spec)
+    parser.set_defaults(shared_defaults=defaults)
+
+
+def add_shared_to_top(parser: argparse.ArgumentParser) -> None:
+    """The shared options accepted before the command name (they apply to the command that follows)."""
+    for name, spec in SHARED_OPTIONS.items():
+        parser.add_argument(flag(name), dest=TOP_PREFIX + name, default=argparse.SUPPRESS, **spec)
+
+
+def resolve_shared(args: argparse.Namespace, command: str) -> None:
+    """Give each shared option its value: after the command name, else before it, else the command's
+    default; an option given before a command that does not take it is a ValueError."""
+    accepted = getattr(args, "shared_defaults", {"debug": False})
+    for name in SHARED_OPTIONS:
+        top = getattr(args, TOP_PREFIX + name, None)
+        if hasattr(args, TOP_PREFIX + name):
+            delattr(args, TOP_PREFIX + name)
+        if name not in accepted:
+            if top not in (None, False):
+                raise ValueError(f"{flag(name)} does not apply to `vitscope {command}`; drop it "
+                                 f"(see `vitscope {command} --help`)")
+            continue
+        if not hasattr(args, name):
+            setattr(args, name, top if top is not None else accepted[name])
+        elif name == "debug":
+            args.debug = args.debug or bool(top)
+
+
+def output_dir(path: str | Path) -> Path:
+    """``path`` as a folder that exists and can be written, else a ValueError naming it and the fix."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--out {folder} is an existing file, not a folder; pass a folder path "
+                         "(it is created if missing)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--out {folder} cannot be created ({err.strerror or err}); pass a folder you can "
+                         "write to") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {folder} is not writable; pass a folder you can write to")
+    return folder
+
+
+class _DropCudaNotice(logging.Filter):
+    """Drops torch's "No CUDA runtime is found" notice, logged whenever a CUDA toolkit is installed on a
+    machine without a GPU (it means nothing to a CPU run)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+def quiet_torch_notices() -> None:
+    """Keep torch's irrelevant CPU-run notices out of vitscope's output (idempotent)."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    if not any(isinstance(f, _DropCudaNotice) for f in logger.filters):
+        logger.addFilter(_DropCudaNotice())
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
-    """The options of every command that reads a model and a dataset."""
+    """The options of every command that reads a model and a dataset (model, data and the shared options)."""
     parser.add_argument("--model", default="vit-micro", help="preset, timm:NAME, or run folder / weights file")
     parser.add_argument("--weights", default=None, help="local weights file for the model")
     parser.add_argument("--dataset", default="synthetic", help="dataset name (synthetic needs no directory)")
     parser.add_argument("--data-dir", default=None, help="dataset folder or archive")
-    parser.add_argument("--num-images", type=int, default=None, help="use only the first N images")
+    parser.add_argument("--num-images", type=int, default=None,
+                        help="use a seeded class-stratified sample of N images (seed: --seed)")
     parser.add_argument("--download", action="store_true", help="fetch cifar10/cifar100 into --data-dir first")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="output folder")
+    add_shared(parser, device="auto", batch_size=128, seed=0, out=None)
 
 
 def add_model_changes(parser: argparse.ArgumentParser) -> None:
     """Options that modify a loaded model: input size, normaliser, registers."""
     parser.add_argument("--img-size", type=int, default=None,
-                        help="input side in pixels (resamples a timm ViT's positional embedding)")
+                        help="input side in pixels, a multiple of the patch size (positional embedding resampled)")
     parser.add_argument("--attention", default=None, help="swap the normaliser: softmax, sparsemax, entmax15, "
                                                           "entmax:ALPHA")
-    parser.add_argument("--num-registers", type=int, default=0, help="add R register tokens to a plain ViT")
+    parser.add_argument("--num-registers", type=int, default=0, help="add R >= 0 register tokens to a plain ViT")
 
 
 def prepare_analysis(args: argparse.Namespace, default_out: str):
@@ -37,17 +125,19 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     from vitscope.models import load
     from vitscope.provenance import provenance, resolve_device
 
+    out = output_dir(args.out or default_out)
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
-    dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download).subset(args.num_images)
-    options = {"attention": args.attention, "num_registers": args.num_registers}
-    if args.model.startswith("timm:") and args.img_size:
-        options["img_size"] = args.img_size
-    model = load(args.model, weights=args.weights, **options)
-    config = {k: v for k, v in vars(args).items() if k not in ("command", "analysis", "debug", "handler")}
+    model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
+                 img_size=args.img_size)
+    dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download)
+    dataset = dataset.subset(args.num_images, seed=args.seed)
+    config = {k: v for k, v in vars(args).items()
+              if k not in ("command", "analysis", "debug", "handler", "shared_defaults")}
     config["num_images"] = len(dataset)
-    meta = provenance(config=config, seed=args.seed, dataset=args.dataset, dataset_root=args.data_dir, device=device)
-    return device, dataset, model, Path(args.out or default_out), meta
+    meta = provenance(config=config, seed=args.seed, dataset=args.dataset, dataset_root=args.data_dir, device=device,
+                      subsets={"eval": dataset.selection})
+    return device, dataset, model, out, meta
 
 
 def print_files(files: dict[str, Path]) -> None:

@@ -1,21 +1,65 @@
-"""``vitscope demo``: the studies' demo presets on built-in data."""
+"""``vitscope demo [STUDY ...]``: each study's demo preset on built-in data, and an index of their reports.
+
+``DEMOS`` is the one table of demos: a study adds itself with one line naming a function
+``(out: Path, device: str, seed: int, batch_size: int | None) -> Path`` (the report it wrote). Bare
+``vitscope demo`` runs every demo in the table; each writes into ``OUT/<name>/`` and ``OUT/index.html``
+links every report present.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
-from vitscope.cli.study import run_locality_study
+from vitscope.cli.common import add_shared
+
+
+@dataclass(frozen=True)
+class Demo:
+    title: str
+    runner: str  # "module:function", imported only when the demo runs
+    minutes: float  # measured on 2 idle CPU cores (docs/benchmarks.md)
+
+
+DEMOS: dict[str, Demo] = {
+    "locality": Demo("Locality: does the training protocol make early layers attend locally? (arXiv 2605.16390)",
+                     "vitscope.cli.study:locality_demo", 3.5),
+}
 
 
 def register(commands) -> None:
-    demo = commands.add_parser("demo", help="the locality study's demo preset on built-in data (~10 min on a CPU)")
-    demo.add_argument("--out", default="vitscope-demo")
-    demo.add_argument("--device", default="auto")
+    total = sum(d.minutes for d in DEMOS.values())
+    demo = commands.add_parser(
+        "demo", help=f"every study's demo on built-in data, with an index.html (about {total:g} min, 2 idle cores)",
+        description="Runs the named demos (default: all) on built-in synthetic data. Minutes measured on 2 idle "
+                    "CPU cores: " + ", ".join(f"{n} {d.minutes:g}" for n, d in DEMOS.items()) + ".")
+    demo.add_argument("studies", nargs="*", metavar="STUDY", help=f"one or more of: {', '.join(DEMOS)} (default: all)")
+    add_shared(demo, device="auto", batch_size=None, seed=0, out="vitscope-demo")
     demo.set_defaults(handler=run)
 
 
+def selected(names: list[str]) -> list[str]:
+    """The demos to run, in table order; an unknown name is a ValueError listing the known ones."""
+    unknown = [n for n in names if n not in DEMOS]
+    if unknown:
+        raise ValueError(f"no demo named {', '.join(unknown)}; choose from {', '.join(DEMOS)} (or none for all)")
+    return [n for n in DEMOS if n in names] if names else list(DEMOS)
+
+
 def run(args: argparse.Namespace) -> int:
-    report = run_locality_study(conditions=["baseline", "baseline+cutmix"], seeds=[0], preset="demo",
-                                device=args.device, out=args.out)
-    print(f"report: {report.resolve()}")
+    from vitscope.report.index import write_index
+
+    out = Path(args.out)
+    for name in selected(args.studies):
+        module, function = DEMOS[name].runner.split(":")
+        started = time.perf_counter()
+        report = getattr(importlib.import_module(module), function)(out / name, args.device, args.seed,
+                                                                      args.batch_size)
+        minutes = (time.perf_counter() - started) / 60
+        print(f"{name}: {report.resolve()} ({minutes:.1f} min)")
+    index = write_index(out, {name: demo.title for name, demo in DEMOS.items()})
+    print(f"index: {index.resolve()}")
     return 0

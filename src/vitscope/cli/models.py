@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from vitscope.cli.common import add_shared
+
 
 def register(commands) -> None:
     parser = commands.add_parser("models", help="list model presets with parameter counts")
+    add_shared(parser)
     parser.set_defaults(handler=run)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vitscope.cli.common import add_shared
+
 
 def register(commands) -> None:
     study = commands.add_parser("study", help="run a study end to end")
@@ -13,16 +15,17 @@ def register(commands) -> None:
     loc.add_argument("--dataset", default="synthetic", help="cifar10, cifar100, tiny-imagenet, imagefolder, synthetic")
     loc.add_argument("--data-dir", default=None, help="dataset folder or archive")
     loc.add_argument("--conditions", default=None, help="baseline,modern | ablation | NAME,... (default by preset)")
-    loc.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
+    loc.add_argument("--seeds", default=None,
+                     help="comma-separated seeds, e.g. 0,1,2 (default 0; --seed N is --seeds N)")
     loc.add_argument("--epochs", type=int, default=None)
     loc.add_argument("--preset", default="demo", choices=["paper", "demo"])
-    loc.add_argument("--train-images", type=int, default=None, help="use only the first N training images")
-    loc.add_argument("--eval-images", type=int, default=None, help="analyse only the first N evaluation images")
-    loc.add_argument("--batch-size", type=int, default=None)
-    loc.add_argument("--device", default="auto")
-    loc.add_argument("--out", default="vitscope-study")
+    loc.add_argument("--train-images", type=int, default=None,
+                     help="train on a seeded class-stratified sample of N training images")
+    loc.add_argument("--eval-images", type=int, default=None,
+                     help="analyse a seeded class-stratified sample of N evaluation images")
     loc.add_argument("--launcher", default="local", choices=["local", "slurm"],
                      help="slurm: one submitit job per (condition, seed); needs the 'slurm' extra")
+    add_shared(loc, device="auto", batch_size=None, seed=None, out="vitscope-study")
     loc.set_defaults(handler=run_locality)
 
 
@@ -35,11 +38,20 @@ def run_locality_study(**options) -> Path:
     return build_report(study.out)
 
 
-def run_locality(args: argparse.Namespace) -> int:
+def parse_seeds(seeds: str | None, seed: int | None) -> list[int]:
+    """The study's seeds from ``--seeds 0,1,2`` or ``--seed N`` (not both); [0] when neither is given."""
+    if seeds is not None and seed is not None:
+        raise ValueError(f"--seeds {seeds} and --seed {seed} both given; use one (--seed N is --seeds N)")
+    if seeds is None:
+        return [0 if seed is None else seed]
     try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        return [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
-        raise ValueError(f"--seeds {args.seeds!r} must be comma-separated integers, e.g. 0,1,2") from None
+        raise ValueError(f"--seeds {seeds!r} must be comma-separated integers, e.g. 0,1,2") from None
+
+
+def run_locality(args: argparse.Namespace) -> int:
+    seeds = parse_seeds(args.seeds, args.seed)
     conditions = args.conditions.split(",") if args.conditions else None  # None: the preset's default
     report = run_locality_study(dataset=args.dataset, data_dir=args.data_dir, conditions=conditions,
                                 seeds=seeds, preset=args.preset,
@@ -48,3 +60,9 @@ def run_locality(args: argparse.Namespace) -> int:
                                 launcher=args.launcher)
     print(f"report: {report}")
     return 0
+
+
+def locality_demo(out: Path, device: str, seed: int, batch_size: int | None) -> Path:
+    """The locality study's demo: Baseline against Baseline + CutMix on synthetic scenes (the demo preset)."""
+    return run_locality_study(conditions=["baseline", "baseline+cutmix"], seeds=[seed], preset="demo",
+                              batch_size=batch_size, device=device, out=str(out))

@@ -7,6 +7,12 @@ import json
 import sys
 from pathlib import Path
 
+from vitscope.cli.common import add_shared
+
+# command-line flags that are shortcuts for config keys (flag dest -> TrainConfig key)
+CONFIG_FLAGS = {"dataset": "dataset", "data_dir": "data_dir", "out": "out", "device": "device",
+                "batch_size": "batch_size", "seed": "seed"}
+
 
 def register(commands) -> None:
     train = commands.add_parser("train", help="train a model from a config file (or resume a run)")
@@ -14,29 +20,41 @@ def register(commands) -> None:
     train.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key (repeatable; dotted keys reach into model_options)")
     train.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run")
-    train.add_argument("--out", default=None, help="run folder (same as --set out=DIR)")
-    train.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N")
+    train.add_argument("--dataset", default=None, help="dataset name (same as --set dataset=NAME)")
+    train.add_argument("--data-dir", default=None, help="dataset folder or archive (same as --set data_dir=PATH)")
+    add_shared(train, device=None, batch_size=None, seed=None, out=None)
+    train.epilog = ("--dataset, --data-dir, --device, --batch-size, --seed and --out override the config's keys "
+                    "of the same name; --set KEY=VALUE overrides any key")
     train.set_defaults(handler=run)
+
+
+def shortcuts(args: argparse.Namespace) -> list[str]:
+    """``key=value`` overrides from the flags that were given, in ``--set`` syntax (strings quoted, so that a
+    folder named ``2024`` or ``yes`` stays a string)."""
+    values = {key: getattr(args, flag) for flag, key in CONFIG_FLAGS.items() if getattr(args, flag, None) is not None}
+    return [f"{key}={json.dumps(value)}" for key, value in values.items()]
 
 
 def run(args: argparse.Namespace) -> int:
     from vitscope.train import TrainConfig, TrainingInterrupted, load_config, train
     from vitscope.train.config import apply_overrides
 
-    shortcuts = [f"{key}={value}" for key, value in (("out", args.out), ("device", args.device)) if value]
+    flags = shortcuts(args)
     if args.resume:
         saved = Path(args.resume) / "config.json"
         if not saved.is_file():
             raise FileNotFoundError(f"{saved} does not exist; --resume needs a run folder written by vitscope train")
-        values = apply_overrides(json.loads(saved.read_text())["config"], shortcuts + args.assignments)
+        values = apply_overrides(json.loads(saved.read_text())["config"], flags + args.assignments)
         values["out"] = str(args.resume)
         cfg = TrainConfig.from_dict(values)
     else:
-        cfg = load_config(args.config, args.assignments + shortcuts)
+        cfg = load_config(args.config, args.assignments + flags)
     try:
         summary = train(cfg, resume=bool(args.resume))
     except TrainingInterrupted as err:
         print(f"vitscope: {err}", file=sys.stderr)
         return 130
-    print(f"top-1 {summary['eval']['top1']:.4f} after {summary['epochs']} epochs; run folder {summary['run_dir']}")
+    epochs = summary["epochs"]
+    print(f"top-1 {summary['eval']['top1']:.4f} after {epochs} epoch{'' if epochs == 1 else 's'}; "
+          f"run folder {summary['run_dir']}")
     return 0

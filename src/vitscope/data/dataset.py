@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -16,6 +18,7 @@ class ImageDataset:
     ``images`` is uint8 (N, C, H, W); ``labels`` int64 (N,); ``classes`` the class names; ``mean`` and
     ``std`` the per-channel statistics (in [0, 1] units) used to normalise model inputs. ``extras`` may
     hold dense targets such as ``boxes`` (N, 4) pixels x0, y0, x1, y1, ``masks`` (N, H, W) and ``depth``.
+    ``selection`` describes how a subset was drawn (None for the whole split); runs record it in provenance.
     """
 
     name: str
@@ -27,6 +30,7 @@ class ImageDataset:
     std: tuple[float, ...]
     root: str | None = None
     extras: dict[str, Tensor] = field(default_factory=dict)
+    selection: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.images.dtype != torch.uint8 or self.images.ndim != 4:
@@ -48,13 +52,46 @@ class ImageDataset:
     def image_size(self) -> int:
         return int(self.images.shape[-1])
 
-    def subset(self, count: int | None) -> ImageDataset:
-        """The first ``count`` images (all when None)."""
+    def subset(self, count: int | None, seed: int = 0) -> ImageDataset:
+        """A seeded, class-stratified sample of ``count`` images (the whole set when None or >= its size).
+
+        Each class keeps its share of ``count`` (largest remainders, ties broken by the seed), drawn at
+        random within the class; the same seed gives the same images. Images keep their dataset order.
+        ``selection`` of the result records the count, seed, method and a digest of the chosen indices.
+        """
         if count is None or count >= len(self):
             return self
-        extras = {k: v[:count] for k, v in self.extras.items()}
-        return ImageDataset(self.name, self.split, self.images[:count], self.labels[:count], self.classes,
-                            self.mean, self.std, self.root, extras)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"subset size {count!r} must be a positive integer (or None for all images)")
+        index = stratified_indices(self.labels, count, seed)
+        extras = {k: v[index] for k, v in self.extras.items()}
+        selection = {"method": "class-stratified", "count": count, "of": len(self), "seed": seed,
+                     "indices_sha1": hashlib.sha1(index.numpy().tobytes()).hexdigest()}
+        if self.selection is not None:
+            selection["from"] = self.selection
+        return ImageDataset(self.name, self.split, self.images[index], self.labels[index], self.classes,
+                            self.mean, self.std, self.root, extras, selection)
+
+
+def stratified_indices(labels: Tensor, count: int, seed: int) -> Tensor:
+    """Sorted indices (count,) of a seeded sample with each class's share of ``count`` (labels (N,) int64).
+
+    Quotas are ``count * class_size / N`` rounded down; the leftover images go to the classes with the
+    largest remainders, ties in a seeded random order (so a sample smaller than the class count is not
+    always the first classes)."""
+    generator = torch.Generator().manual_seed(seed)
+    classes, sizes = torch.unique(labels, return_counts=True)
+    exact = sizes.double() * count / len(labels)
+    quota = exact.floor().long()
+    order = torch.randperm(len(classes), generator=generator)
+    remainder = (exact - quota)[order]
+    winners = order[torch.argsort(remainder, descending=True, stable=True)][: count - int(quota.sum())]
+    quota[winners] += 1
+    chosen = []
+    for cls, take in zip(classes.tolist(), quota.tolist(), strict=True):
+        members = torch.nonzero(labels == cls).flatten()
+        chosen.append(members[torch.randperm(len(members), generator=generator)[:take]])
+    return torch.sort(torch.cat(chosen)).values
 
 
 def normalize(images: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:

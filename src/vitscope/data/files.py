@@ -7,9 +7,13 @@ folder is looked into.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import io
+import os
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
@@ -23,8 +27,36 @@ ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 SPLIT_FOLDERS = {"train", "test", "val", "eval", "validation"}
 
 
+# what tarfile, gzip and zipfile raise on a truncated or damaged archive
+_BROKEN_ARCHIVE = (EOFError, tarfile.ReadError, zipfile.BadZipFile, gzip.BadGzipFile, zlib.error)
+
+
 def is_archive(path: Path) -> bool:
     return path.is_file() and path.name.lower().endswith(ARCHIVE_SUFFIXES)
+
+
+def broken_archive(path: Path, err: Exception) -> ValueError:
+    """The error for an archive that cannot be read to its end: the file, the cause and the fix."""
+    return ValueError(f"archive {path} is truncated or corrupt ({type(err).__name__}: {err}); re-download it or "
+                      "re-create it from the image folder (e.g. tar czf NAME.tar.gz FOLDER)")
+
+
+def fingerprint(root: str | Path) -> str:
+    """A digest that changes whenever any file below ``root`` changes: every file's relative path, size and
+    modification time for a folder; the file's own size and modification time for an archive."""
+    root = Path(root).expanduser().resolve()
+    digest = hashlib.sha1(str(root).encode())
+    if root.is_file():
+        stat = root.stat()
+        digest.update(f"\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+        return digest.hexdigest()
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            stat = os.stat(path)
+            digest.update(f"\0{os.path.relpath(path, root)}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
 
 
 class FileTree:
@@ -50,11 +82,14 @@ class FileTree:
         self.prefix = self._single_top_folder()
 
     def _archive_members(self) -> list[str]:
-        if self.root.name.lower().endswith(".zip"):
-            self._archive = zipfile.ZipFile(self.root)
-            return sorted(n for n in self._archive.namelist() if not n.endswith("/"))
-        self._archive = tarfile.open(self.root)
-        return sorted(m.name for m in self._archive.getmembers() if m.isfile())
+        try:
+            if self.root.name.lower().endswith(".zip"):
+                self._archive = zipfile.ZipFile(self.root)
+                return sorted(n for n in self._archive.namelist() if not n.endswith("/"))
+            self._archive = tarfile.open(self.root)
+            return sorted(m.name for m in self._archive.getmembers() if m.isfile())
+        except _BROKEN_ARCHIVE as err:
+            raise broken_archive(self.root, err) from None
 
     def _single_top_folder(self) -> str:
         """Descend while the tree holds a single folder and nothing else, stopping at split folders."""
@@ -80,18 +115,24 @@ class FileTree:
         full = self.prefix + path
         if self._archive is None:
             return (self.root / full).read_bytes()
-        if isinstance(self._archive, zipfile.ZipFile):
-            return self._archive.read(full)
-        return self._archive.extractfile(full).read()
+        try:
+            if isinstance(self._archive, zipfile.ZipFile):
+                return self._archive.read(full)
+            return self._archive.extractfile(full).read()
+        except _BROKEN_ARCHIVE as err:
+            raise broken_archive(self.root, err) from None
 
     def read_many(self, paths: list[str]) -> Iterator[tuple[str, bytes]]:
         """(path, bytes) for each path, in one sequential pass over an archive."""
         if isinstance(self._archive, tarfile.TarFile):
             wanted = {self.prefix + p for p in paths}
             found = {}
-            for member in self._archive:
-                if member.name in wanted:
-                    found[member.name[len(self.prefix):]] = self._archive.extractfile(member).read()
+            try:
+                for member in self._archive:
+                    if member.name in wanted:
+                        found[member.name[len(self.prefix):]] = self._archive.extractfile(member).read()
+            except _BROKEN_ARCHIVE as err:
+                raise broken_archive(self.root, err) from None
             for path in paths:
                 yield path, found[path]
         else:

@@ -8,8 +8,9 @@ Supported layouts (a folder, or a .zip / .tar / .tar.gz holding one):
 * ``imagefolder``: any ``<split>/<class>/*`` tree (``train``; ``test`` or ``val`` for eval);
 * ``synthetic``: the generated scenes (no directory).
 
-Decoded images are cached as uint8 tensors (safetensors) in ``$VITSCOPE_CACHE`` (default
-``~/.cache/vitscope``), so no image is decoded twice.
+Decoded images are cached as uint8 tensors (safetensors) in ``$VITSCOPE_CACHE/datasets`` (default
+``~/.cache/vitscope``), keyed by the path, size and modification time of every file of the tree (or of the
+archive), so no image is decoded twice and an edited tree is decoded afresh.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from vitscope.data.dataset import ImageDataset
-from vitscope.data.files import IMAGE_SUFFIXES, FileTree, decode_images
+from vitscope.data.files import IMAGE_SUFFIXES, FileTree, decode_images, fingerprint
 from vitscope.data.synthetic import synthetic_scenes
 from vitscope.files import atomic_path, cache_root
 
@@ -39,7 +40,7 @@ _STATS = {
 }
 _IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 _CLASS_COUNTS = {"cifar10": 10, "cifar100": 100, "tiny-imagenet": 200}
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 _FOLDER_HELP = "expected <root>/train/<class>/<image> and <root>/test/<class>/<image> (or val/)"
 
 
@@ -55,8 +56,9 @@ def cache_dir() -> Path:
 
 
 def _cache_path(name: str, split: str, root: Path, image_size: int | None) -> Path:
-    stat = root.stat()
-    key = json.dumps([_CACHE_VERSION, name, split, str(root.resolve()), stat.st_mtime_ns, stat.st_size, image_size])
+    """The decoded copy of ``split``, keyed by every file below ``root`` (or the archive's size and mtime):
+    a changed, added or removed file gives a new key, so a stale copy is never read."""
+    key = json.dumps([_CACHE_VERSION, name, split, fingerprint(root), image_size])
     return cache_dir() / f"{name}-{split}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.safetensors"
 
 

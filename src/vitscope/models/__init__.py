@@ -11,6 +11,7 @@ from vitscope.models.checkpoint import load_model, load_weights, save_model
 from vitscope.models.config import ViTConfig
 from vitscope.models.layout import TokenLayout
 from vitscope.models.presets import PRESETS, count_parameters, create, preset_config
+from vitscope.models.resize import check_img_size, resize_input
 from vitscope.models.sites import AttentionSite, attention_sites, token_layout
 from vitscope.models.vit import VisionTransformer
 
@@ -21,11 +22,13 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
 
     Presets and timm architectures start from random weights unless ``weights`` names a local file (timm
     or original-repository key names for timm models). ``attention``, ``num_registers`` and ``img_size``
-    modify the model: for vitscope models they are config options; timm models are built with vitscope's
-    attention and timm's registers (``vitscope.models.timm_adapter``), and the positional embedding is
-    resampled.
+    modify the model: for vitscope models the normaliser and registers are config options; timm models are built
+    with vitscope's attention and timm's registers (``vitscope.models.timm_adapter``). ``img_size`` (pixels, a
+    multiple of the patch size) resamples the positional embedding of loaded weights, for every kind of spec.
     """
     spec = str(spec)
+    if isinstance(num_registers, bool) or not isinstance(num_registers, int) or num_registers < 0:
+        raise ValueError(f"num_registers={num_registers!r} must be an integer >= 0 (0 adds none)")
     if spec.startswith("timm:"):
         from vitscope.models.timm_adapter import create_timm, load_timm_weights, resize
 
@@ -33,28 +36,32 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
         if weights is not None:
             load_timm_weights(model, weights)
         return resize(model, img_size)
-    vit_options = {k: v for k, v in (("attention", attention), ("img_size", img_size)) if v is not None}
+    vit_options = {k: v for k, v in (("attention", attention),) if v is not None}
     if num_registers:
         vit_options["num_registers"] = num_registers
     overrides = {**overrides, **vit_options}
     if spec in PRESETS:
+        if weights is None and img_size is not None:  # random weights: build at the size directly
+            check_img_size(img_size, preset_config(spec, **overrides).patch_size, spec)
+            return create(spec, img_size=img_size, **overrides)
         model = create(spec, **overrides)
+        if weights is not None:
+            load_weights(model, weights)
     elif Path(spec).exists():
         if weights is not None:
             raise ValueError(f"{spec} already holds weights; drop weights={weights!r}")
-        return load_model(spec, **overrides)
+        model = load_model(spec, **overrides)
     else:
         raise ValueError(
             f"unknown model spec {spec!r}; use a preset ({', '.join(PRESETS)}), timm:NAME, "
             "or the path of a vitscope run folder or .safetensors file"
         )
-    if weights is not None:
-        load_weights(model, weights)
-    return model
+    return model if img_size is None else resize_input(model, img_size)
 
 
 __all__ = [
     "PRESETS", "AttentionSite", "TokenLayout", "ViTConfig", "VisionTransformer", "attention_sites",
-    "count_parameters", "create", "load", "load_model", "load_weights", "preset_config", "save_model",
+    "check_img_size", "count_parameters", "create", "load", "load_model", "load_weights", "preset_config",
+    "resize_input", "save_model",
     "token_layout",
 ]

@@ -22,6 +22,7 @@ from torch import nn
 
 from vitscope.attention import Attention
 from vitscope.models.checkpoint import load_weights
+from vitscope.models.resize import check_img_size
 from vitscope.models.sites import is_timm_vit_attention
 
 # The submodules of timm's ViT Attention that vitscope's Attention reproduces, under the same names.
@@ -118,5 +119,7 @@ def resize(model: nn.Module, img_size: int | None) -> nn.Module:
     if img_size is not None and fixed_size:
         if not hasattr(model, "set_input_size"):
             raise ValueError(f"{type(model).__name__} cannot change its input size; drop img_size=")
+        patch = model.patch_embed.patch_size
+        check_img_size(img_size, int(patch[0] if isinstance(patch, tuple | list) else patch), type(model).__name__)
         model.set_input_size(img_size=img_size)
     return model

@@ -10,17 +10,32 @@ from vitscope.analyze import LocalityResult
 from vitscope.analyze.inputs import model_batches
 from vitscope.analyze.norms import NormsResult
 from vitscope.data import ImageDataset
-from vitscope.report.figures import behaviour_space, per_layer
+from vitscope.models import token_layout
+from vitscope.report.figures import behaviour_space, per_layer, uniform_mad
 from vitscope.report.norm_figures import high_norm_maps, norm_histograms
 
 MAX_MAP_IMAGES = 16
 
 
-def locality_figures(result: LocalityResult, label: str, out: Path, unit: str) -> dict[str, Path]:
-    """The behaviour space (MAD against entropy per head) and MAD per layer."""
+def locality_figures(result: LocalityResult, model: nn.Module, label: str, out: Path, unit: str
+                     ) -> dict[str, Path]:
+    """The behaviour space (MAD against entropy per head) and MAD per layer, with the uniform-attention MAD
+    drawn as a reference for plain ViTs."""
     mad, entropy = result.stats.mad.numpy(), result.stats.entropy.numpy()
-    return {"figure": behaviour_space({label: (mad, entropy)}, out / "behaviour_space.png", unit=unit),
-            "per-layer": per_layer({label: mad}, f"MAD ({unit})", out / "mad_per_layer.png")}
+    uniform = plain_uniform_mad(model, unit)
+    return {"figure": behaviour_space({label: (mad, entropy)}, out / "behaviour_space.png", unit=unit,
+                                      uniform=uniform),
+            "per-layer": per_layer({label: mad}, f"MAD ({unit})", out / "mad_per_layer.png", reference=uniform)}
+
+
+def plain_uniform_mad(model: nn.Module, unit: str) -> float | None:
+    """The uniform-attention MAD of a plain ViT's grid in ``unit``; None for hierarchical models (one grid per
+    stage), whose figures then show the entropy reference only."""
+    try:
+        layout = token_layout(model)
+    except (ValueError, AttributeError):
+        return None
+    return uniform_mad(layout.grid_size, unit, layout.patch_size)
 
 
 def norm_figures(result: NormsResult, model: nn.Module, dataset: ImageDataset, out: Path,

@@ -1,4 +1,9 @@
-"""Figures from locality statistics (matplotlib, Agg backend, PNG or SVG by file suffix)."""
+"""Figures from locality statistics (matplotlib, Agg backend, PNG or SVG by file suffix).
+
+Every MAD or entropy axis starts at 0 and shows the uniform-attention reference (entropy 1; MAD of uniform
+attention on the grid, 0.4178 normalised on 8x8), so that values sitting at "no structure" read as such and a
+tiny spread is not blown up to fill the axis.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,27 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 from vitscope.files import atomic_path  # noqa: E402
+from vitscope.metrics.locality import grid_distances  # noqa: E402
+
+REFERENCE_STYLE = {"color": "grey", "ls": "--", "lw": 1}
+
+
+def uniform_mad(grid_size: tuple[int, int], unit: str = "normalized", patch_size: int | None = None) -> float:
+    """MAD of uniform patch-to-patch attention on a (rows, cols) grid: mean pairwise centre distance, in
+    ``unit`` (normalized: divided by the largest distance; pixel: times ``patch_size``)."""
+    distances = grid_distances(tuple(grid_size)).double()
+    value = float(distances.mean())
+    if unit == "normalized":
+        return value / float(distances.max())
+    return value * (patch_size or 1) if unit == "pixel" else value
+
+
+def _upper(values: np.ndarray, reference: float | None, floor: float = 0.0) -> float:
+    """Axis top: the data and the reference with a margin (never zoomed onto the data's spread)."""
+    finite = np.asarray(values, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    top = max(floor, float(finite.max(initial=0.0)), reference or 0.0)
+    return top * 1.1 if top > 0 else 1.0
 
 
 def save_figure(fig, path: str | Path) -> Path:
@@ -26,11 +52,14 @@ def save_figure(fig, path: str | Path) -> Path:
 
 
 def behaviour_space(panels: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | Path,
-                    unit: str = "normalized") -> Path:
+                    unit: str = "normalized", uniform: float | None = None) -> Path:
     """MAD (x) against normalised entropy (y): one point per head, coloured by layer, one panel per entry
-    (title -> (mad, entropy), each (layers, heads)), with the per-layer mean path drawn through it."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False, sharey=True)
+    (title -> (mad, entropy), each (layers, heads)), with the per-layer mean path drawn through it. Entropy
+    spans [0, 1] with the uniform line at 1; ``uniform`` (MAD of uniform attention, in ``unit``) is drawn too."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False, sharey=True,
+                             sharex=True)
     cmap = plt.get_cmap("viridis")
+    right = _upper(np.concatenate([np.ravel(m) for m, _ in panels.values()]), uniform)
     for ax, (title, (mad, ent)) in zip(axes[0], panels.items(), strict=True):
         depth = mad.shape[0]
         for layer in range(depth):
@@ -38,22 +67,32 @@ def behaviour_space(panels: Mapping[str, tuple[np.ndarray, np.ndarray]], path: s
                        label=f"layer {layer + 1}", edgecolors="none", alpha=0.8)
         ax.plot(np.nanmean(mad, axis=1), np.nanmean(ent, axis=1), color="black", lw=1, marker=".",
                 label="layer mean")
+        ax.axhline(1.0, **REFERENCE_STYLE, label="uniform attention")
+        if uniform is not None:
+            ax.axvline(uniform, **REFERENCE_STYLE)
+        ax.set_xlim(0, right)
+        ax.set_ylim(0, 1.05)
         ax.set_title(title)
         ax.set_xlabel(f"mean attention distance ({unit})")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("normalised entropy")
-    axes[0][-1].legend(fontsize=7, loc="best")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
     return save_figure(fig, path)
 
 
-def per_layer(curves: Mapping[str, np.ndarray], ylabel: str, path: str | Path) -> Path:
-    """Mean over heads per layer for each condition (title -> (layers, heads)), head range shaded."""
+def per_layer(curves: Mapping[str, np.ndarray], ylabel: str, path: str | Path, reference: float | None = None,
+              reference_label: str = "uniform attention") -> Path:
+    """Mean over heads per layer for each condition (title -> (layers, heads)), head range shaded; the y axis
+    starts at 0 and shows ``reference`` (e.g. the uniform-attention value) as a dashed line."""
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for title, values in curves.items():
         layers = np.arange(1, values.shape[0] + 1)
         line = ax.plot(layers, np.nanmean(values, axis=1), marker="o", ms=3, label=title)[0]
         ax.fill_between(layers, np.nanmin(values, axis=1), np.nanmax(values, axis=1), color=line.get_color(),
                         alpha=0.12)
+    if reference is not None:
+        ax.axhline(reference, **REFERENCE_STYLE, label=f"{reference_label} ({reference:.4g})")
+    ax.set_ylim(0, _upper(np.concatenate([np.ravel(v) for v in curves.values()]), reference))
     ax.set_xlabel("layer")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
@@ -62,10 +101,14 @@ def per_layer(curves: Mapping[str, np.ndarray], ylabel: str, path: str | Path) -
     return save_figure(fig, path)
 
 
-def accuracy_vs_locality(points: Sequence[dict], path: str | Path) -> Path:
+def accuracy_vs_locality(points: Sequence[dict], path: str | Path, uniform: float | None = None) -> Path:
     """Accuracy against minimum early-layer MAD, one point per condition (mean +- std over seeds),
-    filled markers for conditions with CutMix."""
+    filled markers for conditions with CutMix; x from 0 with the uniform-attention MAD drawn."""
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    if uniform is not None:
+        ax.axvline(uniform, **REFERENCE_STYLE, label=f"uniform attention ({uniform:.4g})")
+        ax.legend(fontsize=7, loc="lower left")
+    ax.set_xlim(0, _upper(np.asarray([p["min_early_mad"] for p in points]), uniform))
     for p in points:
         marker = "o" if p["cutmix"] else "s"
         face = "C3" if p["cutmix"] else "white"
@@ -81,27 +124,36 @@ def accuracy_vs_locality(points: Sequence[dict], path: str | Path) -> Path:
 
 
 def attention_examples(image: np.ndarray, maps: Mapping[str, np.ndarray], grid: tuple[int, int], prefix: int,
-                       path: str | Path) -> Path:
+                       path: str | Path, title: str | None = None, vmax: float | None = None) -> Path:
     """One image and, per layer (name -> (heads, T, T)), each head's CLS attention and the attention of
-    the centre patch query, on the patch grid."""
+    the centre patch query, on the patch grid. Every map shares one colour scale, 0 to ``vmax`` (default: the
+    largest value shown; pass one value to compare figures), shown by a colour bar; ``title`` names the grid."""
     gh, gw = grid
     heads = next(iter(maps.values())).shape[0]
     rows = 2 * len(maps)
-    fig, axes = plt.subplots(rows, heads + 1, figsize=(1.3 * (heads + 1), 1.35 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, heads + 1, figsize=(1.3 * (heads + 1) + 0.6, 1.35 * rows + 0.4), squeeze=False)
     query = prefix + (gh // 2) * gw + gw // 2
+    shown = {}
     for r, (name, attn) in enumerate(maps.items()):
         for kind, row in (("CLS", 2 * r), ("centre patch", 2 * r + 1)):
-            axes[row][0].imshow(image)
-            axes[row][0].set_title(f"{name}\n{kind}", fontsize=7)
-            if kind == "centre patch":
-                cy, cx = (gh // 2 + 0.5) * image.shape[0] / gh, (gw // 2 + 0.5) * image.shape[1] / gw
-                axes[row][0].plot([cx], [cy], "r+", ms=8)
-            for h in range(heads):
-                source = 0 if kind == "CLS" and prefix > 0 else query
-                values = attn[h, source, prefix:].reshape(gh, gw)
-                axes[row][h + 1].imshow(values, cmap="magma")
-                axes[row][h + 1].set_title(f"head {h + 1}", fontsize=7)
+            source = 0 if kind == "CLS" and prefix > 0 else query
+            shown[row] = (name, kind, [attn[h, source, prefix:].reshape(gh, gw) for h in range(heads)])
+    top = vmax if vmax is not None else max(float(np.max(v)) for _, _, values in shown.values() for v in values)
+    last_map = None
+    for row, (name, kind, values) in shown.items():
+        axes[row][0].imshow(image)
+        axes[row][0].set_title(f"{name}\n{kind} query", fontsize=7)
+        if kind == "centre patch":
+            cy, cx = (gh // 2 + 0.5) * image.shape[0] / gh, (gw // 2 + 0.5) * image.shape[1] / gw
+            axes[row][0].plot([cx], [cy], "r+", ms=8)
+        for h, value in enumerate(values):
+            last_map = axes[row][h + 1].imshow(value, cmap="magma", vmin=0.0, vmax=top)
+            axes[row][h + 1].set_title(f"head {h + 1}", fontsize=7)
     for ax in axes.ravel():
         ax.set_xticks([])
         ax.set_yticks([])
+    bar = fig.colorbar(last_map, ax=axes.ravel().tolist(), shrink=0.8, pad=0.02)
+    bar.set_label(f"attention probability (uniform over patches = 1/{gh * gw})", fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
     return save_figure(fig, path)

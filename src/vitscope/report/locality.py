@@ -1,5 +1,9 @@
 """The locality study's report: figures (PNG) and one self-contained ``report.html``, built only from the
-study's own files (``results.json`` and each run's ``attention_examples.safetensors``)."""
+study's own files (``results.json`` and each run's ``attention_examples.safetensors``).
+
+The report opens with a verdict per paper claim (``studies.locality_verdicts``), prints each comparison once,
+draws the uniform-attention reference on every MAD and entropy axis, and lists every run's settings.
+"""
 
 from __future__ import annotations
 
@@ -17,19 +21,27 @@ from vitscope.files import atomic_write_bytes
 from vitscope.metrics import early_layers
 from vitscope.report import figures
 from vitscope.studies.locality_results import PAPER
+from vitscope.studies.locality_verdicts import distinct, judge
 from vitscope.train.protocols import parse_protocol
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;margin:1em 0}
-.note{background:#fff8e1;border-left:4px solid #f0b400;padding:.6em 1em}code{background:#f3f3f3;padding:0 3px}"""
+.note{background:#fff8e1;border-left:4px solid #f0b400;padding:.6em 1em}code{background:#f3f3f3;padding:0 3px}
+.reproduced{color:#1b7a1b}.not-reproduced{color:#b00020}.inconclusive{color:#8a6d00}li{margin:.5em 0}"""
+EXAMPLE_IMAGES = 2  # example images per condition in the report
 
 
 def _fmt(value: Any) -> str:
+    """A table cell: 4 significant digits (1e-05, not 0.0000), '-' for a missing value, lists joined."""
+    if value is None:
+        return "-"
     if isinstance(value, float):
-        return "n/a" if value != value else f"{value:.4f}"
-    if isinstance(value, list):
-        return ", ".join(map(str, value))
+        return "n/a" if value != value else f"{value:.4g}"
+    if isinstance(value, list | tuple):
+        return ", ".join(_fmt(v) for v in value)
+    if isinstance(value, dict):
+        return html.escape(json.dumps(value))
     return html.escape(str(value))
 
 
@@ -52,36 +64,58 @@ def _stack(runs: list[dict[str, Any]], metric: str) -> np.ndarray:
     return np.concatenate([np.asarray(r[metric], dtype=float) for r in runs], axis=1)
 
 
+def _early(results: dict[str, Any]) -> list[int]:
+    return early_layers(len(results["runs"][0]["layers"]), results["provenance"]["config"].get("early_layers"))
+
+
+def _uniform(results: dict[str, Any]) -> float:
+    return figures.uniform_mad(tuple(results["runs"][0]["grid_size"]))
+
+
+def _example_maps(tensors: dict[str, np.ndarray], index: int) -> dict[str, np.ndarray]:
+    return {"layer 1": tensors["layer1"][index], "layer 2": tensors["layer2"][index]}
+
+
+def _shared_vmax(examples: dict[str, tuple[dict[str, Any], dict[str, np.ndarray]]]) -> float | None:
+    """The largest attention probability to a patch key in the example maps the report shows."""
+    peaks = [float(np.max(layer[..., run["num_prefix_tokens"]:]))
+             for run, tensors in examples.values() for i in range(min(EXAMPLE_IMAGES, len(tensors["images"])))
+             for layer in _example_maps(tensors, i).values()]
+    return max(peaks, default=None)
+
+
 def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     """Write every figure of the report into ``out/figures`` and return their paths."""
     fig_dir = out / "figures"
     runs = results["runs"]
+    uniform = _uniform(results)
     conditions = list(dict.fromkeys(r["condition"] for r in runs))
     by_cond = {c: [r for r in runs if r["condition"] == c] for c in conditions}
     space = {c: (_stack(rs, "mad"), _stack(rs, "entropy")) for c, rs in by_cond.items()}
     paths = {
-        "behaviour": figures.behaviour_space(space, fig_dir / "behaviour_space.png"),
+        "behaviour": figures.behaviour_space(space, fig_dir / "behaviour_space.png", uniform=uniform),
         "mad": figures.per_layer({c: _stack(rs, "mad") for c, rs in by_cond.items()}, "MAD (normalized)",
-                                 fig_dir / "mad_per_layer.png"),
+                                 fig_dir / "mad_per_layer.png", reference=uniform),
         "entropy": figures.per_layer({c: _stack(rs, "entropy") for c, rs in by_cond.items()}, "normalised entropy",
-                                     fig_dir / "entropy_per_layer.png"),
+                                     fig_dir / "entropy_per_layer.png", reference=1.0),
     }
     points = [{"condition": row["condition"], "accuracy": row["accuracy_mean"], "accuracy_std": row["accuracy_std"],
                "min_early_mad": row["min_early_mad_mean"], "min_early_mad_std": row["min_early_mad_std"],
                "cutmix": "cutmix" in parse_protocol(row["condition"])} for row in results["summary"]]
     if all(p["accuracy"] is not None for p in points):
-        paths["accuracy"] = figures.accuracy_vs_locality(points, fig_dir / "accuracy_vs_locality.png")
+        paths["accuracy"] = figures.accuracy_vs_locality(points, fig_dir / "accuracy_vs_locality.png", uniform=uniform)
+    examples = {}
     for condition, rs in by_cond.items():
         example = out / "runs" / condition / f"seed-{rs[0]['seed']}" / "attention_examples.safetensors"
-        if not example.is_file():
-            continue
-        tensors = load_file(str(example))
-        for i in range(min(2, len(tensors["images"]))):
-            maps = {"layer 1": tensors["layer1"][i], "layer 2": tensors["layer2"][i]}
-            image = tensors["images"][i].transpose(1, 2, 0)
+        if example.is_file():
+            examples[condition] = (rs[0], load_file(str(example)))
+    vmax = _shared_vmax(examples)  # one colour scale for every example figure, so that conditions compare by eye
+    for condition, (run, tensors) in examples.items():
+        for i in range(min(EXAMPLE_IMAGES, len(tensors["images"]))):
             paths[f"examples:{condition}:{i}"] = figures.attention_examples(
-                image, maps, tuple(rs[0]["grid_size"]), rs[0]["num_prefix_tokens"],
-                fig_dir / f"attention_{condition}_{i}.png")
+                tensors["images"][i].transpose(1, 2, 0), _example_maps(tensors, i), tuple(run["grid_size"]),
+                run["num_prefix_tokens"], fig_dir / f"attention_{condition}_{i}.png",
+                title=f"{condition} (seed {run['seed']}), image {i + 1}", vmax=vmax)
     return paths
 
 
@@ -92,32 +126,98 @@ def _count(number: int, noun: str) -> str:
 def _scale_note(results: dict[str, Any]) -> str:
     runs = results["runs"]
     train = runs[0]["train_config"]
-    layers = len(runs[0]["layers"])
-    early = [i + 1 for i in early_layers(layers, results["provenance"]["config"].get("early_layers"))]
+    epochs = sorted({r["train_config"]["epochs"] for r in runs})
+    early = [i + 1 for i in _early(results)]
     return (f"Measured on <b>{html.escape(results['provenance']['dataset'])}</b> with model "
             f"<code>{html.escape(train['model'])}</code> {html.escape(json.dumps(train['model_options']))}, "
-            f"{train['epochs']} epochs, batch {train['batch_size']}, {len(runs)} runs "
+            f"{' or '.join(_count(e, 'epoch') for e in epochs)}, batch {train['batch_size']}, {len(runs)} runs "
             f"({_count(len({r['condition'] for r in runs}), 'condition')} x "
             f"{_count(len({r['seed'] for r in runs}), 'seed')}), "
             f"each analysed on {runs[0]['num_images']} evaluation images. Early layers: {early}. "
             "The paper's numbers come from CIFAR-100 at full scale; this report claims only what this run shows.")
 
 
+def _judged(results: dict[str, Any]) -> list[dict[str, Any]]:
+    return [judge(c) for c in distinct(results["claims"])]
+
+
+def _name(claim: dict[str, Any]) -> str:
+    same = f" (here the same runs as: {'; '.join(claim['same_as'])})" if claim["same_as"] else ""
+    return claim["claim"] + same
+
+
+def _verdict_line(claim: dict[str, Any]) -> str:
+    measure = "minimum early-layer MAD" if claim["measure"] == "min_early_mad" else "top-1 accuracy"
+    few = min(claim["runs_with"], claim["runs_without"]) < 2
+    caveat = (" One run per side: the interval covers only the heads' spread, not training randomness; run "
+              "several seeds before drawing conclusions." if few else "")
+    css = claim["verdict"].replace(" ", "-")
+    return (f'<li><b class="{css}">{claim["verdict"].capitalize()}</b>: {html.escape(claim["paper"])}. '
+            f"Measured {measure} {claim['with']:.4g} with vs {claim['without']:.4g} without "
+            f"({claim['runs_with']} vs {claim['runs_without']} runs): difference {claim['difference']:+.4g}, "
+            f"95% interval {claim['ci95_low']:+.4g} to {claim['ci95_high']:+.4g}. Threshold: a difference of at least "
+            f"{claim['threshold']:g} ({html.escape(claim['unit'])}) in the paper's direction (paper: "
+            f"{claim['expected']:+g}).{caveat}</li>")
+
+
+def _uniform_note(results: dict[str, Any]) -> str:
+    """A plain warning when the early layers of every condition attend (almost) uniformly."""
+    early, uniform = _early(results), _uniform(results)
+    flat = []
+    for row in results["summary"]:
+        mad = np.nanmean([row[f"mad_layer{i + 1}_mean"] for i in early])
+        entropy = np.nanmean([row[f"entropy_layer{i + 1}_mean"] for i in early])
+        flat.append(abs(mad - uniform) < 0.03 and entropy > 0.95)
+    if not all(flat):
+        return ""
+    return (f"<p class='note'>In every condition the early layers attend almost uniformly (mean MAD within 0.03 of "
+            f"the uniform-attention value {uniform:.4f}, normalised entropy above 0.95): at this scale the models "
+            "have not learned spatial attention patterns, so a locality effect cannot show. Train longer or on "
+            "more data (the paper preset) before reading the MAD comparisons.</p>")
+
+
 def _verdicts(results: dict[str, Any]) -> str:
-    lines = []
-    for claim in results["claims"]:
-        if claim["measure"] != "min_early_mad" or "cutmix" not in claim["claim"]:
-            continue
-        direction = "lower" if claim["difference"] < 0 else "higher"
-        sure = "the 95% interval excludes zero" if claim["interval_excludes_zero"] else "the 95% interval includes zero"
-        seeds_note = ("; with a single run per side the interval reflects head sampling only, not training "
-                      "randomness: use several seeds" if min(claim["runs_with"], claim["runs_without"]) < 2 else "")
-        lines.append(f"<li>{html.escape(claim['claim'])}: minimum early-layer MAD {direction} by "
-                     f"{abs(claim['difference']):.4f} ({sure}{seeds_note}). For scale, the paper's gap between "
-                     "conditions with and without CutMix is about 0.2.</li>")
+    lines = [_verdict_line(c) for c in _judged(results) if c["paper"] is not None]
     if not lines:
-        return "<p>No CutMix comparison is possible with these conditions.</p>"
-    return "<ul>" + "".join(lines) + "</ul>"
+        return "<p>None of the paper's claims can be checked with these conditions (they need runs with and " \
+               "without CutMix or AutoAugment).</p>" + _uniform_note(results)
+    rule = ("<p>Verdicts: <b>reproduced</b> when the difference goes the paper's way by at least the threshold "
+            "(half the paper's effect) and its 95% interval excludes zero; <b>not reproduced</b> when the whole "
+            "interval stays short of the threshold; <b>inconclusive</b> otherwise. A difference far below the "
+            "threshold is not a finding, whatever its interval.</p>")
+    return "<ul>" + "".join(lines) + "</ul>" + _uniform_note(results) + rule
+
+
+def _settings(results: dict[str, Any]) -> str:
+    """Settings shared by every run in one table, then the settings that differ, per run."""
+    configs = [r["train_config"] for r in results["runs"]]
+    keys = list(dict.fromkeys(k for c in configs for k in c))
+    shared = [k for k in keys if all(json.dumps(c.get(k)) == json.dumps(configs[0].get(k)) for c in configs)]
+    varying = [k for k in keys if k not in shared]
+    per_run = [{"run": f"{r['condition']} seed {r['seed']}", **{k: r["train_config"].get(k) for k in varying}}
+               for r in results["runs"]]
+    return (f"<h3>Shared by all {len(configs)} runs</h3>"
+            + _table([{"setting": k, "value": configs[0].get(k)} for k in shared])
+            + "<h3>Per run</h3>" + _table(per_run, ["run", *varying]))
+
+
+def _subset(run: dict[str, Any]) -> str:
+    selection = run.get("eval_subset")
+    if not selection:
+        return f"all {run['num_images']}"
+    return f"{selection['count']} of {selection['of']} ({selection['method']}, seed {selection['seed']})"
+
+
+def _provenance(results: dict[str, Any]) -> list[dict[str, Any]]:
+    seeds = sorted({r["seed"] for r in results["runs"]})
+    rows = []
+    for key, value in results["provenance"].items():
+        if key == "config" or value in ({}, []):
+            continue
+        if key == "seed" and value is None:
+            value = f"per run: {', '.join(map(str, seeds))}"
+        rows.append({"field": key, "value": value})
+    return rows
 
 
 def build_report(out: str | Path) -> Path:
@@ -128,13 +228,17 @@ def build_report(out: str | Path) -> Path:
         raise FileNotFoundError(f"{results_file} does not exist; run the study first (vitscope study locality)")
     results = json.loads(results_file.read_text())
     paths = make_figures(out, results)
-    settings = results["runs"][0]["train_config"]
-    claims = [{k: c[k] for k in ("claim", "measure", "with", "without", "difference", "ci95_low", "ci95_high",
-                                 "runs_with", "runs_without")} for c in results["claims"]]
+    early = _early(results)
+    claims = [{"comparison": _name(c), "measure": c["measure"], "verdict": c["verdict"], "with": c["with"],
+               "without": c["without"], "difference": c["difference"], "ci95_low": c["ci95_low"],
+               "ci95_high": c["ci95_high"], "threshold": c["threshold"], "runs_with": c["runs_with"],
+               "runs_without": c["runs_without"]} for c in _judged(results)]
+    summary = [row | {"early_entropy_mean": float(np.nanmean([row[f"entropy_layer{i + 1}_mean"] for i in early]))}
+               for row in results["summary"]]
     per_run = [{"condition": r["condition"], "seed": r["seed"], "accuracy": r["accuracy"],
-                "min early MAD": float(np.nanmin(np.asarray(r["mad"], dtype=float)[
-                    early_layers(len(r["layers"]), results["provenance"]["config"].get("early_layers"))])),
-                "skipped (image, head)": int(np.sum(r["skipped"]))} for r in results["runs"]]
+                "min early MAD": float(np.nanmin(np.asarray(r["mad"], dtype=float)[early])),
+                "skipped (image, head)": int(np.sum(r["skipped"])), "evaluation images": _subset(r)}
+               for r in results["runs"]]
     examples = "".join(_img(p, k) for k, p in paths.items() if k.startswith("examples:"))
     sections = [
         "<h1>Locality study: does the training protocol make early layers attend locally?</h1>",
@@ -142,22 +246,23 @@ def build_report(out: str | Path) -> Path:
         "<h2>What this run shows</h2>", _verdicts(results),
         f"<p>Paper (arXiv 2605.16390): {html.escape(PAPER['cutmix_min_early_mad'])}; "
         f"{html.escape(PAPER['accuracy'])}.</p>",
-        "<h2>Claims checked</h2><p>Differences are (with) - (without); 95% bootstrap intervals resample seeds "
-        "and, for MAD, the heads of the early layers.</p>", _table(claims),
+        "<h2>Claims checked</h2><p>Each comparison once; differences are (with) - (without); 95% bootstrap "
+        "intervals resample seeds and, for MAD, the heads of the early layers.</p>", _table(claims),
         "<h2>Summary per condition</h2>",
-        _table(results["summary"], ["condition", "seeds", "accuracy_mean", "accuracy_std", "min_early_mad_mean",
-                                    "min_early_mad_std"]),
+        _table(summary, ["condition", "seeds", "accuracy_mean", "accuracy_std", "min_early_mad_mean",
+                         "min_early_mad_std", "early_entropy_mean"]),
         "<h2>Runs</h2>", _table(per_run),
-        "<h2>MAD-entropy behaviour space</h2>", _img(paths["behaviour"], "behaviour space"),
+        "<h2>MAD-entropy behaviour space</h2><p>Dashed lines: uniform attention (MAD "
+        f"{_uniform(results):.4f} normalised, entropy 1).</p>", _img(paths["behaviour"], "behaviour space"),
         "<h2>Per layer</h2>", _img(paths["mad"], "MAD per layer"), _img(paths["entropy"], "entropy per layer"),
     ]
     if "accuracy" in paths:
         sections += ["<h2>Accuracy against early-layer locality</h2>", _img(paths["accuracy"], "accuracy vs MAD")]
-    sections += ["<h2>Attention in layers 1-2 (CLS and the centre patch, per head)</h2>", examples or "<p>(none)</p>",
+    sections += ["<h2>Attention in layers 1-2 (CLS and the centre patch, per head)</h2><p>One colour scale for "
+                 "every map of every condition.</p>", examples or "<p>(none)</p>",
                  "<h2>Definitions</h2>", _table([{"quantity": k, "definition": v} for k, v in DEFINITIONS.items()]),
-                 "<h2>Settings</h2>", _table([{"setting": k, "value": v} for k, v in settings.items()]),
-                 "<h2>Provenance</h2>",
-                 _table([{"field": k, "value": v} for k, v in results["provenance"].items() if k != "config"])]
+                 "<h2>Settings</h2>", _settings(results),
+                 "<h2>Provenance</h2>", _table(_provenance(results))]
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>vitscope locality study</title>"
             f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>")
     return atomic_write_bytes(out / "report.html", page.encode())

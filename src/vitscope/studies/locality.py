@@ -117,6 +117,7 @@ def _train_and_measure(study: LocalityStudy, spec: RunSpec, device: str) -> dict
               "train_top1_eval": summary["eval"]["top1"], "layers": result.stats.layers,
               "mad": result.stats.mad.tolist(), "entropy": result.stats.entropy.tolist(),
               "skipped": result.stats.skipped.tolist(), "num_images": result.num_images,
+              "eval_subset": eval_set.selection,
               "num_prefix_tokens": model.num_prefix_tokens, "grid_size": list(model.grid_size),
               "patch_size": model.patch_size, "train_config": cfg.to_dict(), "schema_version": SCHEMA_VERSION}
     _save_examples(model, eval_set, run_dir / "attention_examples.safetensors", study.example_images, dev)

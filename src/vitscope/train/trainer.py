@@ -169,7 +169,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, resume: bool) -> dict[str, Any]:
                         smoothing=cfg.label_smoothing, cutmix_alpha=cfg.cutmix_alpha, mixup_alpha=cfg.mixup_alpha)
     if ctx.is_main:
         meta = provenance(config=cfg.to_dict(), seed=cfg.seed, dataset=cfg.dataset, dataset_root=cfg.data_dir,
-                          device=ctx.device, started=started)
+                          device=ctx.device, started=started,
+                          subsets={"train": train_set.selection, "eval": eval_set.selection})
         write_json(run_dir / "config.json", meta | {"world_size": ctx.world_size, "steps_per_epoch": steps_per_epoch})
     log = MetricsLog(run_dir, global_step if state is not None else None, enabled=ctx.is_main)
     images_dev, labels_dev = train_set.images.to(ctx.device), train_set.labels.to(ctx.device)
@@ -246,7 +247,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, resume: bool) -> dict[str, Any]:
                "eval": last_eval or evaluate(model, eval_set, cfg.batch_size, ctx, cfg.amp),
                "num_classes": train_set.num_classes, "train_images": len(train_set), "eval_images": len(eval_set),
                "provenance": provenance(config=cfg.to_dict(), seed=cfg.seed, dataset=cfg.dataset,
-                                        dataset_root=cfg.data_dir, device=ctx.device, started=started)}
+                                        dataset_root=cfg.data_dir, device=ctx.device, started=started,
+                                        subsets={"train": train_set.selection, "eval": eval_set.selection})}
     if ctx.is_main:
         save_model(model, run_dir / "model.safetensors")
         write_json(run_dir / "summary.json", summary)

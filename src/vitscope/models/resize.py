@@ -1,0 +1,38 @@
+"""Changing the input size of a vitscope VisionTransformer while keeping its weights.
+
+The learned positional embedding (CLS entry kept, patch grid resampled bicubically) goes through timm's
+``resample_abs_pos_embed``, as timm does for its own ViTs; a sine-cosine table is rebuilt for the new grid.
+"""
+
+from __future__ import annotations
+
+from timm.layers import resample_abs_pos_embed
+
+from vitscope.models.vit import VisionTransformer
+
+
+def check_img_size(img_size: object, patch_size: int, what: str) -> int:
+    """``img_size`` as a positive multiple of ``patch_size``, else a ValueError naming both and the fix."""
+    if isinstance(img_size, bool) or not isinstance(img_size, int) or img_size < 1:
+        raise ValueError(f"img_size={img_size!r} must be a positive integer number of pixels")
+    if img_size % patch_size:
+        below = max(patch_size, img_size // patch_size * patch_size)
+        raise ValueError(f"img_size={img_size} is not a multiple of {what}'s patch size {patch_size}; "
+                         f"use a multiple such as {below} or {below + patch_size}")
+    return img_size
+
+
+def resize_input(model: VisionTransformer, img_size: int) -> VisionTransformer:
+    """A copy of ``model`` for ``img_size`` x ``img_size`` inputs (same weights, positional embedding resampled);
+    ``model`` itself when the size is unchanged."""
+    cfg = model.cfg
+    check_img_size(img_size, cfg.patch_size, "the model")
+    if img_size == cfg.img_size:
+        return model
+    resized = VisionTransformer(cfg.replace(img_size=img_size))
+    state = model.state_dict()
+    if "pos_embed" in state:  # learned table; a sine-cosine one is a non-persistent buffer rebuilt above
+        state["pos_embed"] = resample_abs_pos_embed(state["pos_embed"], list(resized.grid_size),
+                                                    list(model.grid_size), num_prefix_tokens=int(cfg.class_token))
+    resized.load_state_dict(state)
+    return resized.train(model.training)
