@@ -1,4 +1,4 @@
-"""Locality metrics against analytic values (DESIGN.md section 3)."""
+"""Locality metrics against analytic values (docs/definitions.md)."""
 
 import math
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from vitscope.metrics import attention_entropy, grid_distances, mean_attention_distance
 
 GRID = (8, 8)
-UNIFORM_MAD_PATCHES = 4.1365  # DESIGN.md reference value for an 8x8 grid
+UNIFORM_MAD_PATCHES = 4.1365  # the reference value for an 8x8 grid in docs/definitions.md
 
 
 def with_prefix(patch_attn: torch.Tensor, prefix: int, prefix_mass: float = 0.0) -> torch.Tensor:
@@ -125,3 +125,11 @@ def test_shape_errors_name_the_fix():
         mean_attention_distance(attn, num_prefix_tokens=1, distances=torch.zeros(3, 3))
     with pytest.raises(TypeError):
         mean_attention_distance(attn, GRID)  # num_prefix_tokens is required
+
+
+def test_early_layers_are_the_first_quarter_unless_named():
+    from vitscope.metrics import early_layers
+
+    assert early_layers(8) == [0, 1] and early_layers(12) == [0, 1, 2] and early_layers(3) == [0]
+    assert early_layers([2, 5, 6, 7, 9, 11, 12, 13]) == [2, 5]  # of the recorded layers
+    assert early_layers(8, [4, 6]) == [4, 6]

@@ -22,20 +22,20 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
 
     Presets and timm architectures start from random weights unless ``weights`` names a local file (timm
     or original-repository key names for timm models). ``attention``, ``num_registers`` and ``img_size``
-    modify the model: for vitscope models the normaliser and registers are config options; for timm ViTs the
-    normaliser is swapped and registers added with the weights kept. ``img_size`` (pixels, a multiple of the
-    patch size) resamples the positional embedding of loaded weights, for every kind of spec.
+    modify the model: for vitscope models the normaliser and registers are config options; timm models are built
+    with vitscope's attention and timm's registers (``vitscope.models.timm_adapter``). ``img_size`` (pixels, a
+    multiple of the patch size) resamples the positional embedding of loaded weights, for every kind of spec.
     """
     spec = str(spec)
     if isinstance(num_registers, bool) or not isinstance(num_registers, int) or num_registers < 0:
         raise ValueError(f"num_registers={num_registers!r} must be an integer >= 0 (0 adds none)")
     if spec.startswith("timm:"):
-        from vitscope.models.timm_adapter import create_timm, load_timm_weights, modify
+        from vitscope.models.timm_adapter import create_timm, load_timm_weights, resize
 
-        model = create_timm(spec[len("timm:") :], **overrides)
+        model = create_timm(spec[len("timm:") :], attention=attention, num_registers=num_registers, **overrides)
         if weights is not None:
             load_timm_weights(model, weights)
-        return modify(model, attention=attention, num_registers=num_registers, img_size=img_size)
+        return resize(model, img_size)
     vit_options = {k: v for k, v in (("attention", attention),) if v is not None}
     if num_registers:
         vit_options["num_registers"] = num_registers

@@ -18,8 +18,9 @@ from safetensors.numpy import load_file
 
 from vitscope.analyze.locality import DEFINITIONS
 from vitscope.files import atomic_write_bytes
+from vitscope.metrics import early_layers
 from vitscope.report import figures
-from vitscope.studies.locality_results import PAPER, early_layer_indices
+from vitscope.studies.locality_results import PAPER
 from vitscope.studies.locality_verdicts import distinct, judge
 from vitscope.train.protocols import parse_protocol
 
@@ -64,7 +65,7 @@ def _stack(runs: list[dict[str, Any]], metric: str) -> np.ndarray:
 
 
 def _early(results: dict[str, Any]) -> list[int]:
-    return early_layer_indices(len(results["runs"][0]["layers"]), results["provenance"]["config"].get("early_layers"))
+    return early_layers(len(results["runs"][0]["layers"]), results["provenance"]["config"].get("early_layers"))
 
 
 def _uniform(results: dict[str, Any]) -> float:
