@@ -98,6 +98,18 @@ def flatten_scalars(values: dict[str, Any], prefix: str = "") -> dict[str, float
     return flat
 
 
+def hook_scalars(hooks: list[EpochHook], model: nn.Module) -> dict[str, float]:
+    """Every hook's scalars for ``model``, flattened; a hook that returns no mapping is a TypeError naming it."""
+    scalars: dict[str, float] = {}
+    for hook in hooks:
+        values = hook(model)
+        if not isinstance(values, dict):
+            raise TypeError(f"epoch hook {getattr(hook, '__name__', hook)} returned {type(values).__name__}; "
+                            "an epoch hook returns a mapping of names to numbers or tensors")
+        scalars |= flatten_scalars(values)
+    return scalars
+
+
 def clip_gradients(parameters, max_norm: float, mode: str) -> None:
     """``global``: one norm over all gradients (torch's clip_grad_norm_); ``per_tensor``: each gradient
     scaled by max_norm / (norm + 1e-6) when that is below 1 (DINO's ``clip_gradients``)."""
@@ -188,10 +200,8 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
             last_eval = objective.evaluate(ctx, epoch)
             log.write({"kind": "eval", "step": global_step, "epoch": epoch + 1, **last_eval})
         if hooks and ctx.is_main:
-            scalars: dict[str, float] = {}
-            for hook in hooks:
-                scalars |= flatten_scalars(hook(objective.exported))
-            log.write({"kind": "epoch", "step": global_step, "epoch": epoch + 1, **scalars})
+            log.write({"kind": "epoch", "step": global_step, "epoch": epoch + 1,
+                       **hook_scalars(hooks, objective.exported)})
         if ctx.is_main and ((epoch + 1) % keep_every == 0 or global_step == total_steps):
             save_model(objective.exported, run_dir / "snapshots" / f"epoch-{epoch + 1:04d}.safetensors")
 
