@@ -32,7 +32,7 @@ TINY_DINO = {
     "progress": False, "log_every_steps": 2, "device": "cpu",
     "objective_options": {"out_dim": 64, "hidden_dim": 32, "bottleneck_dim": 16, "global_size": 32, "local_size": 16,
                           "n_local": 2, "drop_path": 0.0, "warmup_teacher_temp_epochs": 2, "knn_bank": 96,
-                          "blur_sigma": [0.1, 1.0]},
+                          "blur_sigma": [0.1, 1.0], "knn_every": 10},
 }
 
 
