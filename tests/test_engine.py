@@ -54,7 +54,14 @@ def test_hooks_by_name_and_flattening():
     assert resolve_hook("vitscope.models:count_parameters").__name__ == "count_parameters"
     with pytest.raises(ValueError, match="module:function"):
         resolve_hook("vitscope.models:nothing_here")
-    with pytest.raises(TypeError, match="count_parameters returned int"):
-        hook_scalars([resolve_hook("vitscope.models:count_parameters")], create("vit-micro", depth=1))
+    model = create("vit-micro", depth=1)
+    assert hook_scalars([resolve_hook("vitscope.models:count_parameters")], model) == {
+        "count_parameters": float(sum(p.numel() for p in model.parameters()))}
+
+    def words(model):
+        return {"name": "not a number"}
+
+    with pytest.raises(TypeError, match="epoch hook words returned"):
+        hook_scalars([words], model)
     assert flatten_scalars({"a": {"b": 1, "c": [2, 3]}, "d": torch.tensor(4.0)}) == {
         "a/b": 1.0, "a/c/0": 2.0, "a/c/1": 3.0, "d": 4.0}

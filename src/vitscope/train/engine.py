@@ -99,14 +99,19 @@ def flatten_scalars(values: dict[str, Any], prefix: str = "") -> dict[str, float
 
 
 def hook_scalars(hooks: list[EpochHook], model: nn.Module) -> dict[str, float]:
-    """Every hook's scalars for ``model``, flattened; a hook that returns no mapping is a TypeError naming it."""
+    """Every hook's scalars for ``model``, flattened. A hook returns a mapping of names to numbers / tensors /
+    sequences, or one such value, logged under the hook's name (e.g. ``learned_alphas/3`` for head 3)."""
     scalars: dict[str, float] = {}
     for hook in hooks:
+        name = getattr(hook, "__name__", type(hook).__name__)
         values = hook(model)
         if not isinstance(values, dict):
-            raise TypeError(f"epoch hook {getattr(hook, '__name__', hook)} returned {type(values).__name__}; "
-                            "an epoch hook returns a mapping of names to numbers or tensors")
-        scalars |= flatten_scalars(values)
+            values = {name: values}
+        try:
+            scalars |= flatten_scalars(values)
+        except (TypeError, ValueError):
+            raise TypeError(f"epoch hook {name} returned {type(values).__name__} holding something other than "
+                            "numbers; return a mapping of names to numbers or tensors") from None
     return scalars
 
 
