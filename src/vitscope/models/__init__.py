@@ -32,7 +32,13 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
     if spec.startswith("timm:"):
         from vitscope.models.timm_adapter import create_timm, load_timm_weights, resize
 
-        model = create_timm(spec[len("timm:") :], attention=attention, num_registers=num_registers, **overrides)
+        name = spec[len("timm:") :]
+        if weights is not None and img_size is not None:  # build at the weights' size: no resampling round trip
+            model = create_timm(name, attention=attention, num_registers=num_registers, img_size=img_size,
+                                **overrides)
+            load_timm_weights(model, weights)
+            return model
+        model = create_timm(name, attention=attention, num_registers=num_registers, **overrides)
         if weights is not None:
             load_timm_weights(model, weights)
         return resize(model, img_size)
