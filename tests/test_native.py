@@ -232,7 +232,7 @@ def test_the_build_without_openmp_threads_gives_the_same_results(monkeypatch, tm
     threaded = native.NativeKernels(flag_sets=(("-fopenmp-simd",),))
     x = adversarial_rows(1000, 65, 2.0)
     g = torch.randn_like(x)
-    alphas = torch.rand(1000) + 1.0
+    alphas = torch.rand(1000) * 0.9 + 1.1  # near 1 the alpha gradient is ill-conditioned in float32
     kinds = ("entmax15", "sparsemax", "alpha")
     expected = [native.forward(kind, x, alphas)[0] for kind in kinds]
     expected_grad = native.backward("alpha", g, expected[2], alphas, alpha_grad=True)
