@@ -82,12 +82,20 @@ inline void transpose16(vf *t) {
 }
 
 // The rows of one block into buf (n x 16) as z = scale * (x - max), shifted before scaling so that a large
-// common offset loses no digits; returns each lane's maximum of x and sum of z.
+// common offset loses no digits. Per lane: the maximum of x, the sum and count of the finite z (masked keys, -inf,
+// left out, so a masked row starts from the same bound as the same row without its masked keys), and whether the
+// row can be solved at all (no NaN, no +inf, something above -inf).
+struct BlockStats {
+    vf max, sum, count;
+    vi live;
+};
+
 template <typename T>
-void load_block(const T *x, int rows, int64_t n, vf scale, vf *buf, vf &max, vf &sum) {
+BlockStats load_block(const T *x, int rows, int64_t n, vf scale, vf *buf) {
     const T *row[L];
     for (int l = 0; l < L; ++l) row[l] = x + (l < rows ? l : 0) * n;  // idle lanes repeat row 0
-    max = splat(-INFINITY);
+    const vf inf = splat(INFINITY);
+    vf max = -inf;
     int64_t i0 = 0;
     for (; i0 + L <= n; i0 += L) {
         vf t[L];
@@ -107,29 +115,39 @@ void load_block(const T *x, int rows, int64_t n, vf scale, vf *buf, vf &max, vf 
         buf[i] = v;
         max = v > max ? v : max;
     }
-    sum = vf{};
+    vf sum{}, count{};
+    vi nan{};
     for (int64_t i = 0; i < n; ++i) {  // still in cache
         const vf z = scale * (buf[i] - max);
+        const vi finite = (z > -inf);
         buf[i] = z;
-        sum += z;
+        sum += finite ? z : vf{};
+        count += finite ? splat(1.0f) : vf{};
+        nan |= z != z;
     }
+    vi live = ~nan & (max > -inf) & (max < inf);
+    for (int l = rows; l < L; ++l) live[l] = 0;
+    return {max, sum, count, live};
 }
 
 template <Kind kind, typename T>
 void solve_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf) {
     const float scale = kind == ENTMAX15 ? 0.5f : 1.0f;
     const vf zero{}, one = splat(1.0f), inf = splat(INFINITY);
-    vf max, sum;
-    load_block(x, rows, n, splat(scale), buf, max, sum);
+    const BlockStats stats = load_block(x, rows, n, splat(scale), buf);
+    const vf max = stats.max;
 
-    // lower bound on tau: mean(z) - n**(-1/p) with p = 2 (entmax-1.5) or 1 (sparsemax), and -1
-    const float offset = kind == ENTMAX15 ? 1.0f / std::sqrt(float(n)) : 1.0f / float(n);
-    vf tau = sum / float(n) - offset;
+    // lower bound on tau: mean(z) - k**(-1/p) over the k finite keys, with p = 2 (entmax-1.5) or 1 (sparsemax),
+    // and -1
+    vf offset;
+    for (int l = 0; l < L; ++l)
+        offset[l] = kind == ENTMAX15 ? 1.0f / std::sqrt(stats.count[l]) : 1.0f / stats.count[l];
+    vf tau = stats.sum / stats.count - offset;
     tau = tau > -one ? tau : -one;
     vf threshold = tau;
     // rows with a NaN, a +inf or nothing above -inf stay open (passes 0): the caller's solver decides those
-    vi live = (sum == sum) & (max > -inf) & (max < inf), passes{};
-    for (int l = rows; l < L; ++l) live[l] = 0;
+    const vi live = stats.live;
+    vi passes{};
 
     for (int pass = 1; pass <= max_iter; ++pass) {
         // One pass over the block at the current tau: over the support {z > tau} the count k, the sum s1 and
@@ -215,19 +233,18 @@ template <typename T>
 void solve_alpha_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf,
                        const float *alpha) {
     const float tol = 16.0f * 1.1920929e-7f;
-    const vf zero{}, one = splat(1.0f), inf = splat(INFINITY);
+    const vf zero{}, one = splat(1.0f);
     vf a;
     for (int l = 0; l < L; ++l) a[l] = alpha[l < rows ? l : 0];
     const vi valid = (a > one) & (a <= splat(2.0f));
     const vf scale = valid ? a - one : splat(0.5f), power = one / scale, power_m1 = power - one;
-    vf max, sum;
-    load_block(x, rows, n, scale, buf, max, sum);
-    vf offset;  // n**(-1/p)
-    for (int l = 0; l < L; ++l) offset[l] = std::pow(float(n), -scale[l]);
-    vf tau = sum / float(n) - offset;  // mean(z) - n**(-1/p)
+    const BlockStats stats = load_block(x, rows, n, scale, buf);
+    vf offset;  // k**(-1/p) over the k finite keys
+    for (int l = 0; l < L; ++l) offset[l] = std::pow(stats.count[l], -scale[l]);
+    vf tau = stats.sum / stats.count - offset;  // mean(z) - k**(-1/p)
     tau = tau > -one ? tau : -one;
-    vi live = valid & (sum == sum) & (max > -inf) & (max < inf), passes{};
-    for (int l = rows; l < L; ++l) live[l] = 0;
+    const vi live = valid & stats.live;
+    vi passes{};
 
     for (int pass = 1; pass <= max_iter; ++pass) {
         vf total{}, slope{};  // sum of gap**p and of gap**(p - 1) over the support
