@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 import torch
-from test_train import config, launch, wait_for_checkpoint, weights
 
+from test_train import config, launch, wait_for_checkpoint, weights
 from vitscope.train import train
 from vitscope.train.checkpoint import latest_checkpoint
 
