@@ -1,6 +1,7 @@
 """alpha-entmax with tensor alpha and its closed-form alpha gradient, learnable per-head alpha, and the custom ops
 that torch.compile traces through."""
 
+import math
 from pathlib import Path
 
 import entmax as reference
@@ -133,3 +134,22 @@ def test_a_learned_alpha_model_trains_and_its_alphas_move(tmp_path):
     fresh.load_state_dict(torch.load(tmp_path / "model.pt"))
     assert all(torch.equal(learned_alphas(fresh)[k], after[k]) for k in after)
     assert Path(tmp_path / "model.pt").stat().st_size > 0
+
+
+def test_analyze_reports_each_heads_learned_alpha(tmp_path):
+    from vitscope.analyze.locality import measure_locality, write_locality
+    from vitscope.data import load_dataset
+
+    torch.manual_seed(0)
+    model = create("vit-micro", attention="entmax:learned:1.3")
+    with torch.no_grad():
+        model.blocks[1].attn.normalizer.alpha_logit[0] = 2.0  # one head moved away from 1.3
+    result = measure_locality(model, load_dataset("synthetic", None, "eval", num_images=4), batch_size=4,
+                              progress=False)
+    write_locality(tmp_path, result, {"schema_version": 1})
+    rows = __import__("json").loads((tmp_path / "locality.json").read_text())["heads"]
+    alphas = learned_alphas(model)
+    for row in rows:
+        expected = float(alphas[f"blocks.{row['layer'] - 1}.attn"][row["head"] - 1])
+        assert row["alpha"] == pytest.approx(expected)
+    assert {round(row["alpha"], 4) for row in rows} == {1.3, round(1 + 1 / (1 + math.exp(-2.0)), 4)}

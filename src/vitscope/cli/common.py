@@ -25,7 +25,7 @@ def add_model_changes(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--img-size", type=int, default=None,
                         help="input side in pixels (resamples a timm ViT's positional embedding)")
     parser.add_argument("--attention", default=None, help="swap the normaliser: softmax, sparsemax, entmax15, "
-                                                          "entmax:ALPHA")
+                                                          "entmax:ALPHA, entmax:learned[:ALPHA]")
     parser.add_argument("--num-registers", type=int, default=0, help="add R register tokens to a plain ViT")
 
 
