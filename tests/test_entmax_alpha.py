@@ -153,3 +153,13 @@ def test_analyze_reports_each_heads_learned_alpha(tmp_path):
         expected = float(alphas[f"blocks.{row['layer'] - 1}.attn"][row["head"] - 1])
         assert row["alpha"] == pytest.approx(expected)
     assert {round(row["alpha"], 4) for row in rows} == {1.3, round(1 + 1 / (1 + math.exp(-2.0)), 4)}
+
+
+def test_a_timm_vit_takes_learned_alphas():
+    from vitscope.models import load
+
+    model = load("timm:vit_tiny_patch16_224", attention="entmax:learned:1.2", img_size=32, depth=2)
+    alphas = learned_alphas(model)
+    assert len(alphas) == 2 and all(torch.allclose(a, torch.full((3,), 1.2)) for a in alphas.values())
+    model(torch.randn(1, 3, 32, 32)).sum().backward()
+    assert all(b.attn.normalizer.alpha_logit.grad is not None for b in model.blocks)

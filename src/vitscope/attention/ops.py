@@ -43,6 +43,7 @@ def sparse_normalize(x: Tensor, alpha: Tensor | None, kind: str, native_path: bo
     redo = ~converged.reshape(-1)
     if bool(redo.any()):
         n = x.shape[-1]
+        y = y.contiguous()
         rows = None if alpha is None else alpha.reshape(-1, 1)[redo]
         y.view(-1, n)[redo] = solvers.forward(kind, x.reshape(-1, n)[redo], rows).to(y.dtype)
     return y

@@ -56,7 +56,9 @@ def swap_attention(model: nn.Module, normalizer: str) -> int:
                 dim = child.qkv.in_features
                 new = Attention(dim, child.num_heads, qkv_bias=child.qkv.bias is not None, normalizer=normalizer,
                                 attn_drop=child.attn_drop.p, proj_drop=child.proj_drop.p)
-                new.load_state_dict({k: v for k, v in child.state_dict().items() if k.startswith(("qkv", "proj"))})
+                copied = {k: v for k, v in child.state_dict().items() if k.startswith(("qkv", "proj"))}
+                own = {k: v for k, v in new.state_dict().items() if k.startswith("normalizer.")}  # a learned alpha
+                new.load_state_dict({**copied, **own})
                 setattr(module, child_name, new.to(child.qkv.weight.device, child.qkv.weight.dtype))
                 swapped += 1
     if not swapped:
