@@ -40,7 +40,7 @@ CASES = {
     "entmax:learned": (lambda x: vs_entmax(x, head_alphas(x)), lambda x: entmax.entmax_bisect(x, head_alphas(x)),
                        None),
 }
-SHAPES = {"compact 65x65": (128, 8, 65, 65), "ViT-S 197x197": (32, 6, 197, 197)}
+SHAPES = {"compact": (128, 8, 65, 65), "ViT-S": (32, 6, 197, 197)}  # 65 and 197 keys per row
 
 
 def fwd_bwd(fn, x: torch.Tensor, grad: torch.Tensor):
@@ -92,6 +92,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16")
     parser.add_argument("--batch-scale", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of: {', '.join(SHAPES)}")
+    parser.add_argument("--skip-training-step", action="store_true", help="leave out the vit-compact step table")
     args = parser.parse_args()
     sync = args.device == "cuda"
     rows = []
@@ -100,13 +102,17 @@ def main() -> None:
     print(f"machine: {machine()}; batch scale {args.batch_scale}; forward + backward, median ms")
     print(table(rows, ["dtype", "shape", "normaliser", "vitscope ms", "entmax pkg ms", "softmax ms",
                        "speed-up vs pkg", "vs softmax", "max err (ours / pkg)", "peak extra (x logits)"]))
-    print()
-    print(training_steps(args.device, args.repeats))
+    if not args.skip_training_step:
+        print()
+        print(training_steps(args.device, args.repeats))
 
 
 def measure(args, dtype: torch.dtype, dtype_name: str, sync: bool) -> list[list[str]]:
     rows = []
-    for shape_name, shape in SHAPES.items():
+    for shape_name in args.shapes.split(","):
+        if shape_name not in SHAPES:
+            raise SystemExit(f"unknown shape {shape_name!r}; pick from {', '.join(SHAPES)}")
+        shape = SHAPES[shape_name]
         shape = (shape[0] * args.batch_scale, *shape[1:])
         torch.manual_seed(0)
         base = torch.randn(shape, device=args.device) * 2
