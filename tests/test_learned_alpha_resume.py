@@ -13,13 +13,13 @@ from vitscope.train.checkpoint import latest_checkpoint
 
 
 def test_learned_alpha_run_resumes_to_identical_weights(tmp_path):
-    common = {"epochs": 2, "protocol": "baseline", "deterministic": True, "checkpoint_every_steps": 1,
+    common = {"epochs": 1, "protocol": "baseline", "deterministic": True, "checkpoint_every_steps": 1,
               "model_options": {"depth": 2, "embed_dim": 32, "num_heads": 2, "attention": "entmax:learned"}}
     reference = config(tmp_path, "reference", **common)
     train(reference)
     victim = config(tmp_path, "victim", **common)
     proc = launch(victim, tmp_path)
-    wait_for_checkpoint(Path(victim.out), proc, min_step=4)
+    wait_for_checkpoint(Path(victim.out), proc, min_step=3)  # of 8
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert not (Path(victim.out) / "summary.json").exists(), "the run finished before it was killed"
