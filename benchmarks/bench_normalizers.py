@@ -123,8 +123,9 @@ def measure(args, dtype: torch.dtype, dtype_name: str, sync: bool) -> list[list[
                    "entmax": fwd_bwd(ref, x, grad)}
             med = interleaved_medians(fns, args.repeats, sync=sync)
             exact = truth(x.detach(), alpha)
-            err_ours = float((ours(x.detach()).double() - exact).abs().max())
-            err_ref = float((ref(x.detach()).double() - exact).abs().max())
+            with torch.no_grad():
+                err_ours = float((ours(x.detach()).double() - exact).abs().max())
+                err_ref = float((ref(x.detach()).double() - exact).abs().max())
             mem = peak_memory_ratio(ours, x.detach())
             rows.append([dtype_name, shape_name, name, f"{med['vitscope'] * 1e3:.1f}", f"{med['entmax'] * 1e3:.1f}",
                          f"{med['softmax'] * 1e3:.1f}", f"{med['entmax'] / med['vitscope']:.1f}x",
