@@ -1,11 +1,13 @@
 """Forward + backward time of vitscope's normalisers against the `entmax` package and plain softmax.
 
-Usage: python benchmarks/bench_normalizers.py [--device cpu|cuda] [--dtype float32|bfloat16] [--batch-scale 1]
+Usage: python benchmarks/bench_normalizers.py [--device cpu|cuda] [--dtypes float32,bfloat16] [--batch-scale 1]
 Shapes: compact ViT attention (batch 128, 8 heads, 65 x 65) and ViT-S/16 (batch 32, 6 heads, 197 x 197), times
-``--batch-scale``. Every row is measured in the same run (medians of interleaved repeats). ``err`` is the largest
-deviation from a float64 solution (bisection with 200 steps) on that input. Peak memory is the forward's
-extra memory beyond input and output, in units of the logits tensor (CUDA allocator, or the peak resident set
-on Linux CPUs).
+``--batch-scale``. Every row is measured in the same run (medians of interleaved repeats), each dtype against a
+softmax of the same dtype. ``entmax:learned`` is alpha-entmax with one alpha per head as a tensor that requires
+grad (the learnable-alpha path, alpha gradient included; the package row runs entmax_bisect with the same
+tensor). ``err`` is the largest deviation from a float64 solution (bisection with 200 steps) on that input.
+Peak memory is the forward's extra memory beyond input and output, in units of the logits tensor (CUDA
+allocator, or the peak resident set on Linux CPUs).
 """
 
 from __future__ import annotations
@@ -23,13 +25,22 @@ from vitscope.attention import entmax as vs_entmax  # noqa: E402
 from vitscope.attention import entmax15 as vs_entmax15  # noqa: E402
 from vitscope.attention import sparsemax as vs_sparsemax  # noqa: E402
 
+
+def head_alphas(x: torch.Tensor) -> torch.Tensor:
+    """One alpha per head (heads, 1, 1) in [1.2, 1.8], requiring grad, as a learned-alpha model has them."""
+    heads = x.shape[1]
+    return torch.linspace(1.2, 1.8, heads, device=x.device)[:, None, None].requires_grad_()
+
+
 CASES = {
     "entmax15": (vs_entmax15, entmax.entmax15, 1.5),
     "sparsemax": (vs_sparsemax, entmax.sparsemax, 2.0),
     "entmax:1.3": (lambda x: vs_entmax(x, 1.3), lambda x: entmax.entmax_bisect(x, 1.3), 1.3),
     "entmax:1.7": (lambda x: vs_entmax(x, 1.7), lambda x: entmax.entmax_bisect(x, 1.7), 1.7),
+    "entmax:learned": (lambda x: vs_entmax(x, head_alphas(x)), lambda x: entmax.entmax_bisect(x, head_alphas(x)),
+                       None),
 }
-SHAPES = {"compact 65x65": (128, 8, 65, 65), "ViT-S 197x197": (32, 6, 197, 197)}
+SHAPES = {"compact": (128, 8, 65, 65), "ViT-S": (32, 6, 197, 197)}  # 65 and 197 keys per row
 
 
 def fwd_bwd(fn, x: torch.Tensor, grad: torch.Tensor):
@@ -40,7 +51,8 @@ def fwd_bwd(fn, x: torch.Tensor, grad: torch.Tensor):
     return run
 
 
-def truth(x: torch.Tensor, alpha: float) -> torch.Tensor:
+def truth(x: torch.Tensor, alpha: float | None) -> torch.Tensor:
+    alpha = head_alphas(x).detach().double() if alpha is None else alpha
     return entmax.entmax_bisect(x.double(), alpha, n_iter=200)
 
 
@@ -77,14 +89,30 @@ def peak_memory_ratio(fn, x: torch.Tensor) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16")
     parser.add_argument("--batch-scale", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of: {', '.join(SHAPES)}")
+    parser.add_argument("--skip-training-step", action="store_true", help="leave out the vit-compact step table")
     args = parser.parse_args()
-    dtype = getattr(torch, args.dtype)
     sync = args.device == "cuda"
     rows = []
-    for shape_name, shape in SHAPES.items():
+    for dtype_name in args.dtypes.split(","):
+        rows += measure(args, getattr(torch, dtype_name), dtype_name, sync)
+    print(f"machine: {machine()}; batch scale {args.batch_scale}; forward + backward, median ms")
+    print(table(rows, ["dtype", "shape", "normaliser", "vitscope ms", "entmax pkg ms", "softmax ms",
+                       "speed-up vs pkg", "vs softmax", "max err (ours / pkg)", "peak extra (x logits)"]))
+    if not args.skip_training_step:
+        print()
+        print(training_steps(args.device, args.repeats))
+
+
+def measure(args, dtype: torch.dtype, dtype_name: str, sync: bool) -> list[list[str]]:
+    rows = []
+    for shape_name in args.shapes.split(","):
+        if shape_name not in SHAPES:
+            raise SystemExit(f"unknown shape {shape_name!r}; pick from {', '.join(SHAPES)}")
+        shape = SHAPES[shape_name]
         shape = (shape[0] * args.batch_scale, *shape[1:])
         torch.manual_seed(0)
         base = torch.randn(shape, device=args.device) * 2
@@ -95,17 +123,14 @@ def main() -> None:
                    "entmax": fwd_bwd(ref, x, grad)}
             med = interleaved_medians(fns, args.repeats, sync=sync)
             exact = truth(x.detach(), alpha)
-            err_ours = float((ours(x.detach()).double() - exact).abs().max())
-            err_ref = float((ref(x.detach()).double() - exact).abs().max())
+            with torch.no_grad():
+                err_ours = float((ours(x.detach()).double() - exact).abs().max())
+                err_ref = float((ref(x.detach()).double() - exact).abs().max())
             mem = peak_memory_ratio(ours, x.detach())
-            rows.append([shape_name, name, f"{med['vitscope'] * 1e3:.1f}", f"{med['entmax'] * 1e3:.1f}",
+            rows.append([dtype_name, shape_name, name, f"{med['vitscope'] * 1e3:.1f}", f"{med['entmax'] * 1e3:.1f}",
                          f"{med['softmax'] * 1e3:.1f}", f"{med['entmax'] / med['vitscope']:.1f}x",
                          f"{med['vitscope'] / med['softmax']:.2f}x", f"{err_ours:.1e} / {err_ref:.1e}", mem])
-    print(f"machine: {machine()}; dtype {args.dtype}; batch scale {args.batch_scale}; forward + backward, median ms")
-    print(table(rows, ["shape", "normaliser", "vitscope ms", "entmax pkg ms", "softmax ms", "speed-up vs pkg",
-                       "vs softmax", "max err (ours / pkg)", "peak extra (x logits)"]))
-    print()
-    print(training_steps(args.device, args.repeats))
+    return rows
 
 
 def training_steps(device: str, repeats: int) -> str:
@@ -130,7 +155,7 @@ def training_steps(device: str, repeats: int) -> str:
 
         return step
 
-    names = ["softmax", "entmax15", "sparsemax", "entmax:1.3"]
+    names = ["softmax", "entmax15", "sparsemax", "entmax:1.3", "entmax:learned"]
     med = interleaved_medians({n: stepper(n) for n in names}, repeats, sync=device == "cuda")
     rows = [[n, f"{med[n] * 1e3:.0f}", f"{med[n] / med['softmax']:.2f}x"] for n in names]
     return "vit-compact training step, batch 128\n" + table(rows, ["attention", "median ms", "vs softmax step"])

@@ -178,9 +178,9 @@ def test_doctor_reports_and_fails_when_native_kernels_do_not_load(tmp_path, monk
     if compiler()["path"] is None:
         pytest.skip("no C++ compiler: the native kernels cannot be built here")
     monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(native, "_enabled", True)
-    monkeypatch.setattr(native, "_library", None)
-    monkeypatch.setattr(native, "_failed", False)
-    monkeypatch.setattr(native, "_HEADERS", (tmp_path / "missing.h",))  # a wheel without its headers
+    monkeypatch.setenv("VITSCOPE_NATIVE", "1")
+    monkeypatch.setenv("VITSCOPE_FUSED", "1")
+    missing = native.NativeKernels(sources=(*native.SOURCES, tmp_path / "missing.h"))  # a wheel without a file
+    monkeypatch.setattr(native, "kernels", lambda: missing)
     assert main(["doctor", "--device", "cpu"]) == 1
     assert "problem: native CPU kernels failed to load although a C++ compiler is present" in capsys.readouterr().out

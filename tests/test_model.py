@@ -104,7 +104,7 @@ def test_forward_intermediates_indices(images):
 @pytest.mark.parametrize("overrides,fragment", [
     ({"img_size": 30}, "not divisible by patch size"),
     ({"attention": "gumbel"}, "unknown attention normaliser"),
-    ({"attention": "entmax:2.5"}, r"outside \(1, 2\]"),
+    ({"attention": "entmax:0"}, r"above 0"),  # any alpha > 0 is valid (issue 17)
     ({"num_heads": 5}, "not divisible by num_heads"),
     ({"class_token": False}, "pool='cls' needs class_token"),
     ({"widht": 3}, "unknown model option"),

@@ -11,6 +11,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from vitscope.analyze.inputs import model_batches
+from vitscope.attention import learned_alphas
 from vitscope.data import ImageDataset
 from vitscope.files import write_csv, write_json
 from vitscope.metrics import AttentionStats
@@ -24,6 +25,7 @@ DEFINITIONS = {
                "divided by log(number of patch keys)",
     "skipped": "(image, head) entries without any patch-query row holding patch mass; left out of the means",
     "min_early_mad": "smallest head MAD within the first quarter of the layers",
+    "alpha": "the head's learned alpha-entmax alpha (models with attention 'entmax:learned' only)",
 }
 
 
@@ -34,6 +36,7 @@ class LocalityResult:
     stats: AttentionStats
     accuracy: float | None
     num_images: int
+    alphas: list[list[float]] | None = None  # learned alpha per block, per head (entmax:learned models)
 
     def summary(self) -> dict[str, Any]:
         per_layer = [
@@ -65,13 +68,17 @@ def measure_locality(model: nn.Module, dataset: ImageDataset, *, batch_size: int
             seen += len(labels)
             bar.update(len(labels))
     bar.close()
-    return LocalityResult(rec.stats, correct / seen if score and seen else None, seen)
+    alphas = [values.tolist() for values in learned_alphas(model).values()] or None
+    return LocalityResult(rec.stats, correct / seen if score and seen else None, seen, alphas)
 
 
 def write_locality(out: str | Path, result: LocalityResult, provenance: dict[str, Any]) -> dict[str, Path]:
     """Write ``locality.json`` (summary, per-head rows, definitions, provenance) and ``locality.csv``."""
     out = Path(out)
     rows = result.stats.rows()
+    if result.alphas:
+        for row in rows:
+            row["alpha"] = result.alphas[row["layer"] - 1][row["head"] - 1]
     payload = {
         "schema_version": provenance["schema_version"],
         "summary": result.summary(),

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitscope.attention.normalizers import Normalizer, make_normalizer
+from vitscope.attention.learned import make_normalizer
+from vitscope.attention.normalizers import Normalizer
 
 
 @dataclass
@@ -97,7 +98,7 @@ class Attention(nn.Module):
         self.gate = nn.Linear(dim, dim, bias=qkv_bias, **dd) if gated else None
         self.proj = nn.Linear(dim, dim_out or dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
-        self.normalizer = make_normalizer(normalizer) if isinstance(normalizer, str) else normalizer
+        self.normalizer = make_normalizer(normalizer, num_heads) if isinstance(normalizer, str) else normalizer
         self.fused = True
         self.observer: AttentionObserver | None = None
 
@@ -134,8 +135,11 @@ class Attention(nn.Module):
         return self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
     def set_normalizer(self, normalizer: str | Normalizer) -> None:
-        """Swap the normaliser in place (no parameters change)."""
-        self.normalizer = make_normalizer(normalizer) if isinstance(normalizer, str) else normalizer
+        """Swap the normaliser in place (no parameters change, except a learned alpha's, which starts anew)."""
+        if isinstance(normalizer, str):
+            device = self.qkv.weight.device
+            normalizer = make_normalizer(normalizer, self.num_heads).to(device)
+        self.normalizer = normalizer
 
 
 def masked_logits(scaled_q: Tensor, k: Tensor, attn_mask: Tensor | None) -> Tensor:

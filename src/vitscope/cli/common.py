@@ -113,7 +113,7 @@ def add_model_changes(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--img-size", type=int, default=None,
                         help="input side in pixels, a multiple of the patch size (positional embedding resampled)")
     parser.add_argument("--attention", default=None, help="swap the normaliser: softmax, sparsemax, entmax15, "
-                                                          "entmax:ALPHA")
+                                                          "entmax:ALPHA, entmax:learned[:ALPHA]")
     parser.add_argument("--num-registers", type=int, default=0, help="add R >= 0 register tokens to a plain ViT")
 
 

@@ -46,7 +46,7 @@ def compiler() -> dict[str, Any]:
     from vitscope.attention import native
 
     try:
-        path = native._compiler()
+        path = native.find_compiler()
     except RuntimeError as err:
         return {"path": None, "version": None, "note": str(err)}
     try:
@@ -57,31 +57,31 @@ def compiler() -> dict[str, Any]:
 
 
 def normaliser_path(device) -> dict[str, Any]:
-    """Which implementation the sparse normalisers (sparsemax, entmax) use on ``device``, and why.
+    """Which implementation the sparse normalisers (sparsemax, entmax) use on ``device``, and why: the fast paths
+    in force (``vitscope.attention.paths``: ``VITSCOPE_FUSED``, ``VITSCOPE_NATIVE``, ``fast_paths(...)``) and
+    whether the process's native kernels (``native.kernels()``) load."""
+    from vitscope.attention import native
+    from vitscope.attention.paths import current
 
-    Today's switches: ``VITSCOPE_FUSED`` (all fast paths) and ``VITSCOPE_NATIVE`` (the native CPU kernels).
-    """
-    from vitscope.attention import fused, native
-
-    here = Path(native.__file__).parent
-    sources = {p.name: p.is_file() for p in (*native._SOURCES, *native._HEADERS)}
-    listed = ", ".join(f"{name}{'' if ok else ' (MISSING)'}" for name, ok in sources.items())
-    info: dict[str, Any] = {"kernel sources": listed, "kernel folder": str(here), "native": "off", "native why": ""}
-    if not fused._enabled:
-        info |= {"path": "eager PyTorch solvers", "why": "VITSCOPE_FUSED=0 turns every fast path off"}
+    kernels = native.kernels()
+    files = [Path(p) for p in (*kernels.sources, *native.HEADERS)]
+    listed = ", ".join(f"{p.name}{'' if p.is_file() else ' (MISSING)'}" for p in files)
+    info: dict[str, Any] = {"kernel sources": listed, "kernel folder": str(native.HERE), "native": "off",
+                            "native why": ""}
+    paths = current()
+    if not paths.native and not paths.compiled:
+        info |= {"path": "eager PyTorch solvers", "why": "VITSCOPE_FUSED=0 (or fast_paths) turns every fast path off"}
         return info
-    if not native._enabled:
-        info["native why"] = "VITSCOPE_NATIVE=0 (or set_native(False))"
+    if not paths.native:
+        info["native why"] = "VITSCOPE_NATIVE=0 (or fast_paths(native=False))"
     else:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            library = native.library()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the reason is reported below
+            library = kernels.library()
         if library is not None:
-            info["native"] = "loaded"
-            info["native why"] = f"built in {native.cache_dir()}"
+            info |= {"native": "loaded", "native why": f"built in {native.cache_dir()}"}
         else:
-            info["native"] = "failed"
-            info["native why"] = str(caught[0].message) if caught else "the build failed earlier in this process"
+            info |= {"native": "failed", "native why": kernels.error or "the build failed"}
     if device.type == "cpu" and info["native"] == "loaded":
         info |= {"path": "native CPU kernels", "why": "CPU device and the kernels built"}
     elif device.type == "cpu":

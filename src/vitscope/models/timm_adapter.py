@@ -106,9 +106,11 @@ def _check_registers(model: nn.Module, count: int) -> None:
 
 def load_timm_weights(model: nn.Module, path: str | Path) -> None:
     """Load timm or original-repository weights (converted by the architecture's checkpoint_filter_fn); registers
-    added by vitscope (``reg_token``) may be absent from the file and keep their initialisation."""
+    added by vitscope (``reg_token``) and a learned normaliser's parameters may be absent from the file and keep
+    their initialisation."""
     convert = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
     new = {"reg_token"} if getattr(model, "reg_token", None) is not None else set()
+    new |= {name for name, _ in model.named_parameters() if ".normalizer." in name}  # a learned alpha
     load_weights(model, path, convert=convert, may_lack=new)
 
 
