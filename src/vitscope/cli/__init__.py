@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import vitscope
 from vitscope.cli.common import add_shared_to_top, output_dir, quiet_torch_notices, resolve_shared
@@ -47,8 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.debug = bool(getattr(args, "debug", False) or getattr(args, "top_debug", False))
     try:
         resolve_shared(args, _command_name(args))
-        if getattr(args, "out", None):
-            output_dir(args.out)
+        if getattr(args, "out", None):  # a folder, or for commands that write one file (export) its folder
+            output_dir(Path(args.out).parent if getattr(args, "out_is_file", False) else args.out)
         return args.handler(args)
     except KeyboardInterrupt:
         print("vitscope: interrupted", file=sys.stderr)

@@ -12,7 +12,7 @@ def register(commands) -> None:
     export.add_argument("--weights", default=None, help="local weights file for a preset")
     export.add_argument("--format", default="timm", choices=["timm"], help="target library (timm)")
     export.add_argument("--out", required=True, help="output .safetensors file")
-    export.set_defaults(handler=run)
+    export.set_defaults(handler=run, out_is_file=True)
 
 
 def run(args: argparse.Namespace) -> int:
