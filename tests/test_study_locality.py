@@ -129,9 +129,9 @@ def test_real_cifar10_images_tiny_run(tmp_path, monkeypatch):
 
 
 def test_runs_side_by_side_one_per_device(tmp_path, monkeypatch):
-    import vitscope.studies.locality as locality
+    import vitscope.studies.runner as runner
 
-    monkeypatch.setattr(locality, "_devices", lambda device: ["cpu", "cpu"])  # stands in for two GPUs
+    monkeypatch.setattr(runner, "devices", lambda device: ["cpu", "cpu"])  # stands in for two GPUs
     payload = run(tiny_study(tmp_path / "pool", seeds=[0]))
     assert sorted(r["condition"] for r in payload["runs"]) == ["baseline", "baseline+cutmix"]
 

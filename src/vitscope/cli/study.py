@@ -40,9 +40,9 @@ def run_locality(args: argparse.Namespace) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         raise ValueError(f"--seeds {args.seeds!r} must be comma-separated integers, e.g. 0,1,2") from None
-    default = "baseline,baseline+cutmix" if args.preset == "demo" else "baseline,modern"
-    report = run_locality_study(dataset=args.dataset, data_dir=args.data_dir,
-                                conditions=(args.conditions or default).split(","), seeds=seeds, preset=args.preset,
+    conditions = args.conditions.split(",") if args.conditions else None  # None: the preset's default
+    report = run_locality_study(dataset=args.dataset, data_dir=args.data_dir, conditions=conditions,
+                                seeds=seeds, preset=args.preset,
                                 epochs=args.epochs, batch_size=args.batch_size, train_images=args.train_images,
                                 eval_images=args.eval_images, device=args.device, out=args.out,
                                 launcher=args.launcher)

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
-from concurrent.futures import ProcessPoolExecutor
+import functools
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from vitscope.models import load as load_model
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.record import record_attention
 from vitscope.studies.locality_results import claims, summarize
+from vitscope.studies.runner import Launch, RunSpec, check_launcher, devices, run_all
 from vitscope.train import TrainConfig, expand_conditions, train
 
 # Our optimisation settings for the paper preset (the paper's are not public): AdamW, batch 128,
@@ -36,6 +35,9 @@ PAPER_TRAINING = {"epochs": 200, "batch_size": 128, "lr": 1e-3, "min_lr": 1e-5, 
                   "weight_decay": 0.05, "grad_clip": 1.0}
 DEMO_TRAINING = {"epochs": 24, "batch_size": 128, "lr": 2e-3, "min_lr": 1e-5, "warmup_epochs": 2,
                  "weight_decay": 0.05, "grad_clip": 1.0}
+# Conditions when none are named: the demo compares the two a short run separates; the paper, its headline pair.
+DEFAULT_CONDITIONS = {"demo": ["baseline", "baseline+cutmix"], "paper": ["baseline", "modern"]}
+RECORD = "locality.json"  # each run's measurement, in its run folder
 
 
 @dataclass
@@ -44,7 +46,7 @@ class LocalityStudy:
 
     dataset: str = "synthetic"
     data_dir: str | None = None
-    conditions: list[str] = field(default_factory=lambda: ["baseline", "modern"])
+    conditions: list[str] | None = None  # default: DEFAULT_CONDITIONS[preset]
     seeds: list[int] = field(default_factory=lambda: [0])
     preset: str = "demo"
     epochs: int | None = None
@@ -62,8 +64,9 @@ class LocalityStudy:
     def __post_init__(self) -> None:
         if self.preset not in ("paper", "demo"):
             raise ValueError(f"preset {self.preset!r} is unknown; use 'paper' or 'demo'")
-        if self.launcher not in ("local", "slurm", "submitit-local"):
-            raise ValueError(f"launcher {self.launcher!r} is unknown; use local or slurm")
+        check_launcher(self.launcher)
+        if self.conditions is None:
+            self.conditions = list(DEFAULT_CONDITIONS[self.preset])
         self.conditions = expand_conditions(",".join(self.conditions)) if self.conditions else []
         if not self.conditions or not self.seeds:
             raise ValueError("a study needs at least one condition and one seed")
@@ -90,19 +93,21 @@ class LocalityStudy:
                            progress=self.progress, eval_every=max(1, schedule["epochs"] // 10), **schedule)
 
     def run_dir(self, condition: str, seed: int) -> Path:
-        return Path(self.out) / "runs" / condition / f"seed-{seed}"
+        return RunSpec(condition, seed).folder(self.out)
+
+    def launch(self) -> Launch:
+        return Launch(device=self.device, launcher=self.launcher, slurm=self.slurm, name="vitscope-locality",
+                      progress=self.progress)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def _train_and_measure(study: LocalityStudy, condition: str, seed: int, device: str) -> dict[str, Any]:
-    """Train (or reuse) one run and measure it; the measurement is cached in the run folder."""
+def _train_and_measure(study: LocalityStudy, spec: RunSpec, device: str) -> dict[str, Any]:
+    """Train (or resume) one run and measure it; the runner caches the record in the run folder."""
+    condition, seed = spec.condition, spec.seed
     cfg = study.train_config(condition, seed, device)
     run_dir = Path(cfg.out)
-    cached = run_dir / "locality.json"
-    if cached.is_file():
-        return json.loads(cached.read_text())
     summary = train(cfg, resume=run_dir.exists())
     model = load_model(str(run_dir))
     eval_set = load_dataset(cfg.dataset, cfg.data_dir, "eval", **cfg.dataset_options).subset(cfg.eval_images)
@@ -115,7 +120,6 @@ def _train_and_measure(study: LocalityStudy, condition: str, seed: int, device: 
               "num_prefix_tokens": model.num_prefix_tokens, "grid_size": list(model.grid_size),
               "patch_size": model.patch_size, "train_config": cfg.to_dict(), "schema_version": SCHEMA_VERSION}
     _save_examples(model, eval_set, run_dir / "attention_examples.safetensors", study.example_images, dev)
-    write_json(cached, record)
     return record
 
 
@@ -130,52 +134,18 @@ def _save_examples(model, dataset, path: Path, count: int, device: torch.device)
                "images": sample.images.contiguous()}, str(path))
 
 
-def _devices(device: str) -> list[str]:
-    if device == "auto" and torch.cuda.device_count() > 1:
-        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    return [device]
-
-
 def run(study: LocalityStudy) -> dict[str, Any]:
-    """Train and measure every (condition, seed); write results.json, results.csv and summary.csv.
+    """Train and measure every (condition, seed) with the study runner (resumable, side by side on several
+    GPUs, or as submitit jobs); write results.json, results.csv and summary.csv.
 
     Returns the results payload; ``payload["rows"]`` is the table (one row per condition, seed, layer, head).
     """
     started = dt.datetime.now(dt.UTC)
-    out = Path(study.out)
-    out.mkdir(parents=True, exist_ok=True)
-    jobs = [(c, s) for c in study.conditions for s in study.seeds]
-    devices = _devices(study.device)
-    if study.launcher != "local":
-        records = _submit(study, jobs)
-    elif len(devices) > 1:  # one (condition, seed) per device, side by side
-        with ProcessPoolExecutor(len(devices), mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_train_and_measure, study, c, s, devices[i % len(devices)])
-                       for i, (c, s) in enumerate(jobs)]
-            records = [f.result() for f in futures]
-    else:
-        records = []
-        for k, (condition, seed) in enumerate(jobs, 1):
-            if study.progress:
-                print(f"[{k}/{len(jobs)}] {condition} seed {seed}", flush=True)
-            records.append(_train_and_measure(study, condition, seed, devices[0]))
+    Path(study.out).mkdir(parents=True, exist_ok=True)
+    specs = [RunSpec(c, s) for c in study.conditions for s in study.seeds]
+    records = run_all(specs, functools.partial(_train_and_measure, study), out=study.out, record_name=RECORD,
+                      launch=study.launch())
     return write_results(study, records, started)
-
-
-def _submit(study: LocalityStudy, jobs: list[tuple[str, int]]) -> list[dict[str, Any]]:
-    """One submitit job per (condition, seed); each trains with the engine (DDP inside a job via torchrun
-    settings in ``study.slurm``), is resumable, and returns its record."""
-    try:
-        import submitit
-    except ImportError:
-        raise ValueError("--launcher slurm needs submitit: pip install 'vitscope[slurm]'") from None
-    cluster = "local" if study.launcher == "submitit-local" else "slurm"
-    executor = submitit.AutoExecutor(folder=str(Path(study.out) / "submitit"), cluster=cluster)
-    defaults = {"timeout_min": 24 * 60, "gpus_per_node": 1, "cpus_per_task": 8, "name": "vitscope-locality"}
-    executor.update_parameters(**(defaults | study.slurm if cluster == "slurm" else {"timeout_min": 60}))
-    with executor.batch():
-        futures = [executor.submit(_train_and_measure, study, c, s, study.device) for c, s in jobs]
-    return [job.result() for job in futures]
 
 
 def write_results(study: LocalityStudy, records: list[dict[str, Any]], started: dt.datetime) -> dict[str, Any]:
@@ -189,7 +159,7 @@ def write_results(study: LocalityStudy, records: list[dict[str, Any]], started: 
     meta = provenance(config=study.to_dict() | {"training": study.train_config(study.conditions[0], 0, "auto")
                                                  .to_dict() | {"protocol": "(per condition)", "seed": "(per run)"}},
                       seed=None, dataset=study.dataset, dataset_root=study.data_dir,
-                      device=resolve_device(_devices(study.device)[0]), started=started)
+                      device=resolve_device(devices(study.device)[0]), started=started)
     payload = {"schema_version": SCHEMA_VERSION, "study": "locality", "runs": records, "rows": rows,
                "summary": summary, "claims": claims(records, study.early_layers), "provenance": meta}
     write_json(out / "results.json", payload)
