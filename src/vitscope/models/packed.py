@@ -64,7 +64,7 @@ class PackedViT(nn.Module):
         self.stacked = nn.ParameterDict({
             _slot(name): nn.Parameter(torch.stack([dict(m.named_parameters())[name].detach() for m in models]))
             for name in self.names})
-        for name, buffer in models[0].named_buffers():
+        for name, _ in models[0].named_buffers():
             self.register_buffer(_slot(name), torch.stack([dict(m.named_buffers())[name] for m in models]),
                                  persistent=False)
         self._normalizers = [block.attn.normalizer for block in models[0].blocks]  # parameter-free, shared

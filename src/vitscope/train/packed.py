@@ -36,12 +36,26 @@ from vitscope.provenance import provenance, resolve_device
 from vitscope.train.checkpoint import load_state, save_checkpoint
 from vitscope.train.config import TrainConfig
 from vitscope.train.distributed import DistContext
-from vitscope.train.engine import EpochHook, TrainingDiverged, TrainingInterrupted, _StopFlag, flatten_scalars
-from vitscope.train.engine import prepare_run, resolve_hook
+from vitscope.train.engine import (
+    EpochHook,
+    TrainingDiverged,
+    TrainingInterrupted,
+    _StopFlag,
+    flatten_scalars,
+    prepare_run,
+    resolve_hook,
+)
 from vitscope.train.logging import MetricsLog
 from vitscope.train.objective import autocast
-from vitscope.train.pack_state import (clip_member_gradients, common_checkpoint_step, load_member_states,
-                                       member_state, packed_optimizer, prune_checkpoints, solo_optimizer)
+from vitscope.train.pack_state import (
+    clip_member_gradients,
+    common_checkpoint_step,
+    load_member_states,
+    member_state,
+    packed_optimizer,
+    prune_checkpoints,
+    solo_optimizer,
+)
 from vitscope.train.protocols import Protocol, soft_cross_entropy
 from vitscope.train.schedules import cosine, epoch_order, lr_multiplier, step_seed
 from vitscope.train.supervised import build_model, evaluate
@@ -254,7 +268,8 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
             for step_in_epoch in range(in_epoch, steps_per_epoch):
                 if cfg.weight_decay_end is not None:
                     for group in decayed:
-                        group["weight_decay"] = cosine(cfg.weight_decay, cfg.weight_decay_end, global_step / total_steps)
+                        progress = global_step / total_steps
+                        group["weight_decay"] = cosine(cfg.weight_decay, cfg.weight_decay_end, progress)
                 inputs, targets = pack_batches(members, images_dev, labels_dev, orders, step_in_epoch, epoch, device)
                 with autocast(device, cfg.amp):
                     logits = step_model(inputs)
