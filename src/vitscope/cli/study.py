@@ -23,6 +23,8 @@ def register(commands) -> None:
     loc.add_argument("--out", default="vitscope-study")
     loc.add_argument("--launcher", default="local", choices=["local", "slurm"],
                      help="slurm: one submitit job per (condition, seed); needs the 'slurm' extra")
+    loc.add_argument("--pack", default="1",
+                     help="train K runs at once as one packed model (K, or auto: as many as device memory holds)")
     loc.set_defaults(handler=run_locality)
 
 
@@ -45,6 +47,6 @@ def run_locality(args: argparse.Namespace) -> int:
                                 seeds=seeds, preset=args.preset,
                                 epochs=args.epochs, batch_size=args.batch_size, train_images=args.train_images,
                                 eval_images=args.eval_images, device=args.device, out=args.out,
-                                launcher=args.launcher)
+                                launcher=args.launcher, pack=args.pack)
     print(f"report: {report}")
     return 0
