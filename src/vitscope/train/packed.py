@@ -121,6 +121,39 @@ def member_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.stack([soft_cross_entropy(logits[k], targets[k]) for k in range(logits.shape[0])])
 
 
+def pack_step(step_model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
+              targets: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """One optimisation step of every member (forward under the config's autocast, backward, each member's
+    clipping, the optimiser); returns the members' losses (K,), detached, on the device (no host sync)."""
+    with autocast(inputs.device, cfg.amp):
+        logits = step_model(inputs)
+    losses = member_losses(logits, targets)
+    losses.sum().backward()
+    params = [group_param for group in optimizer.param_groups for group_param in group["params"]]
+    if cfg.grad_clip > 0:
+        clip_member_gradients(params, cfg.grad_clip, cfg.grad_clip_mode or "global")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return losses.detach()
+
+
+def build_members(cfgs: Sequence[TrainConfig], train_set: ImageDataset, device: torch.device
+                  ) -> tuple[list[Member], PackedViT, torch.optim.Optimizer]:
+    """Each run's model (initialised under its seed, as a solo run is), protocol and solo optimiser; the
+    pack of their models on ``device`` and one optimiser over it with the solo optimiser's groups."""
+    members = []
+    for c in cfgs:
+        torch.manual_seed(c.seed)  # a solo run seeds before building its model
+        model = build_model(c, train_set).to(device)
+        protocol = Protocol(c.protocol, train_set.num_classes, train_set.mean, train_set.std,
+                            color_jitter_instead=c.dataset == "tiny-imagenet", crop_padding=c.crop_padding,
+                            smoothing=c.label_smoothing, cutmix_alpha=c.cutmix_alpha, mixup_alpha=c.mixup_alpha)
+        members.append(Member(c, model, protocol, solo_optimizer(model, c, c.lr)))
+    check_packable([m.model for m in members])
+    packed = PackedViT([m.model for m in members]).to(device)
+    return members, packed, packed_optimizer(packed, members[0].optimizer, members[0].model)
+
+
 def auto_pack_size(cfg: TrainConfig, runs: int, device: torch.device, memory_fraction: float = 0.8,
                    cpu_limit: int = 8) -> int:
     """How many runs of ``cfg``'s shape to pack on ``device``: on CUDA, as many as the free memory holds at
@@ -179,17 +212,7 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
     if cfg.batch_size > len(train_set):
         raise ValueError(f"batch_size={cfg.batch_size} exceeds the {len(train_set)} training images; "
                          "lower --set batch_size")
-    members = []
-    for c in cfgs:
-        torch.manual_seed(c.seed)  # a solo run seeds before building its model
-        model = build_model(c, train_set).to(device)
-        protocol = Protocol(c.protocol, train_set.num_classes, train_set.mean, train_set.std,
-                            color_jitter_instead=c.dataset == "tiny-imagenet", crop_padding=c.crop_padding,
-                            smoothing=c.label_smoothing, cutmix_alpha=c.cutmix_alpha, mixup_alpha=c.mixup_alpha)
-        members.append(Member(c, model, protocol, solo_optimizer(model, c, c.lr)))
-    check_packable([m.model for m in members])
-    packed = PackedViT([m.model for m in members]).to(device)
-    optimizer = packed_optimizer(packed, members[0].optimizer, members[0].model)
+    members, packed, optimizer = build_members(cfgs, train_set, device)
     steps_per_epoch = len(train_set) // cfg.batch_size
     total_steps = cfg.epochs * steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg, steps_per_epoch))
@@ -271,16 +294,9 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
                         progress = global_step / total_steps
                         group["weight_decay"] = cosine(cfg.weight_decay, cfg.weight_decay_end, progress)
                 inputs, targets = pack_batches(members, images_dev, labels_dev, orders, step_in_epoch, epoch, device)
-                with autocast(device, cfg.amp):
-                    logits = step_model(inputs)
-                losses = member_losses(logits, targets)
-                losses.sum().backward()
-                if cfg.grad_clip > 0:
-                    clip_member_gradients(list(packed.parameters()), cfg.grad_clip, cfg.grad_clip_mode or "global")
-                optimizer.step()
+                losses = pack_step(step_model, optimizer, inputs, targets, cfg)
                 scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                running += losses.detach()
+                running += losses
                 global_step += 1
                 window_steps += 1
                 bar.update(batch * K)
