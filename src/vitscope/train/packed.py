@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import signal
 import time
 from collections.abc import Sequence
@@ -204,6 +205,8 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
     hooks = list(hooks) + [resolve_hook(name) for name in cfg.epoch_hooks]
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("packed training runs in one process on one device; launch it without torchrun")
     device = resolve_device(cfg.device)
     ctx = DistContext(0, 1, device, False)
     train_set: ImageDataset = load_dataset(cfg.dataset, cfg.data_dir, "train", **cfg.dataset_options
