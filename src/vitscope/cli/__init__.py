@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import vitscope
 
-COMMAND_MODULES = ("models", "analyze", "train", "study", "demo")
+COMMAND_MODULES = ("models", "analyze", "train", "study", "demo", "export")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -136,7 +136,8 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     steps_per_epoch = len(train_set) // cfg.batch_size
     total_steps = cfg.epochs * steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg, steps_per_epoch))
-    decayed = [group for group in optimizer.param_groups if group["weight_decay"] > 0]
+    for group in optimizer.param_groups:  # kept in the optimizer's state, so it survives load_state_dict
+        group["scheduled_decay"] = group["weight_decay"] > 0
     global_step = 0
     if state is not None:
         objective.restore(Path(state["path"]), state.get("objective", {}))
@@ -206,7 +207,7 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
                 generator = torch.Generator(device=ctx.device).manual_seed(seed)
                 torch.manual_seed(seed)
                 if cfg.weight_decay_end is not None:
-                    for group in decayed:
+                    for group in (g for g in optimizer.param_groups if g["scheduled_decay"]):
                         progress = global_step / total_steps
                         group["weight_decay"] = cosine(cfg.weight_decay, cfg.weight_decay_end, progress)
                 loss = objective.loss(step_model, images_dev[batch], labels_dev[batch], batch, epoch, generator)
