@@ -1,8 +1,9 @@
 """Cost of streaming attention statistics (MAD + entropy per head) against a plain evaluation forward.
 
-Usage: python benchmarks/bench_record.py [--device cpu|cuda] [--repeats 5]
-Models: vitscope's vit-compact (batch 128, 32 px) and timm's vit_small_patch16_224 (batch 16, 224 px), random
-weights. Also checks that memory does not grow with the number of batches recorded.
+Usage: python benchmarks/bench_record.py [--device cpu|cuda] [--repeats 5] [--batches 16,32,64,128]
+Models: vitscope's vit-compact (32 px) at every batch size given (target: <= 1.3x from 16 up) and timm's
+vit_small_patch16_224 (batch 16, 224 px), random weights. Also checks that recording leaves the output
+bit-identical and that memory does not grow with the number of batches recorded.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ def measure(spec: str, batch: int, size: int, device: str, repeats: int) -> list
         with torch.no_grad(), vitscope.record_attention(model, keep="stats"):
             model(images)
 
+    with torch.no_grad():
+        expected = model(images)
+        with vitscope.record_attention(model, keep="stats"):
+            identical = torch.equal(model(images), expected)
     med = interleaved_medians({"plain": plain, "stats": with_stats}, repeats, sync=device == "cuda")
 
     def state_size(rec) -> int:  # the recorder keeps only per-head sums, whatever the number of batches
@@ -46,19 +51,20 @@ def measure(spec: str, batch: int, size: int, device: str, repeats: int) -> list
             model(images)
         held_after = state_size(rec)
     return [spec, str(batch), f"{med['plain'] * 1e3:.1f}", f"{med['stats'] * 1e3:.1f}",
-            f"{med['stats'] / med['plain']:.2f}x", f"{held} -> {held_after} numbers"]
+            f"{med['stats'] / med['plain']:.2f}x", f"{held} -> {held_after} numbers", "yes" if identical else "NO"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batches", default="16,32,64,128", help="vit-compact batch sizes")
     args = parser.parse_args()
-    rows = [measure(spec, batch, size, args.device, args.repeats)
-            for spec, batch, size in (("vit-compact", 128, 32), ("timm:vit_small_patch16_224", 16, 224))]
+    runs = [("vit-compact", int(b), 32) for b in args.batches.split(",")] + [("timm:vit_small_patch16_224", 16, 224)]
+    rows = [measure(spec, batch, size, args.device, args.repeats) for spec, batch, size in runs]
     print(f"machine: {machine()}")
     print(table(rows, ["model", "batch", "plain forward ms", "with streaming stats ms", "ratio",
-                       "recorder state after 3 -> 6 batches"]))
+                       "recorder state after 3 -> 6 batches", "output bit-identical"]))
 
 
 if __name__ == "__main__":

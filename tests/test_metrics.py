@@ -1,4 +1,4 @@
-"""Locality metrics against analytic values (DESIGN.md section 3)."""
+"""Locality metrics against analytic values (docs/definitions.md)."""
 
 import math
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from vitscope.metrics import attention_entropy, grid_distances, mean_attention_distance
 
 GRID = (8, 8)
-UNIFORM_MAD_PATCHES = 4.1365  # DESIGN.md reference value for an 8x8 grid
+UNIFORM_MAD_PATCHES = 4.1365  # the reference value for an 8x8 grid in docs/definitions.md
 
 
 def with_prefix(patch_attn: torch.Tensor, prefix: int, prefix_mass: float = 0.0) -> torch.Tensor:

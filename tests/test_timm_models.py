@@ -7,6 +7,7 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import save_file
+from timm.layers.attention import Attention as TimmAttention
 
 import vitscope
 from vitscope.attention import Attention
@@ -161,7 +162,7 @@ def test_swap_normaliser_keeps_weights_and_registers_and_image_size():
     with torch.no_grad(), vitscope.record_attention(sparse, keep="stats") as rec:
         sparse(images)
     handle.remove()
-    torch.testing.assert_close(seen[0][:, 1:3], sparse.vitscope_registers.expand(2, -1, -1))
+    torch.testing.assert_close(seen[0][:, 1:3], sparse.reg_token.expand(2, -1, -1))
     assert rec.stats.mad.shape == (2, 6) and (sparse.blocks[0].attn.observer is None)
     assert token_map(sparse)["registers"] == [1, 2]
     with torch.no_grad(), vitscope.record_attention(sparse) as maps:
@@ -226,3 +227,63 @@ def test_cli_analyze_on_timm_models_and_a_dataset_on_disk(tmp_path, monkeypatch,
     assert main(["analyze", "norms", *common, "--threshold", "auto", "--out", str(tmp_path / "norms")]) == 0
     assert (tmp_path / "loc" / "mad_per_layer.png").is_file() and (tmp_path / "loc" / "locality.csv").is_file()
     assert (tmp_path / "norms" / "norm_histograms.png").is_file() and (tmp_path / "norms" / "norms.csv").is_file()
+
+
+class GatedTimmAttention(TimmAttention):
+    """timm's Attention with its sigmoid output gate on (timm's ViTs take it through attn_layer=)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, gated=True, **kwargs)
+
+
+VARIANTS = {  # each attention variant of timm's ViT family that vitscope converts, tiny
+    "plain": ("timm:deit3_small_patch16_224", {}),
+    "qk-norm": ("timm:vit_small_patch16_224", {"qk_norm": True}),
+    "gated": ("timm:vit_small_patch16_224", {"attn_layer": GatedTimmAttention}),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_attention_variants_convert_with_their_weights_and_record_bit_identically(variant):
+    spec, extra = VARIANTS[variant]
+    options = {"img_size": 32, "depth": 2, **extra}
+    torch.manual_seed(0)
+    timm_model = load(spec, **options).eval()
+    images = torch.randn(2, 3, 32, 32)
+    converted = load(spec, attention="softmax", **options).eval()
+    converted.load_state_dict(timm_model.state_dict())  # strict: the same parameters under the same names
+    attn = converted.blocks[0].attn
+    assert isinstance(attn, Attention) and attn.normalizer.name == "softmax"
+    assert (attn.gate is not None) == (variant == "gated") and isinstance(attn.q_norm, torch.nn.Identity) == (
+        variant != "qk-norm")
+    with torch.no_grad():
+        want = timm_model(images)
+        torch.testing.assert_close(converted(images), want, atol=1e-6, rtol=1e-6)
+        for model in (timm_model, converted):  # recording changes nothing, to the bit
+            plain = model(images)
+            with vitscope.record_attention(model, keep="stats") as rec:
+                assert torch.equal(model(images), plain)
+            with vitscope.record_attention(model) as maps:
+                assert torch.equal(model(images), plain)
+            assert not rec.stats.mad.isnan().any() and maps.maps[0].shape == (2, 6, 5, 5)
+    sparse = load(spec, attention="entmax15", **options).eval()
+    sparse.load_state_dict(timm_model.state_dict())
+    assert all(b.attn.normalizer.name == "entmax15" for b in sparse.blocks)
+
+
+@pytest.mark.parametrize("spec,options,match", [
+    ("timm:vit_dwee_patch16_reg1_gap_256", {"depth": 1}, "DiffAttention"),
+    ("timm:vit_small_patch16_18x2_224", {"depth": 1}, "do not each hold one"),
+    ("timm:vit_base_patch16_xp_224", {"depth": 1}, "no timm ViT Attention"),
+    ("timm:swin_tiny_patch4_window7_224", {"depths": (1, 1, 1, 1)}, "WindowAttention"),
+])
+def test_attention_that_cannot_be_converted_is_refused(spec, options, match):
+    with pytest.raises(ValueError, match=match):
+        load(spec, attention="entmax15", **options)
+
+
+def test_registers_only_where_timm_gives_them_no_positional_embedding():
+    with pytest.raises(ValueError, match="no_embed_class"):
+        load("timm:vit_small_patch16_224.dino", num_registers=4, img_size=32, depth=1)
+    with pytest.raises(ValueError, match="already has registers"):
+        load("timm:vit_small_patch14_reg4_dinov2", num_registers=4, img_size=28, depth=1)

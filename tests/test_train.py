@@ -128,10 +128,13 @@ def test_two_ranks_with_gloo_under_torchrun(tmp_path):
     path = tmp_path / "ddp.json"
     path.write_text(json.dumps(cfg.to_dict()))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    logs = tmp_path / "torchrun-logs"
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", "29533", "-m", "vitscope.cli", "train", "--config", str(path)],
+                             "--master_port", "29533", "--log-dir", str(logs), "--tee", "3",
+                             "-m", "vitscope.cli", "train", "--config", str(path)],
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert {p.parent.name for p in logs.rglob("stderr.log")} == {"0", "1"}  # two worker processes ran
     meta = json.loads((Path(cfg.out) / "config.json").read_text())
     assert meta["world_size"] == 2
     summary = json.loads((Path(cfg.out) / "summary.json").read_text())

@@ -7,7 +7,8 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +19,32 @@ def cache_root() -> Path:
     return Path(os.environ.get("VITSCOPE_CACHE", Path.home() / ".cache" / "vitscope"))
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` (same suffix) for the caller to write; when the block ends without an
+    error it is flushed to disk and renamed over ``path``, so readers see the old file or the whole new one,
+    never a part. After an error the temporary file is removed and ``path`` is untouched.
+
+        with atomic_path(out / "model.safetensors") as tmp:
+            save_file(tensors, str(tmp))
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    return path
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (``atomic_path``)."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
 
 
 def _json_safe(value: Any) -> Any:

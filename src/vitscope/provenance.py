@@ -9,7 +9,7 @@ from typing import Any
 import timm
 import torch
 
-import vitscope
+from vitscope.version import __version__
 
 SCHEMA_VERSION = 1
 
@@ -27,7 +27,7 @@ def provenance(*, config: dict[str, Any], seed: int | None, dataset: str | None,
     now = dt.datetime.now(dt.UTC)
     return {
         "schema_version": SCHEMA_VERSION,
-        "vitscope_version": vitscope.__version__,
+        "vitscope_version": __version__,
         "torch_version": torch.__version__,
         "timm_version": timm.__version__,
         "python_version": platform.python_version(),

@@ -28,41 +28,27 @@ def register(commands) -> None:
 
 def run_locality(args: argparse.Namespace) -> int:
     from vitscope.analyze import measure_locality, write_locality
-    from vitscope.report.figures import behaviour_space, per_layer
+    from vitscope.report.analysis_figures import locality_figures
 
     device, dataset, model, out, meta = prepare_analysis(args, "vitscope-locality")
     result = measure_locality(model, dataset, batch_size=args.batch_size, device=device,
                               renormalize=args.renormalize, unit=args.unit, img_size=args.img_size)
-    files = write_locality(out, result, meta)
-    mad, entropy = result.stats.mad.numpy(), result.stats.entropy.numpy()
-    files["figure"] = behaviour_space({args.model: (mad, entropy)}, out / "behaviour_space.png", unit=args.unit)
-    files["per-layer"] = per_layer({args.model: mad}, f"MAD ({args.unit})", out / "mad_per_layer.png")
+    files = write_locality(out, result, meta) | locality_figures(result, args.model, out, args.unit)
     print(f"min early-layer MAD {result.summary()['min_early_mad']:.4f} ({args.unit}) over {len(dataset)} images")
     print_files(files)
     return 0
 
 
 def run_norms(args: argparse.Namespace) -> int:
-    from vitscope.analyze.inputs import model_batches
     from vitscope.analyze.norms import measure_norms, write_norms
     from vitscope.metrics.norms import parse_threshold
-    from vitscope.report.norm_figures import high_norm_maps, norm_histograms
+    from vitscope.report.analysis_figures import norm_figures
 
     parse_threshold(args.threshold)  # fail before loading anything
     device, dataset, model, out, meta = prepare_analysis(args, "vitscope-norms")
     result = measure_norms(model, dataset, threshold=args.threshold, detect_layer=args.detect_layer - 1,
                            batch_size=args.batch_size, device=device, img_size=args.img_size)
-    files = write_norms(out, result, meta)
-    files["histograms"] = norm_histograms([n.numpy().ravel() for n in result.norms], result.names,
-                                          result.threshold.value, result.threshold.spec, out / "norm_histograms.png")
-    if result.tokens["kind"] == "plain":
-        grid = result.tokens["patches"]["grid"]
-        count = min(16, len(dataset))
-        images, _ = next(model_batches(model, dataset.subset(count), count, "cpu", args.img_size))
-        shown = (images - images.amin(dim=(1, 2, 3), keepdim=True))
-        shown = (shown / shown.amax(dim=(1, 2, 3), keepdim=True)).permute(0, 2, 3, 1).numpy()
-        maps = result.norms[result.detect_layer][:count, result.prefix :].view(count, *grid).numpy()
-        files["maps"] = high_norm_maps(shown, maps, result.threshold.value, out / "high_norm_maps.png")
+    files = write_norms(out, result, meta) | norm_figures(result, model, dataset, out, args.img_size)
     top = result.summary()[result.detect_layer]
     print(f"threshold {result.threshold.spec} = {result.threshold.value:.4g}; high-norm patch tokens at layer "
           f"{result.detect_layer + 1}: {top['high_norm_fraction']:.2%}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
-    """The options of every command that reads a model and a dataset (DESIGN.md section 5)."""
+    """The options of every command that reads a model and a dataset."""
     parser.add_argument("--model", default="vit-micro", help="preset, timm:NAME, or run folder / weights file")
     parser.add_argument("--weights", default=None, help="local weights file for the model")
     parser.add_argument("--dataset", default="synthetic", help="dataset name (synthetic needs no directory)")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from safetensors.torch import save_file
 from vitscope.data.dataset import ImageDataset
 from vitscope.data.files import IMAGE_SUFFIXES, FileTree, decode_images
 from vitscope.data.synthetic import synthetic_scenes
-from vitscope.files import cache_root
+from vitscope.files import atomic_path, cache_root
 
 DATASETS = ("cifar10", "cifar100", "tiny-imagenet", "imagefolder", "synthetic")
 _SPLIT_ALIASES = {"train": "train", "eval": "eval", "test": "eval", "val": "eval", "validation": "eval"}
@@ -188,9 +187,7 @@ def load_dataset(name: str, root: str | Path | None = None, split: str = "train"
             raise ValueError(f"{root} has {len(classes)} classes but {name} has {expected}; "
                              f"check the folder, or use --dataset imagefolder for other class sets")
         tensors = {"images": images.contiguous(), "labels": labels.long(), **extras}
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(cached.name + f".{os.getpid()}.tmp")
-        save_file(tensors, str(tmp), metadata={"classes": json.dumps(classes)})
-        os.replace(tmp, cached)
+        with atomic_path(cached) as tmp:
+            save_file(tensors, str(tmp), metadata={"classes": json.dumps(classes)})
     extras = {k: v for k, v in tensors.items() if k not in ("images", "labels")}
     return ImageDataset(name, split, tensors["images"], tensors["labels"], classes, mean, std, str(root), extras)

@@ -1,4 +1,4 @@
-"""Token norms and high-norm ("artifact") token detection (DESIGN.md section 3).
+"""Token norms and high-norm ("artifact") token detection (definitions in docs/definitions.md).
 
 A token's norm is the L2 norm of a block's output token (default: the last block, before the final norm).
 A token is high-norm when its norm exceeds a threshold chosen by a spec:

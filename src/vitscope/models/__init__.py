@@ -21,21 +21,24 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
 
     Presets and timm architectures start from random weights unless ``weights`` names a local file (timm
     or original-repository key names for timm models). ``attention``, ``num_registers`` and ``img_size``
-    modify the model: for vitscope models they are config options; for timm ViTs the normaliser is
-    swapped and registers added with the weights kept, and the positional embedding is resampled.
+    modify the model: for vitscope models they are config options; timm models are built with vitscope's
+    attention and timm's registers (``vitscope.models.timm_adapter``), and the positional embedding is
+    resampled.
     """
     spec = str(spec)
     if spec.startswith("timm:"):
-        from vitscope.models.timm_adapter import create_timm, load_timm_weights, modify
+        from vitscope.models.timm_adapter import create_timm, load_timm_weights, resize
 
+        name = spec[len("timm:") :]
         if weights is not None and img_size is not None:  # build at the weights' size: no resampling round trip
-            model = create_timm(spec[len("timm:") :], img_size=img_size, **overrides)
+            model = create_timm(name, attention=attention, num_registers=num_registers, img_size=img_size,
+                                **overrides)
             load_timm_weights(model, weights)
-            return modify(model, attention=attention, num_registers=num_registers)
-        model = create_timm(spec[len("timm:") :], **overrides)
+            return model
+        model = create_timm(name, attention=attention, num_registers=num_registers, **overrides)
         if weights is not None:
             load_timm_weights(model, weights)
-        return modify(model, attention=attention, num_registers=num_registers, img_size=img_size)
+        return resize(model, img_size)
     vit_options = {k: v for k, v in (("attention", attention), ("img_size", img_size)) if v is not None}
     if num_registers:
         vit_options["num_registers"] = num_registers

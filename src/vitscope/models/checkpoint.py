@@ -3,43 +3,36 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from vitscope.files import atomic_path
 from vitscope.models.config import ViTConfig
 from vitscope.models.vit import VisionTransformer
+from vitscope.run_folder import MODEL_FILE, model_file
 
 CONFIG_KEY = "vitscope_config"
-MODEL_FILE = "model.safetensors"
 
 
 def save_model(model: VisionTransformer, path: str | Path) -> Path:
     """Write weights and config atomically (temporary file, then rename) to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp), metadata={CONFIG_KEY: json.dumps(model.cfg.to_dict())})
-    os.replace(tmp, path)
-    return path
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp), metadata={CONFIG_KEY: json.dumps(model.cfg.to_dict())})
+    return Path(path)
 
 
 def find_model_file(path: str | Path) -> Path:
-    """The weights file for a run folder (its model.safetensors) or the file itself."""
+    """The weights file for a run folder (its top-level model, ``vitscope.run_folder``) or the file itself."""
     path = Path(path)
     if path.is_dir():
-        candidates = [path / MODEL_FILE]
-        pointer = path / "checkpoints" / "LATEST"  # written by vitscope.train.checkpoint
-        if pointer.is_file():
-            candidates.append(path / "checkpoints" / pointer.read_text().strip() / MODEL_FILE)
-        for candidate in candidates:
-            if candidate.is_file():
-                return candidate
-        raise FileNotFoundError(f"no {MODEL_FILE} in run folder {path}; train it first or pass the weights file")
+        if model_file(path).is_file():
+            return model_file(path)
+        raise FileNotFoundError(f"no {MODEL_FILE} in run folder {path}; train it first (the trainer writes it at "
+                                "every checkpoint) or pass the weights file")
     if not path.is_file():
         raise FileNotFoundError(f"model file {path} does not exist; pass a vitscope run folder or .safetensors file")
     return path
@@ -74,16 +67,18 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_weights(model: torch.nn.Module, path: str | Path, convert=None) -> None:
+def load_weights(model: torch.nn.Module, path: str | Path, convert=None, may_lack: set[str] = frozenset()) -> None:
     """Load a weights file into ``model``, strictly; a mismatch names the missing and unexpected keys.
 
-    ``convert(state_dict, model)`` renames foreign keys first (timm's ``checkpoint_filter_fn``)."""
+    ``convert(state_dict, model)`` renames foreign keys first (timm's ``checkpoint_filter_fn``); keys in
+    ``may_lack`` (parameters added to a pretrained model) may be absent from the file."""
     state = read_state_dict(path)
     if convert is not None:
         state = convert(state, model)
     result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
+    missing = [key for key in result.missing_keys if key not in may_lack]
+    if missing or result.unexpected_keys:
         raise ValueError(
-            f"weights in {path} do not fit the model: missing {result.missing_keys[:5]}, unexpected "
+            f"weights in {path} do not fit the model: missing {missing[:5]}, unexpected "
             f"{result.unexpected_keys[:5]}; check that the model spec matches the checkpoint"
         )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from vitscope.attention import Attention, AttentionEvent, make_normalizer
+from vitscope.attention import Attention, AttentionEvent, Softmax
 from vitscope.models.hierarchical import hierarchical_geometry
 from vitscope.models.layout import TokenLayout
 
@@ -86,15 +86,16 @@ def _attach_vitscope(module: Attention, deliver: Callable[[AttentionEvent], None
     return detach
 
 
-def _timm_vit_attention() -> tuple[type, ...]:
+def is_timm_vit_attention(module: nn.Module | None) -> bool:
+    """timm's ViT ``Attention`` (or a subclass that keeps its forward, e.g. one built with ``gated=True``)."""
     from timm.layers.attention import Attention as TimmAttention
 
-    return (TimmAttention,)
+    return isinstance(module, TimmAttention) and type(module).forward is TimmAttention.forward
 
 
 def _attach_timm_vit(module: nn.Module, deliver: Callable[[AttentionEvent], None]) -> Callable[[], None]:
     """q and k at the outputs of q_norm / k_norm, the mask at the module's input; the fused path stays on."""
-    softmax = make_normalizer("softmax")
+    softmax = Softmax()
     seen: dict[str, Tensor | None] = {}
 
     def inputs(_m, args, kwargs) -> None:
@@ -165,10 +166,9 @@ def attention_sites(model: nn.Module) -> list[AttentionSite]:
     """Every attention layer of ``model`` in block order."""
     if hasattr(model, "blocks") and hasattr(model, "num_prefix_tokens"):
         canonical = PlainLayout(token_layout(model))
-        known = (Attention, *_timm_vit_attention())
         for i, block in enumerate(model.blocks):
             attn = getattr(block, "attn", None)
-            if type(attn) not in known:
+            if not (isinstance(attn, Attention) or is_timm_vit_attention(attn)):
                 kind = type(attn).__name__ if attn is not None else f"{type(block).__name__} (no attn module)"
                 raise ValueError(f"cannot record attention of block {i}: {kind} is not an attention vitscope knows "
                                  "(timm's Attention, with or without q/k-norm or gate, or vitscope's)")

@@ -1,10 +1,12 @@
 """timm architectures inside vitscope: built without any download, loaded from local weights, modified.
 
-``modify`` changes a loaded timm ViT in place, keeping its weights:
-* ``attention``: every timm ``Attention`` becomes a vitscope ``Attention`` with that normaliser (same
-  ``qkv`` / ``proj`` weights; no new parameters);
-* ``num_registers``: R register tokens after CLS with no positional embedding (DINOv2 convention), newly
-  initialised; existing weights untouched;
+Modifications use timm's own construction hooks, so the model is what timm would build:
+* ``attention``: timm builds every block with ``attn_layer=`` a vitscope ``Attention`` with that normaliser
+  (timm's parameter names, q/k-norm, scale-norm and gate carried over; no new parameters). An attention
+  vitscope cannot reproduce (differential attention, fused-projection blocks, another head width) is refused;
+* ``num_registers``: timm's ``reg_tokens=`` (after CLS, no positional embedding), on models built with
+  ``no_embed_class`` only (elsewhere timm would give registers positional embeddings and pretrained weights
+  would no longer load); registers are newly initialised, every other weight loads as before;
 * ``img_size``: timm's own positional-embedding resampling (``set_input_size``).
 """
 
@@ -20,84 +22,101 @@ from torch import nn
 
 from vitscope.attention import Attention
 from vitscope.models.checkpoint import load_weights
+from vitscope.models.sites import is_timm_vit_attention
+
+# The submodules of timm's ViT Attention that vitscope's Attention reproduces, under the same names.
+KNOWN_PARTS = {"qkv", "q_norm", "k_norm", "attn_drop", "norm", "gate", "proj", "proj_drop"}
 
 
-def create_timm(name: str, **overrides: Any) -> nn.Module:
-    """A timm model ``name`` with random weights (``pretrained`` is never fetched)."""
+def create_timm(name: str, *, attention: str | None = None, num_registers: int = 0, **overrides: Any) -> nn.Module:
+    """A timm model ``name`` with random weights (``pretrained`` is never fetched), built with vitscope's
+    attention (``attention``: a normaliser spec) and ``num_registers`` registers when asked."""
     if overrides.pop("pretrained", False):
         raise ValueError(
             f"timm:{name} pretrained weights are not fetched; download them yourself and pass --weights PATH"
         )
+    if attention is not None or num_registers:
+        probe = _build(name, overrides, device="meta")
+        if attention is not None:
+            overrides["attn_layer"] = vitscope_attn_layer(probe, attention)
+        if num_registers:
+            _check_registers(probe, num_registers)
+            overrides["reg_tokens"] = num_registers
+    return _build(name, overrides)
+
+
+def _build(name: str, overrides: dict[str, Any], device: str | None = None) -> nn.Module:
     try:
-        return timm.create_model(name, pretrained=False, **overrides)
+        if device is None:
+            return timm.create_model(name, pretrained=False, **overrides)
+        with torch.device(device):  # structure only, no memory: to inspect before building
+            return timm.create_model(name, pretrained=False, **overrides)
     except RuntimeError as err:  # timm raises RuntimeError for unknown names
         raise ValueError(f"timm does not know the model {name!r} ({err}); see timm.list_models()") from None
 
 
-def load_timm_weights(model: nn.Module, path: str | Path) -> None:
-    """Load timm or original-repository weights (converted by the architecture's checkpoint_filter_fn)."""
-    load_weights(model, path, convert=getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None))
+def vitscope_attn_layer(model: nn.Module, normalizer: str) -> type[Attention]:
+    """The ``attn_layer`` class that makes timm build ``model``'s blocks with vitscope's Attention and
+    ``normalizer``; refuses a model whose attention it cannot reproduce exactly."""
+    found = [m for m in model.modules() if is_timm_vit_attention(m)]
+    other = sorted({type(m).__name__ for m in model.modules()
+                    if "Attention" in type(m).__name__ and not is_timm_vit_attention(m) and m is not model})
+    if other or not found:
+        what = f"its {', '.join(other)} modules" if other else "it has no timm ViT Attention modules"
+        raise ValueError(f"cannot give {type(model).__name__} vitscope's attention: {what}; attention= works on "
+                         "timm VisionTransformer models with timm's Attention (plain, q/k-norm, gated)")
+    if len(found) != len(getattr(model, "blocks", ())):
+        raise ValueError(f"cannot give {type(model).__name__} vitscope's attention: its blocks "
+                         f"({type(model.blocks[0]).__name__}) do not each hold one timm Attention (fused projections?)")
+    gated = {m.gate is not None for m in found}
+    for m in found:
+        unknown = {n for n, _ in m.named_children()} - KNOWN_PARTS
+        if unknown or m.attn_dim != m.qkv.in_features:
+            why = f"parts {sorted(unknown)}" if unknown else f"head width {m.head_dim} x {m.num_heads} heads"
+            raise ValueError(f"cannot convert timm Attention with {why} to vitscope's attention")
+    if len(gated) > 1:
+        raise ValueError("cannot convert a model whose blocks mix gated and ungated attention")
+    return _attention_class(normalizer, gated.pop())
 
 
-def swap_attention(model: nn.Module, normalizer: str) -> int:
-    """Replace every timm ViT ``Attention`` by vitscope's with ``normalizer``; returns how many."""
-    from timm.models.vision_transformer import Attention as TimmAttention
+def _attention_class(normalizer: str, gated: bool) -> type[Attention]:
+    """A subclass of vitscope's Attention with timm's constructor and the normaliser fixed (timm wants a class)."""
 
-    swapped = 0
-    for module in list(model.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, Attention):
-                child.set_normalizer(normalizer)
-                swapped += 1
-            elif isinstance(child, TimmAttention):
-                if not (isinstance(child.q_norm, nn.Identity) and isinstance(child.k_norm, nn.Identity)
-                        and isinstance(getattr(child, "norm", nn.Identity()), nn.Identity)):
-                    raise ValueError("this model normalises q/k inside attention; vitscope cannot swap its normaliser")
-                dim = child.qkv.in_features
-                new = Attention(dim, child.num_heads, qkv_bias=child.qkv.bias is not None, normalizer=normalizer,
-                                attn_drop=child.attn_drop.p, proj_drop=child.proj_drop.p)
-                new.load_state_dict({k: v for k, v in child.state_dict().items() if k.startswith(("qkv", "proj"))})
-                setattr(module, child_name, new.to(child.qkv.weight.device, child.qkv.weight.dtype))
-                swapped += 1
-    if not swapped:
-        raise ValueError(f"{type(model).__name__} has no ViT attention modules to swap; attention= works on "
-                         "timm VisionTransformer models")
-    return swapped
+    class TimmBuiltAttention(Attention):
+        def __init__(self, dim: int, num_heads: int = 8, **timm_options: Any):
+            super().__init__(dim, num_heads, normalizer=normalizer, gated=gated, **timm_options)
+
+    TimmBuiltAttention.__qualname__ = TimmBuiltAttention.__name__ = f"Attention_{normalizer.replace(':', '_')}"
+    return TimmBuiltAttention
 
 
-def add_registers(model: nn.Module, count: int) -> None:
-    """Add ``count`` register tokens after CLS (no positional embedding) to a timm VisionTransformer."""
-    if count <= 0:
-        return
-    if not hasattr(model, "_pos_embed") or not hasattr(model, "num_prefix_tokens"):
+def _check_registers(model: nn.Module, count: int) -> None:
+    if count < 0:
+        raise ValueError(f"num_registers={count} must be >= 0")
+    if not hasattr(model, "no_embed_class") or not hasattr(model, "num_prefix_tokens"):
         raise ValueError(f"num_registers= needs a timm VisionTransformer, not {type(model).__name__}")
-    if getattr(model, "reg_token", None) is not None or getattr(model, "num_reg_tokens", 0):
+    if getattr(model, "num_reg_tokens", 0):
         raise ValueError("this model already has registers; load it without num_registers=")
-    dim = model.embed_dim
-    ref = model.pos_embed if model.pos_embed is not None else next(model.parameters())
-    model.vitscope_registers = nn.Parameter(torch.randn(1, count, dim, device=ref.device, dtype=ref.dtype) * 0.02)
-    cls_count = model.num_prefix_tokens  # CLS (and nothing else) before registers are added
-    original = model._pos_embed
-
-    def pos_embed_with_registers(x: torch.Tensor) -> torch.Tensor:
-        x = original(x)
-        regs = model.vitscope_registers.expand(x.shape[0], -1, -1)
-        return torch.cat([x[:, :cls_count], regs, x[:, cls_count:]], dim=1)
-
-    model._pos_embed = pos_embed_with_registers
-    model.num_reg_tokens = count
-    model.num_prefix_tokens = cls_count + count
+    if not model.no_embed_class:
+        raise ValueError(f"{type(model).__name__} gives its class token a positional embedding (no_embed_class="
+                         "False), so timm would give registers one too and its weights would not load; add "
+                         "registers to models built with no_embed_class (DeiT-III, DINOv2) or to vitscope presets")
 
 
-def modify(model: nn.Module, *, attention: str | None = None, num_registers: int = 0,
-           img_size: int | None = None) -> nn.Module:
-    """Apply the modifications described in the module docstring, in place; returns the model."""
+def load_timm_weights(model: nn.Module, path: str | Path) -> None:
+    """Load timm or original-repository weights (converted by the architecture's checkpoint_filter_fn); registers
+    added by vitscope (``reg_token``) may be absent from the file and keep their initialisation."""
+    convert = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
+    new = {"reg_token"} if getattr(model, "reg_token", None) is not None else set()
+    load_weights(model, path, convert=convert, may_lack=new)
+
+
+def resize(model: nn.Module, img_size: int | None) -> nn.Module:
+    """Resample the positional embedding to ``img_size`` with timm's ``set_input_size``; models without a fixed
+    input size (PVT-v2) take any input as it is."""
     fixed_size = getattr(getattr(model, "patch_embed", None), "img_size", None) is not None
-    if img_size is not None and fixed_size:  # models without a fixed size (PVT-v2) take any input as it is
+    if img_size is not None and fixed_size:
         if not hasattr(model, "set_input_size"):
             raise ValueError(f"{type(model).__name__} cannot change its input size; drop img_size=")
         model.set_input_size(img_size=img_size)
-    if attention is not None:
-        swap_attention(model, attention)
-    add_registers(model, num_registers)
     return model

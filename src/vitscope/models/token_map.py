@@ -5,17 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
 from vitscope.models.hierarchical import PvtReducedKeys, SwinWindows
 from vitscope.models.sites import attention_sites, token_layout
-
-
-def patch_coordinates(grid_size: tuple[int, int]) -> Tensor:
-    """(N, 2) row and column of each patch token, in token order (row-major)."""
-    rows, cols = torch.meshgrid(torch.arange(grid_size[0]), torch.arange(grid_size[1]), indexing="ij")
-    return torch.stack([rows.flatten(), cols.flatten()], dim=1)
 
 
 def token_map(model: nn.Module) -> dict[str, Any]:

@@ -12,16 +12,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
+from vitscope.files import atomic_path  # noqa: E402
+
 
 def save_figure(fig, path: str | Path) -> Path:
     """Save ``fig`` atomically and close it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return Path(path)
 
 
 def behaviour_space(panels: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | Path,

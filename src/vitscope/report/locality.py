@@ -14,8 +14,9 @@ from safetensors.numpy import load_file
 
 from vitscope.analyze.locality import DEFINITIONS
 from vitscope.files import atomic_write_bytes
+from vitscope.metrics import early_layers
 from vitscope.report import figures
-from vitscope.studies.locality_results import PAPER, early_layer_indices
+from vitscope.studies.locality_results import PAPER
 from vitscope.train.protocols import parse_protocol
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -92,7 +93,7 @@ def _scale_note(results: dict[str, Any]) -> str:
     runs = results["runs"]
     train = runs[0]["train_config"]
     layers = len(runs[0]["layers"])
-    early = [i + 1 for i in early_layer_indices(layers, results["provenance"]["config"].get("early_layers"))]
+    early = [i + 1 for i in early_layers(layers, results["provenance"]["config"].get("early_layers"))]
     return (f"Measured on <b>{html.escape(results['provenance']['dataset'])}</b> with model "
             f"<code>{html.escape(train['model'])}</code> {html.escape(json.dumps(train['model_options']))}, "
             f"{train['epochs']} epochs, batch {train['batch_size']}, {len(runs)} runs "
@@ -132,7 +133,7 @@ def build_report(out: str | Path) -> Path:
                                  "runs_with", "runs_without")} for c in results["claims"]]
     per_run = [{"condition": r["condition"], "seed": r["seed"], "accuracy": r["accuracy"],
                 "min early MAD": float(np.nanmin(np.asarray(r["mad"], dtype=float)[
-                    early_layer_indices(len(r["layers"]), results["provenance"]["config"].get("early_layers"))])),
+                    early_layers(len(r["layers"]), results["provenance"]["config"].get("early_layers"))])),
                 "skipped (image, head)": int(np.sum(r["skipped"]))} for r in results["runs"]]
     examples = "".join(_img(p, k) for k, p in paths.items() if k.startswith("examples:"))
     sections = [

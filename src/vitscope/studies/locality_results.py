@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from vitscope.metrics import early_layers as metrics_early_layers
 from vitscope.train.protocols import COMPONENTS, parse_protocol, protocol_name
 
 BOOTSTRAP_SAMPLES = 2000
@@ -19,15 +20,10 @@ PAPER = {  # arXiv 2605.16390, CIFAR-100, vit-compact
 }
 
 
-def early_layer_indices(num_layers: int, early_layers: list[int] | None) -> list[int]:
-    """0-based early layers: those named, or the first quarter (at least one)."""
-    return list(early_layers) if early_layers else list(range(max(1, num_layers // 4)))
-
-
 def early_heads(record: dict[str, Any], early_layers: list[int] | None) -> np.ndarray:
     """The MAD of every head in the early layers of one run, flattened (NaN heads dropped)."""
     mad = np.asarray(record["mad"], dtype=float)
-    values = mad[early_layer_indices(len(mad), early_layers)].ravel()
+    values = mad[metrics_early_layers(len(mad), early_layers)].ravel()
     return values[~np.isnan(values)]
 
 

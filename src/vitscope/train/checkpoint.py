@@ -16,14 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitscope.files import atomic_write_bytes
+from vitscope.files import atomic_path, atomic_write_bytes
 from vitscope.models import save_model
-
-LATEST = "LATEST"
+from vitscope.run_folder import LATEST, checkpoints_dir, model_file
 
 
 def checkpoint_root(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return checkpoints_dir(run_dir)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -50,14 +49,13 @@ def save_checkpoint(run_dir: str | Path, step: int, model: nn.Module, state: dic
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_model(model, tmp / "model.safetensors")
-    with open(tmp / "state.pt", "wb") as handle:
-        torch.save(state, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+    with atomic_path(tmp / "state.pt") as state_file:
+        torch.save(state, state_file)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     atomic_write_bytes(root / LATEST, final.name.encode())
+    save_model(model, model_file(run_dir))  # the run folder's model to evaluate follows every checkpoint
     for old in sorted(root.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-keep]:
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
