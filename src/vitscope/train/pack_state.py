@@ -22,8 +22,12 @@ from vitscope.train.config import TrainConfig
 
 
 def solo_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
-    """The optimiser a solo run builds for ``model`` (timm's AdamW factory and its weight-decay groups)."""
-    return create_optimizer_v2(model, opt="adamw", lr=lr, weight_decay=cfg.weight_decay)
+    """The optimiser a solo run builds for ``model`` (timm's AdamW factory and its weight-decay groups, each
+    group marked ``scheduled_decay`` when its decay follows the weight-decay schedule, as the engine does)."""
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=lr, weight_decay=cfg.weight_decay)
+    for group in optimizer.param_groups:
+        group["scheduled_decay"] = group["weight_decay"] > 0
+    return optimizer
 
 
 def packed_optimizer(packed: PackedViT, solo: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:

@@ -219,7 +219,7 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
     steps_per_epoch = len(train_set) // cfg.batch_size
     total_steps = cfg.epochs * steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg, steps_per_epoch))
-    decayed = [group for group in optimizer.param_groups if group["weight_decay"] > 0]
+    decayed = [group for group in optimizer.param_groups if group["scheduled_decay"]]
     global_step = 0
     step = common_checkpoint_step([m.run_dir for m in members]) if resume else None
     if step is not None:
