@@ -85,6 +85,8 @@ def test_packed_members_equal_their_solo_runs(solo_runs):
         solo, packed = solo_runs / "solo" / f"{protocol}-{seed}", solo_runs / "pack" / f"{protocol}-{seed}"
         assert_close_weights(solo, packed)
         assert layout(solo) == layout(packed)
+        for name in ("summary.json", "config.json"):
+            assert json.loads((solo / name).read_text()).keys() == json.loads((packed / name).read_text()).keys()
         assert summary["eval"]["loss"] == pytest.approx(json.loads((solo / "summary.json").read_text())["eval"]["loss"],
                                                         abs=1e-4)
         a = torch.load(next((solo / "checkpoints").glob("step-*")) / "state.pt", weights_only=False)

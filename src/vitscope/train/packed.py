@@ -34,7 +34,7 @@ from vitscope.files import write_json
 from vitscope.models import VisionTransformer, load_weights, save_model
 from vitscope.models.packed import PackedViT, check_packable
 from vitscope.provenance import provenance, resolve_device
-from vitscope.train.checkpoint import load_state, save_checkpoint
+from vitscope.train.checkpoint import checkpoint_root, load_state, save_checkpoint
 from vitscope.train.config import TrainConfig
 from vitscope.train.distributed import DistContext
 from vitscope.train.engine import (
@@ -225,7 +225,7 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
     if step is not None:
         states = []
         for k, member in enumerate(members):
-            folder = member.run_dir / "checkpoints" / f"step-{step:09d}"
+            folder = checkpoint_root(member.run_dir) / f"step-{step:09d}"
             states.append(load_state(folder))
             load_weights(member.model, folder / "model.safetensors")
             packed.pack_from(k, member.model)
