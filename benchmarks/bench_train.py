@@ -77,7 +77,8 @@ def main() -> None:
     t_ours, t_timm, t_data = medians["ours"], medians["timm"], medians["data"]
     b = args.batch_size
     rows = [
-        ["vitscope vit-compact step", f"{t_ours * 1e3:.1f}", f"{b / t_ours:,.0f}", f"{t_timm / t_ours:.2f}x timm"],
+        [f"vitscope {args.model or 'vit-compact'} step", f"{t_ours * 1e3:.1f}", f"{b / t_ours:,.0f}",
+         f"{t_timm / t_ours:.2f}x timm"],
         ["timm VisionTransformer step", f"{t_timm * 1e3:.1f}", f"{b / t_timm:,.0f}", "1.00x"],
         ["data pipeline (crop, flip, AutoAugment, CutMix, smoothing)", f"{t_data * 1e3:.1f}", f"{b / t_data:,.0f}",
          f"{t_data / (t_data + t_ours):.1%} of a step"],
