@@ -110,11 +110,20 @@ CAL_IMAGES=5120; (( TINY )) && CAL_IMAGES=64
 stage calibrate 240 "$PY" "${STUDY[@]}" --epochs 1 --train-images "$CAL_IMAGES" --out "$OUT/calibration" || exit 0
 CAL_S=$(awk -F'|' '/\| calibrate \|/ {gsub(/[^0-9]/, "", $4); print $4}' "$OUT/progress.md" | tail -1)
 TRAIN_IMAGES=50000; (( TINY )) && TRAIN_IMAGES=128
-# seconds per epoch, conservatively: the calibration's whole time (data, compile, evaluation included) scaled up
-EPOCH_S=$(( (CAL_S > 0 ? CAL_S : 1) * TRAIN_IMAGES / CAL_IMAGES + 1 ))
-EPOCHS=$(( ($(left) - 120) * 8 / 10 / EPOCH_S ))
+# training images/s of each member, from the calibration runs' train log (steps only: no decoding, evaluation
+# or measurement); the rest of the calibration's time is the fixed cost (data, evaluation, measurement)
+RATE=$("$PY" -c "
+import glob, json
+rates = [json.loads(line)['images_per_s'] for f in glob.glob('$OUT/calibration/runs/*/*/metrics.jsonl')
+         for line in open(f) if '\"train\"' in line]
+print(max(1, int(min(rates))) if rates else 1)")
+FIXED_S=$(( CAL_S - CAL_IMAGES / RATE )); (( FIXED_S < 0 )) && FIXED_S=0
+EPOCH_S=$(( TRAIN_IMAGES * 11 / 10 / RATE + 1 ))  # 10 % for the periodic evaluations
+EPOCHS=$(( ($(left) - FIXED_S - 60) * 85 / 100 / EPOCH_S )); (( EPOCHS > 200 )) && EPOCHS=200
+(( TINY && EPOCHS > 1 )) && EPOCHS=1  # the dry run checks the stage, not the fit
 note ""
-note "calibration: $CAL_S s for 1 epoch of $CAL_IMAGES images x 8 runs -> about $EPOCH_S s per full epoch; $(left) s left -> $EPOCHS epochs"
+note "calibration: $CAL_S s for 1 epoch of $CAL_IMAGES images x 8 runs, $RATE images/s per run while training, \
+$FIXED_S s fixed cost -> about $EPOCH_S s per full epoch; $(left) s left -> $EPOCHS epochs"
 if (( EPOCHS >= 1 )); then
   EXTRA=(); (( TINY )) && EXTRA=(--train-images "$TRAIN_IMAGES")
   stage "locality-$DATASET-${EPOCHS}ep" 60 "$PY" "${STUDY[@]}" --epochs "$EPOCHS" "${EXTRA[@]}" --out "$OUT/locality-$DATASET"
