@@ -98,6 +98,23 @@ def flatten_scalars(values: dict[str, Any], prefix: str = "") -> dict[str, float
     return flat
 
 
+def hook_scalars(hooks: list[EpochHook], model: nn.Module) -> dict[str, float]:
+    """Every hook's scalars for ``model``, flattened. A hook returns a mapping of names to numbers / tensors /
+    sequences, or one such value, logged under the hook's name (e.g. ``learned_alphas/3`` for head 3)."""
+    scalars: dict[str, float] = {}
+    for hook in hooks:
+        name = getattr(hook, "__name__", type(hook).__name__)
+        values = hook(model)
+        if not isinstance(values, dict):
+            values = {name: values}
+        try:
+            scalars |= flatten_scalars(values)
+        except (TypeError, ValueError):
+            raise TypeError(f"epoch hook {name} returned {type(values).__name__} holding something other than "
+                            "numbers; return a mapping of names to numbers or tensors") from None
+    return scalars
+
+
 def clip_gradients(parameters, max_norm: float, mode: str) -> None:
     """``global``: one norm over all gradients (torch's clip_grad_norm_); ``per_tensor``: each gradient
     scaled by max_norm / (norm + 1e-6) when that is below 1 (DINO's ``clip_gradients``)."""
@@ -185,13 +202,13 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     def end_of_epoch_records(epoch: int) -> None:
         nonlocal last_eval
         if (epoch + 1) % cfg.eval_every == 0 or global_step == total_steps:
-            last_eval = objective.evaluate(ctx, epoch)
-            log.write({"kind": "eval", "step": global_step, "epoch": epoch + 1, **last_eval})
+            result = objective.evaluate(ctx, epoch)  # an objective may skip epochs (DINO's knn_every)
+            if result:
+                last_eval = result
+                log.write({"kind": "eval", "step": global_step, "epoch": epoch + 1, **last_eval})
         if hooks and ctx.is_main:
-            scalars: dict[str, float] = {}
-            for hook in hooks:
-                scalars |= flatten_scalars(hook(objective.exported))
-            log.write({"kind": "epoch", "step": global_step, "epoch": epoch + 1, **scalars})
+            log.write({"kind": "epoch", "step": global_step, "epoch": epoch + 1,
+                       **hook_scalars(hooks, objective.exported)})
         if ctx.is_main and ((epoch + 1) % keep_every == 0 or global_step == total_steps):
             save_model(objective.exported, run_dir / "snapshots" / f"epoch-{epoch + 1:04d}.safetensors")
 
