@@ -42,7 +42,7 @@ from vitscope.train.engine import (
     TrainingDiverged,
     TrainingInterrupted,
     _StopFlag,
-    flatten_scalars,
+    hook_scalars,
     prepare_run,
     resolve_hook,
 )
@@ -276,10 +276,8 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
                 last_eval[k] = evaluate(member.model, eval_set, batch, ctx, cfg.amp)
                 member.log.write({"kind": "eval", "step": global_step, "epoch": epoch + 1, **last_eval[k]})
             if hooks:
-                scalars: dict[str, float] = {}
-                for hook in hooks:
-                    scalars |= flatten_scalars(hook(member.model))
-                member.log.write({"kind": "epoch", "step": global_step, "epoch": epoch + 1, **scalars})
+                member.log.write({"kind": "epoch", "step": global_step, "epoch": epoch + 1,
+                                  **hook_scalars(hooks, member.model)})
             if (epoch + 1) % keep_every == 0 or global_step == total_steps:
                 save_model(member.model, member.run_dir / "snapshots" / f"epoch-{epoch + 1:04d}.safetensors")
 
