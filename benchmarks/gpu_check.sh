@@ -72,8 +72,9 @@ install_vitscope() {
   if PYTHONPATH="$ROOT/src" "$PY" -c "import vitscope, torch, timm, entmax, tqdm, safetensors" 2>/dev/null; then
     echo "using $PY with PYTHONPATH=$ROOT/src"
   else
-    "$PY" -m venv --system-site-packages "$OUT/.venv" && "$OUT/.venv/bin/pip" install -q -e "$ROOT" || return 1
-    PY="$OUT/.venv/bin/python"
+    local venv="${TMPDIR:-/tmp}/vitscope-gpu-check-venv"  # outside the tree: results folders stay committable
+    "$PY" -m venv --system-site-packages "$venv" && "$venv/bin/pip" install -q -e "$ROOT" || return 1
+    PY="$venv/bin/python"
   fi
   {
     PYTHONPATH="$ROOT/src" "$PY" -c "import torch, timm, vitscope; print('torch', torch.__version__, 'timm', timm.__version__, 'vitscope', vitscope.__version__ if hasattr(vitscope, '__version__') else '?'); print('cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '-')"
