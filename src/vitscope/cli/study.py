@@ -26,6 +26,8 @@ def register(commands) -> None:
                      help="analyse a seeded class-stratified sample of N evaluation images")
     loc.add_argument("--launcher", default="local", choices=["local", "slurm"],
                      help="slurm: one submitit job per (condition, seed); needs the 'slurm' extra")
+    loc.add_argument("--pack", default="1",
+                     help="train K runs at once as one packed model (K, or auto: as many as device memory holds)")
     add_shared(loc, device="auto", batch_size=None, seed=None, out="vitscope-study")
     loc.set_defaults(handler=run_locality)
     add_registers_parser(studies)
@@ -59,7 +61,7 @@ def run_locality(args: argparse.Namespace) -> int:
                                 seeds=seeds, preset=args.preset,
                                 epochs=args.epochs, batch_size=args.batch_size, train_images=args.train_images,
                                 eval_images=args.eval_images, device=args.device, out=args.out,
-                                launcher=args.launcher)
+                                launcher=args.launcher, pack=args.pack)
     print(f"report: {report}")
     return 0
 

@@ -99,8 +99,9 @@ def normalize(images: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -
     x = images.float()
     if images.dtype == torch.uint8:
         x = x / 255.0
-    m = torch.tensor(mean, device=x.device).view(1, -1, 1, 1)
-    s = torch.tensor(std, device=x.device).view(1, -1, 1, 1)
+    # non-blocking: a GPU training step must not wait for the host (same values as a blocking copy)
+    m = torch.tensor(mean).to(x.device, non_blocking=True).view(1, -1, 1, 1)
+    s = torch.tensor(std).to(x.device, non_blocking=True).view(1, -1, 1, 1)
     return (x - m) / s
 
 

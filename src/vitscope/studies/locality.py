@@ -26,6 +26,7 @@ from vitscope.models import load as load_model
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.record import record_attention
 from vitscope.studies.locality_results import claims, summarize
+from vitscope.studies.packs import check_pack, train_in_packs
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, devices, run_all
 from vitscope.train import TrainConfig, expand_conditions, train
 
@@ -60,11 +61,15 @@ class LocalityStudy:
     progress: bool = True
     launcher: str = "local"  # local (this machine), slurm (one submitit job per run), submitit-local (testing)
     slurm: dict[str, Any] = field(default_factory=dict)  # submitit parameters, e.g. {"slurm_partition": "gpu"}
+    pack: int | str = 1  # train K runs at once as one packed model; "auto": as many as device memory holds
 
     def __post_init__(self) -> None:
         if self.preset not in ("paper", "demo"):
             raise ValueError(f"preset {self.preset!r} is unknown; use 'paper' or 'demo'")
         check_launcher(self.launcher)
+        self.pack = check_pack(self.pack)
+        if self.pack != 1 and self.launcher != "local":
+            raise ValueError(f"pack={self.pack} trains packs on this machine; use --launcher local or --pack 1")
         if self.conditions is None:
             self.conditions = list(DEFAULT_CONDITIONS[self.preset])
         self.conditions = expand_conditions(",".join(self.conditions)) if self.conditions else []
@@ -139,11 +144,17 @@ def run(study: LocalityStudy) -> dict[str, Any]:
     """Train and measure every (condition, seed) with the study runner (resumable, side by side on several
     GPUs, or as submitit jobs); write results.json, results.csv and summary.csv.
 
+    With ``pack`` other than 1, the runs are first trained in packs (``vitscope.studies.packs``); each
+    member's run folder is that of a solo run, so the runner then only measures them.
+
     Returns the results payload; ``payload["rows"]`` is the table (one row per condition, seed, layer, head).
     """
     started = dt.datetime.now(dt.UTC)
     Path(study.out).mkdir(parents=True, exist_ok=True)
     specs = [RunSpec(c, s) for c in study.conditions for s in study.seeds]
+    train_in_packs(specs, lambda spec: study.train_config(spec.condition, spec.seed, devices(study.device)[0]),
+                   out=study.out, record_name=RECORD, pack=study.pack, device=devices(study.device)[0],
+                   progress=study.progress)
     records = run_all(specs, functools.partial(_train_and_measure, study), out=study.out, record_name=RECORD,
                       launch=study.launch())
     return write_results(study, records, started)
