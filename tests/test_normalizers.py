@@ -128,8 +128,21 @@ def test_module_specs(spec, alpha):
     torch.testing.assert_close(make_normalizer(spec)(x), ours(x, alpha))
 
 
-@pytest.mark.parametrize("spec,fragment", [("entmax:1.0", "(1, 2]"), ("entmax:2.5", "(1, 2]"),
-                                           ("entmax:abc", "alpha must be a number"), ("gumbel", "choose one of")])
+@pytest.mark.parametrize("spec,fragment", [("entmax:0", "above 0"), ("entmax:-1", "above 0"),
+                                           ("entmax:nan", "above 0"), ("entmax:abc", "alpha must be a number"),
+                                           ("entmax:learned:2.5", "inside (1, 2)"), ("entmax:learnedx", "write"),
+                                           ("entmax:learned", "pass num_heads"), ("gumbel", "choose one of")])
 def test_bad_specs_name_the_fix(spec, fragment):
-    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         make_normalizer(spec)
+
+
+@pytest.mark.parametrize("spec,name", [("entmax:1", "softmax"), ("entmax:2.5", "entmax:2.5"),
+                                       ("entmax:0.5", "entmax:0.5"), ("entmax:2", "sparsemax")])
+def test_any_positive_alpha_is_a_spec(spec, name):
+    normalizer = make_normalizer(spec)
+    assert normalizer.name == name
+    x = torch.randn(3, 10, dtype=torch.float64)
+    alpha = float(spec.split(":")[1])
+    expected = torch.softmax(x, -1) if alpha == 1 else reference.entmax_bisect(x, alpha, n_iter=200)
+    torch.testing.assert_close(normalizer(x), expected, atol=1e-7, rtol=0)

@@ -1,14 +1,19 @@
-"""Small tensor functions compiled with ``torch.compile`` (C++ on CPU, Triton on GPU), with an eager fallback.
+"""Small tensor functions compiled with ``torch.compile`` (C++ on CPU, Triton on GPU), each with its own eager
+fallback.
 
-``compiled(fn, **constants)`` returns ``fn`` with Python constants baked in, compiled once per distinct set
-of constants: each gets its own code object, hence its own compile cache, and a constant never becomes a
-symbolic value (torch.compile's automatic dynamic floats gave wrong results for alpha-entmax). If compiling
-or running the compiled code fails where the eager function succeeds (no C++ compiler, say), a warning says so
-once and every kernel runs eagerly from then on; errors of the function itself are raised as they are.
+``compiled(fn, **constants)`` returns the ``CompiledKernel`` for ``fn`` with Python constants baked in, made once
+per distinct set of constants: each gets its own code object, hence its own compile cache, and a constant never
+becomes a symbolic value (torch.compile's automatic dynamic floats gave wrong results for alpha-entmax).
+
+Failures are per kernel and per call. When the compiled code fails where the eager function succeeds, that call
+runs eagerly with a warning; a kernel whose compiled code has never run (it does not compile here) stays eager
+until ``reset()``, and every other kernel is unaffected, so one transient error (an out-of-memory, say) switches
+nothing off. Errors of the function itself are raised as they are. Nothing is remembered on disk.
 """
 
 from __future__ import annotations
 
+import threading
 import types
 import warnings
 from collections.abc import Callable
@@ -16,46 +21,74 @@ from typing import Any
 
 import torch
 
-_cache: dict[tuple, _Compiled] = {}
-_broken = False
 
+class CompiledKernel:
+    """``fn`` with ``constants`` bound, compiled on first call, eager where its compiled code fails.
 
-class _Compiled:
-    def __init__(self, fn: Callable, constants: dict[str, Any], dynamic: bool | None):
+    ``runs``: calls answered by the compiled code; ``failures``: calls where it failed; ``off``: eager only."""
+
+    def __init__(self, fn: Callable, constants: dict[str, Any], dynamic: bool | None, serial: int):
         def bound(*tensors):
             return fn(*tensors, **constants)
 
-        code = bound.__code__.replace(co_name=f"vitscope_{fn.__name__}_{len(_cache)}")
+        code = bound.__code__.replace(co_name=f"vitscope_{fn.__name__}_{serial}")
         self.name = fn.__name__
         self.eager = bound
         self.fast = torch.compile(types.FunctionType(code, bound.__globals__, code.co_name, None, bound.__closure__),
                                   dynamic=dynamic)
-        self.ran = False  # the compiled code has run at least once
+        self.runs = 0
+        self.failures = 0
+        self.off = False
 
     def __call__(self, *tensors):
-        global _broken
-        if not _broken:
-            try:
-                out = self.fast(*tensors)
-                self.ran = True
-                return out
-            except Exception as err:
-                out = self.eager(*tensors)  # the function's own errors are raised here, as they are
-                _broken = True
-                warnings.warn(f"vitscope: torch.compile failed ({type(err).__name__}: {err}); running eagerly",
-                              stacklevel=2)
-                return out
-        return self.eager(*tensors)
+        if self.off:
+            return self.eager(*tensors)
+        try:
+            out = self.fast(*tensors)
+        except Exception as err:
+            out = self.eager(*tensors)  # the function's own errors are raised here, as they are
+            self.failures += 1
+            self.off = self.runs == 0  # never compiled here: stay eager; else only this call was eager
+            warnings.warn(f"vitscope: compiled {self.name} failed ({type(err).__name__}: {err}); "
+                          f"{'running it eagerly from now on' if self.off else 'ran this call eagerly'}",
+                          stacklevel=2)
+            return out
+        self.runs += 1
+        return out
+
+    def reset(self) -> None:
+        """Try the compiled code again at the next call (after fixing a compiler, say)."""
+        self.off = False
 
 
-def compiled(fn: Callable, *, dynamic: bool | None = None, **constants: Any) -> Callable:
-    """``fn`` with ``constants`` bound, compiled on first call; see the module docstring."""
-    key = (fn, dynamic, tuple(sorted(constants.items())))
-    if key not in _cache:
-        _cache[key] = _Compiled(fn, constants, dynamic)
-    return _cache[key]
+class KernelCache:
+    """The compiled kernels of a process, one per (function, dynamic, constants)."""
+
+    def __init__(self):
+        self._kernels: dict[tuple, CompiledKernel] = {}
+        self._lock = threading.Lock()
+
+    def get(self, fn: Callable, *, dynamic: bool | None = None, **constants: Any) -> CompiledKernel:
+        key = (fn, dynamic, tuple(sorted(constants.items())))
+        with self._lock:
+            if key not in self._kernels:
+                self._kernels[key] = CompiledKernel(fn, constants, dynamic, len(self._kernels))
+            return self._kernels[key]
+
+    def kernels(self, fn: Callable | None = None) -> list[CompiledKernel]:
+        """Every kernel made so far (of ``fn`` only, if given)."""
+        with self._lock:
+            return [k for key, k in self._kernels.items() if fn is None or key[0] is fn]
 
 
-def compiled_and_run() -> list[str]:
-    """Names of the functions whose compiled code has run in this process."""
-    return sorted({kernel.name for kernel in _cache.values() if kernel.ran})
+_cache = KernelCache()
+
+
+def kernel_cache() -> KernelCache:
+    """The process's shared kernel cache."""
+    return _cache
+
+
+def compiled(fn: Callable, *, dynamic: bool | None = None, **constants: Any) -> CompiledKernel:
+    """The shared ``CompiledKernel`` of ``fn`` with ``constants`` bound; see the module docstring."""
+    return _cache.get(fn, dynamic=dynamic, **constants)

@@ -1,7 +1,14 @@
-"""Attention normalisers and the multi-head attention module."""
+"""Attention normalisers, their fast paths, and the multi-head attention module."""
 
-from vitscope.attention.normalizers import (
+from vitscope.attention.learned import (
     NORMALIZER_NAMES,
+    LearnedEntmax,
+    NormalizerSpec,
+    learned_alphas,
+    make_normalizer,
+    parse_normalizer,
+)
+from vitscope.attention.normalizers import (
     Entmax15,
     EntmaxAlpha,
     Normalizer,
@@ -10,14 +17,15 @@ from vitscope.attention.normalizers import (
     check_alpha,
     entmax,
     entmax15,
-    make_normalizer,
     softmax,
     sparsemax,
 )
+from vitscope.attention.paths import FastPaths, fast_paths
 
 __all__ = [
-    "NORMALIZER_NAMES", "Entmax15", "EntmaxAlpha", "Normalizer", "Softmax", "Sparsemax", "check_alpha",
-    "entmax", "entmax15", "make_normalizer", "softmax", "sparsemax",
+    "NORMALIZER_NAMES", "Entmax15", "EntmaxAlpha", "FastPaths", "LearnedEntmax", "Normalizer", "NormalizerSpec",
+    "Softmax", "Sparsemax", "check_alpha", "entmax", "entmax15", "fast_paths", "learned_alphas", "make_normalizer",
+    "parse_normalizer", "softmax", "sparsemax",
 ]
 from vitscope.attention.module import (  # noqa: E402
     Attention,

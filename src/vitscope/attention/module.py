@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitscope.attention.normalizers import Normalizer, make_normalizer
+from vitscope.attention.learned import make_normalizer
+from vitscope.attention.normalizers import Normalizer
 
 # Called with the module and its attention probabilities (B, heads, T, T), after the normaliser.
 AttentionObserver = Callable[[nn.Module, Tensor], None]
@@ -45,7 +46,7 @@ class Attention(nn.Module):
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
-        self.normalizer = make_normalizer(normalizer) if isinstance(normalizer, str) else normalizer
+        self.normalizer = make_normalizer(normalizer, num_heads) if isinstance(normalizer, str) else normalizer
         self.fused = True
         self.observer: AttentionObserver | None = None
         # Called with scaled queries and keys (B, heads, T, head_dim) and the attention mask (or None) while
@@ -80,8 +81,11 @@ class Attention(nn.Module):
         return self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
     def set_normalizer(self, normalizer: str | Normalizer) -> None:
-        """Swap the normaliser in place (no parameters change)."""
-        self.normalizer = make_normalizer(normalizer) if isinstance(normalizer, str) else normalizer
+        """Swap the normaliser in place (no parameters change, except a learned alpha's, which starts anew)."""
+        if isinstance(normalizer, str):
+            device = self.qkv.weight.device
+            normalizer = make_normalizer(normalizer, self.num_heads).to(device)
+        self.normalizer = normalizer
 
     def attention_probs(self, x: Tensor) -> Tensor:
         """The attention probabilities (B, heads, T, T) for tokens x, without the value product."""

@@ -1,4 +1,6 @@
-// Exact sparsemax and entmax-1.5 for float32 rows on the CPU: forward, and the closed-form backward.
+// Exact sparsemax, entmax-1.5 and alpha-entmax (per-row alpha in (1, 2]) on the CPU: forward, and the
+// closed-form backward (with the gradient with respect to alpha). Rows are float32 or bfloat16 (converted as they
+// are loaded: no separate conversion pass); outputs are float32.
 //
 // Built at first use by vitscope/attention/native.py (c++ -O3 -march=native) and called through ctypes.
 // Same algorithm as the readable solvers in normalizers.py, laid out for a CPU:
@@ -6,7 +8,7 @@
 // * 16 rows at a time, one row per vector lane. The rows are transposed (16 x 16 tiles, in registers) into a
 //   buffer of n x 16 floats that stays in L1/L2, so every threshold iteration is a vertical pass with no
 //   horizontal reductions and no tail handling, and the scalar steps (sqrt, division) run for 16 rows at once.
-// * Threshold tau on z = scale * x - max: start at the lower bound max(-1, mean(z) - n**(-1/p)); per pass,
+// * Threshold tau on z = scale * (x - max) (shift first: a large common offset costs no digits): start at the lower bound max(-1, mean(z) - n**(-1/p)); per pass,
 //   sums over the support {z > tau} give the closed-form root on that support, which is the exact threshold iff
 //   it keeps exactly that support; otherwise step from below (Newton for entmax-1.5, Michelot for sparsemax).
 // * ok[row] is the number of passes the row needed, 0 when it did not provably converge within max_iter (NaN
@@ -27,7 +29,38 @@ namespace {
 
 using namespace vitscope;
 
-enum Kind { SPARSEMAX = 0, ENTMAX15 = 1, ALPHA = 2 };
+// the kinds and their codes, from the table Python reads too
+#define VITSCOPE_KIND(name, code, alpha) KIND_##name = code,
+enum Kind {
+#include "kinds.def"
+};
+#undef VITSCOPE_KIND
+constexpr Kind SPARSEMAX = KIND_sparsemax, ENTMAX15 = KIND_entmax15, ALPHA = KIND_alpha;
+
+// Input element types: float32, or bfloat16 (the high half of a float32)
+enum DType { F32 = 0, BF16 = 1 };
+
+inline float to_float(float v) { return v; }
+inline float to_float(uint16_t v) {
+    const uint32_t bits = uint32_t(v) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// 16 consecutive elements as a float vector
+inline vf load16(const float *p) {
+    vf v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+inline vf load16(const uint16_t *p) {
+    typedef uint16_t vh __attribute__((vector_size(2 * L)));
+    typedef uint32_t vu __attribute__((vector_size(4 * L)));
+    vh h;
+    std::memcpy(&h, p, sizeof h);
+    return (vf)(__builtin_convertvector(h, vu) << 16);
+}
 
 // One stage of a 16 x 16 transpose: swap the off-diagonal h x h blocks of every 2h x 2h block.
 #define STAGE(h, ...) \
@@ -48,47 +81,50 @@ inline void transpose16(vf *t) {
     STAGE(1, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
 }
 
-// Scaled rows of one block into buf (n x 16); returns each lane's maximum and sum.
-void load_block(const float *x, int rows, int64_t n, float scale, vf *buf, vf &max, vf &sum) {
-    const float *row[L];
+// The rows of one block into buf (n x 16) as z = scale * (x - max), shifted before scaling so that a large
+// common offset loses no digits; returns each lane's maximum of x and sum of z.
+template <typename T>
+void load_block(const T *x, int rows, int64_t n, vf scale, vf *buf, vf &max, vf &sum) {
+    const T *row[L];
     for (int l = 0; l < L; ++l) row[l] = x + (l < rows ? l : 0) * n;  // idle lanes repeat row 0
     max = splat(-INFINITY);
-    sum = vf{};
     int64_t i0 = 0;
     for (; i0 + L <= n; i0 += L) {
         vf t[L];
         for (int l = 0; l < L; ++l) {
-            std::memcpy(&t[l], row[l] + i0, sizeof(vf));
+            t[l] = load16(row[l] + i0);
             __builtin_prefetch(row[l] + i0 + L * n, 0, 1);  // the same tile of the next block
         }
         transpose16(t);
         for (int c = 0; c < L; ++c) {
-            vf z = scale * t[c];
-            buf[i0 + c] = z;
-            max = z > max ? z : max;
-            sum += z;
+            buf[i0 + c] = t[c];
+            max = t[c] > max ? t[c] : max;
         }
     }
     for (int64_t i = i0; i < n; ++i) {
-        vf z;
-        for (int l = 0; l < L; ++l) z[l] = scale * row[l][i];
+        vf v;
+        for (int l = 0; l < L; ++l) v[l] = to_float(row[l][i]);
+        buf[i] = v;
+        max = v > max ? v : max;
+    }
+    sum = vf{};
+    for (int64_t i = 0; i < n; ++i) {  // still in cache
+        const vf z = scale * (buf[i] - max);
         buf[i] = z;
-        max = z > max ? z : max;
         sum += z;
     }
 }
 
-template <Kind kind>
-void solve_block(const float *x, float *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf) {
+template <Kind kind, typename T>
+void solve_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf) {
     const float scale = kind == ENTMAX15 ? 0.5f : 1.0f;
     const vf zero{}, one = splat(1.0f), inf = splat(INFINITY);
     vf max, sum;
-    load_block(x, rows, n, scale, buf, max, sum);
-    for (int64_t i = 0; i < n; ++i) buf[i] -= max;  // z - max, as the reference solvers shift: no large offsets
+    load_block(x, rows, n, splat(scale), buf, max, sum);
 
-    // lower bound on tau - max: mean(z) - n**(-1/p) with p = 2 (entmax-1.5) or 1 (sparsemax), and -1
+    // lower bound on tau: mean(z) - n**(-1/p) with p = 2 (entmax-1.5) or 1 (sparsemax), and -1
     const float offset = kind == ENTMAX15 ? 1.0f / std::sqrt(float(n)) : 1.0f / float(n);
-    vf tau = sum / float(n) - max - offset;
+    vf tau = sum / float(n) - offset;
     tau = tau > -one ? tau : -one;
     vf threshold = tau;
     // rows with a NaN, a +inf or nothing above -inf stay open (passes 0): the caller's solver decides those
@@ -160,48 +196,55 @@ void solve_block(const float *x, float *y, uint8_t *ok, int rows, int64_t n, int
     }
 
     for (int l = 0; l < rows; ++l) {
-        const float *xr = x + l * n;
+        const T *xr = x + l * n;
         float *yr = y + l * n;
         const float top = max[l], c = threshold[l];
         for (int64_t i = 0; i < n; ++i) {
-            const float g = (scale * xr[i] - top) - c;
+            const float g = scale * (to_float(xr[i]) - top) - c;
             yr[i] = g > 0.0f ? (kind == ENTMAX15 ? g * g : g) : 0.0f;
         }
         ok[l] = uint8_t(passes[l] > 255 ? 255 : passes[l]);
     }
 }
 
-// alpha-entmax for other alpha in (1, 2): Newton on ||[z - tau]_+||_p - 1 with p = 1 / (alpha - 1), from the
+// alpha-entmax, one alpha per row in (1, 2]: Newton on ||[z - tau]_+||_p - 1 with p = 1 / (alpha - 1), from the
 // same lower bound; convex and nearly linear, so it converges in a handful of passes. A row is done when its
 // Newton step falls below 16 float32 ulps of 1 (the eager solver's tolerance); the output is renormalised.
-void solve_alpha_block(const float *x, float *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf,
-                       float alpha) {
-    const float scale = alpha - 1.0f, power = 1.0f / scale, tol = 16.0f * 1.1920929e-7f;
-    const vf zero{}, inf = splat(INFINITY);
+// Rows whose alpha lies outside (1, 2] stay open (ok 0) for the caller's solver.
+template <typename T>
+void solve_alpha_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf,
+                       const float *alpha) {
+    const float tol = 16.0f * 1.1920929e-7f;
+    const vf zero{}, one = splat(1.0f), inf = splat(INFINITY);
+    vf a;
+    for (int l = 0; l < L; ++l) a[l] = alpha[l < rows ? l : 0];
+    const vi valid = (a > one) & (a <= splat(2.0f));
+    const vf scale = valid ? a - one : splat(0.5f), power = one / scale, power_m1 = power - one;
     vf max, sum;
     load_block(x, rows, n, scale, buf, max, sum);
-    for (int64_t i = 0; i < n; ++i) buf[i] -= max;
-    vf tau = sum / float(n) - max - std::pow(float(n), -scale);  // mean(z) - n**(-1/p)
-    tau = tau > splat(-1.0f) ? tau : splat(-1.0f);
-    vi live = (sum == sum) & (max > -inf) & (max < inf), passes{};
+    vf offset;  // n**(-1/p)
+    for (int l = 0; l < L; ++l) offset[l] = std::pow(float(n), -scale[l]);
+    vf tau = sum / float(n) - offset;  // mean(z) - n**(-1/p)
+    tau = tau > -one ? tau : -one;
+    vi live = valid & (sum == sum) & (max > -inf) & (max < inf), passes{};
     for (int l = rows; l < L; ++l) live[l] = 0;
 
     for (int pass = 1; pass <= max_iter; ++pass) {
         vf total{}, slope{};  // sum of gap**p and of gap**(p - 1) over the support
         for (int64_t i = 0; i < n; ++i) {
             const vf gap = buf[i] - tau;
-            const vf h = vpow_gap(gap, power - 1.0f);
+            const vf h = vpow_gap(gap, power_m1);
             total += h * (gap > zero ? gap : zero);
             slope += h;
         }
-        const vf norm_term = vexp(splat(1.0f - 1.0f / power) * vlog(total));  // total ** (1 - 1/p)
+        const vf norm_term = vexp((one - scale) * vlog(total));  // total ** (1 - 1/p)
         const vf step = (total - norm_term) / slope;
         const vi open = live & (passes == 0);
         tau = open ? tau + step : tau;
         const vi small = (step <= splat(tol)) & (step >= splat(-tol));
         passes = (open & small) ? vi{} + pass : passes;
         bool left = false;
-        for (int l = 0; l < rows; ++l) left |= passes[l] == 0;
+        for (int l = 0; l < rows; ++l) left |= passes[l] == 0 && live[l];
         if (!left) break;
     }
 
@@ -211,7 +254,7 @@ void solve_alpha_block(const float *x, float *y, uint8_t *ok, int rows, int64_t 
         buf[i] = vpow_gap(buf[i] - tau, power);
         total += buf[i];
     }
-    const vf inverse = splat(1.0f) / total;
+    const vf inverse = one / total;
     int64_t i0 = 0;
     for (; i0 + L <= n; i0 += L) {
         vf t[L];
@@ -224,14 +267,14 @@ void solve_alpha_block(const float *x, float *y, uint8_t *ok, int rows, int64_t 
     for (int l = 0; l < rows; ++l) ok[l] = uint8_t(passes[l] > 255 ? 255 : passes[l]);
 }
 
-template <Kind kind>
-void solve_rows(const float *x, float *y, uint8_t *ok, int64_t first, int64_t last, int64_t n, int max_iter,
-                float alpha) {
+template <Kind kind, typename T>
+void solve_rows(const T *x, float *y, uint8_t *ok, int64_t first, int64_t last, int64_t n, int max_iter,
+                const float *alpha) {
     vf *buf = static_cast<vf *>(std::aligned_alloc(sizeof(vf), size_t(n) * sizeof(vf)));
     if (!buf) return;  // ok stays 0: the caller's exact solver takes these rows
     for (int64_t r = first; r < last; r += L) {
         const int rows = last - r < L ? int(last - r) : L;
-        if constexpr (kind == ALPHA) solve_alpha_block(x + r * n, y + r * n, ok + r, rows, n, max_iter, buf, alpha);
+        if constexpr (kind == ALPHA) solve_alpha_block(x + r * n, y + r * n, ok + r, rows, n, max_iter, buf, alpha + r);
         else solve_block<kind>(x + r * n, y + r * n, ok + r, rows, n, max_iter, buf);
     }
     std::free(buf);
@@ -240,81 +283,124 @@ void solve_rows(const float *x, float *y, uint8_t *ok, int64_t first, int64_t la
 // Closed-form backward on rows [first, last): grad_x = w g - w sum(w g) / sum(w), with w = y ** (2 - alpha) on
 // the support (sqrt(y) for entmax-1.5, the support's indicator for sparsemax). One row at a time: rows are
 // independent. The weights go to `out` in the first pass and are reused in the second, the row still in L1.
-template <Kind kind>
-void backward_rows(const float *grad, const float *y, float *out, int64_t first, int64_t last, int64_t n,
-                   float alpha) {
+// With d_alpha (kind ALPHA only), also the gradient with respect to each row's alpha (Correia et al., 2019, as in
+// the entmax package): (sum g y - m) / (a - 1)**2 - (sum g y log y - m sum y log y) / (a - 1), m = sum(w g) / sum(w).
+template <Kind kind, typename T>
+void backward_rows(const T *grad, const float *y, float *out, float *d_alpha, int64_t first, int64_t last,
+                   int64_t n, const float *alpha) {
     for (int64_t r = first; r < last; ++r) {
-        const float *g = grad + r * n, *yr = y + r * n;
+        const T *g = grad + r * n;
+        const float *yr = y + r * n;
         float *o = out + r * n;
         float wg = 0.0f, w = 0.0f;
         if constexpr (kind != ALPHA) {
             #pragma omp simd reduction(+ : wg, w)
             for (int64_t i = 0; i < n; ++i) {
                 const float wi = kind == ENTMAX15 ? std::sqrt(yr[i]) : (yr[i] > 0.0f ? 1.0f : 0.0f);
+                const float gi = to_float(g[i]);
                 o[i] = wi;
-                wg += wi * g[i];
+                wg += wi * gi;
                 w += wi;
             }
+            const float mean = wg / w;
+            #pragma omp simd
+            for (int64_t i = 0; i < n; ++i) o[i] *= to_float(g[i]) - mean;
         } else {  // the power needs the vector exp/log: 16 entries per step, the tail zero-padded
-            vf wgv{}, wv{};
+            const float a = alpha[r];
+            const vf zero{}, exponent = splat(2.0f - a);
+            vf wgv{}, wv{}, gyv{}, gsv{}, sv{};
             for (int64_t i = 0; i < n; i += L) {
                 const int width = n - i < L ? int(n - i) : L;
                 vf yv{}, gv{};
-                for (int l = 0; l < width; ++l) { yv[l] = yr[i + l]; gv[l] = g[i + l]; }
-                const vf weight = vpow_gap(yv, 2.0f - alpha);
-                for (int l = 0; l < width; ++l) o[i + l] = weight[l];
+                for (int l = 0; l < width; ++l) { yv[l] = yr[i + l]; gv[l] = to_float(g[i + l]); }
+                const vi inside = yv > zero;
+                const vf logy = vlog(inside ? yv : splat(1.0f));
+                const vf weight = inside ? vexp(exponent * logy) : zero;
                 wgv += weight * gv;
                 wv += weight;
+                if (d_alpha) {
+                    const vf ylogy = inside ? yv * logy : zero;
+                    gyv += gv * yv;
+                    gsv += gv * ylogy;
+                    sv += ylogy;
+                }
+                for (int l = 0; l < width; ++l) o[i + l] = weight[l];
             }
             wg = hsum(wgv);
             w = hsum(wv);
+            const float mean = wg / w;
+            #pragma omp simd
+            for (int64_t i = 0; i < n; ++i) o[i] *= to_float(g[i]) - mean;
+            if (d_alpha) {
+                const float am1 = a - 1.0f;
+                d_alpha[r] = (hsum(gyv) - mean) / (am1 * am1) - (hsum(gsv) - mean * hsum(sv)) / am1;
+            }
         }
-        const float mean = wg / w;
-        #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) o[i] *= g[i] - mean;
     }
 }
 
-template <Kind kind>
-void forward(const float *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads, int max_iter,
-             float alpha) {
+template <Kind kind, typename T>
+void forward(const T *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads, int max_iter,
+             const float *alpha) {
     std::memset(ok, 0, size_t(rows));
     in_parallel(rows, L, threads, [&](int64_t first, int64_t last) {
         solve_rows<kind>(x, y, ok, first, last, n, max_iter, alpha);
     });
 }
 
-template <Kind kind>
-void backward(const float *grad, const float *y, float *out, int64_t rows, int64_t n, int threads, float alpha) {
+template <Kind kind, typename T>
+void backward(const T *grad, const float *y, float *out, float *d_alpha, int64_t rows, int64_t n, int threads,
+              const float *alpha) {
     in_parallel(rows, 1, threads, [&](int64_t first, int64_t last) {
-        backward_rows<kind>(grad, y, out, first, last, n, alpha);
+        backward_rows<kind>(grad, y, out, d_alpha, first, last, n, alpha);
     });
+}
+
+template <Kind kind>
+int forward_typed(int dtype, const void *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads,
+                  int max_iter, const float *alpha) {
+    switch (dtype) {
+        case F32: forward<kind>(static_cast<const float *>(x), y, ok, rows, n, threads, max_iter, alpha); return 0;
+        case BF16: forward<kind>(static_cast<const uint16_t *>(x), y, ok, rows, n, threads, max_iter, alpha); return 0;
+        default: return -2;
+    }
+}
+
+template <Kind kind>
+int backward_typed(int dtype, const void *grad, const float *y, float *out, float *d_alpha, int64_t rows, int64_t n,
+                   int threads, const float *alpha) {
+    switch (dtype) {
+        case F32: backward<kind>(static_cast<const float *>(grad), y, out, d_alpha, rows, n, threads, alpha); return 0;
+        case BF16: backward<kind>(static_cast<const uint16_t *>(grad), y, out, d_alpha, rows, n, threads, alpha); return 0;
+        default: return -2;
+    }
 }
 
 }  // namespace
 
 extern "C" {
 
-int vitscope_abi_version() { return 3; }
+int vitscope_abi_version() { return 4; }
 
-// kind: 0 sparsemax, 1 entmax-1.5, 2 alpha-entmax with the given alpha (ignored otherwise). Returns 0, or -1
-// for an unknown kind.
-int vitscope_forward(int kind, float alpha, const float *x, float *y, uint8_t *ok, int64_t rows, int64_t n,
-                     int threads, int max_iter) {
+// kind: a code of kinds.def; dtype: 0 float32, 1 bfloat16 input x; alpha: one float per row (kind alpha only,
+// else ignored and may be null). Returns 0, -1 for an unknown kind, -2 for an unknown dtype.
+int vitscope_forward(int kind, int dtype, const float *alpha, const void *x, float *y, uint8_t *ok, int64_t rows,
+                     int64_t n, int threads, int max_iter) {
     switch (kind) {
-        case SPARSEMAX: forward<SPARSEMAX>(x, y, ok, rows, n, threads, max_iter, alpha); return 0;
-        case ENTMAX15: forward<ENTMAX15>(x, y, ok, rows, n, threads, max_iter, alpha); return 0;
-        case ALPHA: forward<ALPHA>(x, y, ok, rows, n, threads, max_iter, alpha); return 0;
+        case SPARSEMAX: return forward_typed<SPARSEMAX>(dtype, x, y, ok, rows, n, threads, max_iter, alpha);
+        case ENTMAX15: return forward_typed<ENTMAX15>(dtype, x, y, ok, rows, n, threads, max_iter, alpha);
+        case ALPHA: return forward_typed<ALPHA>(dtype, x, y, ok, rows, n, threads, max_iter, alpha);
         default: return -1;
     }
 }
 
-int vitscope_backward(int kind, float alpha, const float *grad, const float *y, float *out, int64_t rows,
-                      int64_t n, int threads) {
+// grad (dtype as above), y float32 -> out float32; d_alpha (one float per row, kind alpha only) may be null.
+int vitscope_backward(int kind, int dtype, const float *alpha, const void *grad, const float *y, float *out,
+                      float *d_alpha, int64_t rows, int64_t n, int threads) {
     switch (kind) {
-        case SPARSEMAX: backward<SPARSEMAX>(grad, y, out, rows, n, threads, alpha); return 0;
-        case ENTMAX15: backward<ENTMAX15>(grad, y, out, rows, n, threads, alpha); return 0;
-        case ALPHA: backward<ALPHA>(grad, y, out, rows, n, threads, alpha); return 0;
+        case SPARSEMAX: return backward_typed<SPARSEMAX>(dtype, grad, y, out, nullptr, rows, n, threads, alpha);
+        case ENTMAX15: return backward_typed<ENTMAX15>(dtype, grad, y, out, nullptr, rows, n, threads, alpha);
+        case ALPHA: return backward_typed<ALPHA>(dtype, grad, y, out, d_alpha, rows, n, threads, alpha);
         default: return -1;
     }
 }

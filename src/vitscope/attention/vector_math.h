@@ -93,11 +93,11 @@ inline vf vlog(vf x) {
     return m + y + ef * splat(0.693359375f);
 }
 
-// x ** e for x > 0, and 0 where x <= 0 (the gaps outside the support); e > 0
-inline vf vpow_gap(vf x, float e) {
+// x ** e for x > 0, and 0 where x <= 0 (the gaps outside the support); e > 0, one per lane
+inline vf vpow_gap(vf x, vf e) {
     const vi positive = x > splat(0.0f);
     const vf safe = positive ? x : splat(1.0f);
-    return positive ? vexp(splat(e) * vlog(safe)) : splat(0.0f);
+    return positive ? vexp(e * vlog(safe)) : splat(0.0f);
 }
 
 }  // namespace vitscope

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from vitscope.attention import make_normalizer
+from vitscope.attention import parse_normalizer
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class ViTConfig:
     num_registers: int = 0
     pos_embed: str = "learn"  # "learn" or "sincos"
     pool: str = "cls"  # "cls" or "gap"
-    attention: str = "softmax"  # softmax | sparsemax | entmax15 | entmax:ALPHA
+    attention: str = "softmax"  # softmax | sparsemax | entmax15 | entmax:ALPHA | entmax:learned[:ALPHA]
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
@@ -60,7 +60,7 @@ class ViTConfig:
             raise ValueError(f"pool={self.pool!r} is unknown; use 'cls' or 'gap'")
         if self.pool == "cls" and not self.class_token:
             raise ValueError("pool='cls' needs class_token=True; set pool='gap' for a model without CLS")
-        make_normalizer(self.attention)  # raises a ValueError naming the valid choices
+        parse_normalizer(self.attention)  # raises a ValueError naming the valid choices
         for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1)")
