@@ -1,5 +1,16 @@
-"""Probes of what a frozen backbone's features hold: linear and kNN read-outs, dense and token probes."""
+"""Probes of what a frozen backbone's features hold: image (linear, kNN), token (position, pixels, class) ...
 
+Each probe is a function ``vitscope.probes.<probe>(model, dataset(s), ...)`` returning a ``ProbeResult`` whose
+rows follow the shared results schema and include a randomly initialised backbone and the chance level.
+"""
+
+from vitscope.probes.features import LayerFeatures, extract_features, parse_layers
+from vitscope.probes.image import knn_probe, linear_probe
 from vitscope.probes.linear import LinearClassifier, LinearRegressor, fit_classifier, fit_regressor
+from vitscope.probes.results import ProbeResult
+from vitscope.probes.tokens import probe_tokens
 
-__all__ = ["LinearClassifier", "LinearRegressor", "fit_classifier", "fit_regressor"]
+__all__ = [
+    "LayerFeatures", "LinearClassifier", "LinearRegressor", "ProbeResult", "extract_features", "fit_classifier",
+    "fit_regressor", "knn_probe", "linear_probe", "parse_layers", "probe_tokens",
+]

@@ -16,7 +16,6 @@ probe every group has the same number of tokens per split (the smallest group's,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,26 +27,10 @@ from vitscope.metrics.locality import grid_distances
 from vitscope.probes.baselines import majority_top1, mean_predictor_mse, random_twin
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import fit_classifier, fit_regressor, stratified_split
+from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, ProbeResult, row
 
 PROBES = ("position", "pixels", "class")
 PatchMask = Tensor | Mapping[int, Tensor]  # (N, patches) bool, or one such mask per token layer
-
-
-@dataclass
-class TokenProbeResult:
-    """Flat rows ``{model, layer, layer_kind, group, metric, value, n}`` (``model`` is the label, the label with
-    `` (random init)``, or ``chance``) and the settings used."""
-
-    rows: list[dict[str, Any]]
-    settings: dict[str, Any] = field(default_factory=dict)
-
-    def value(self, layer: int, group: str, metric: str, model: str | None = None) -> float:
-        """The value of one cell (model defaults to the probed model's label)."""
-        model = model or self.settings["model"]
-        for row in self.rows:
-            if (row["model"], row["layer"], row["group"], row["metric"]) == (model, layer, group, metric):
-                return row["value"]
-        raise KeyError(f"no row for model={model!r} layer={layer} group={group!r} metric={metric!r}")
 
 
 def patch_pixels(model: nn.Module, dataset: ImageDataset, grid: tuple[int, int], patch: int, batch_size: int,
@@ -144,7 +127,7 @@ def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence
                  max_tokens: int = 2048, held_fraction: float = 0.5, norm: bool = True, baseline: bool = True,
                  label: str = "model", batch_size: int = 64, device: torch.device | str = "cpu",
                  img_size: int | None = None, cache: Any = True, seed: int = 0, progress: bool = True,
-                 fit_options: Mapping[str, Any] | None = None) -> TokenProbeResult:
+                 fit_options: Mapping[str, Any] | None = None) -> ProbeResult:
     """Probe single tokens of ``model`` on ``dataset`` at token ``layers`` (0 = embedding, l = block l).
 
     ``patch_groups`` maps a group name to a patch mask (N, patches) over ``dataset`` (or one per layer), e.g.
@@ -157,7 +140,7 @@ def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence
         raise ValueError(f"unknown token probes {sorted(unknown)}; use {', '.join(PROBES)}")
     wanted = parse_layers(layers, depth_of(model))
     fit, held = stratified_split(dataset.labels, held_fraction, seed)
-    models = [(label, model)] + ([(f"{label} (random init)", random_twin(model, seed))] if baseline else [])
+    models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, seed))] if baseline else [])
     rows: list[dict[str, Any]] = []
     pixels = None
     for name, backbone in models:
@@ -173,8 +156,8 @@ def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence
     settings = {"model": label, "layers": wanted, "probes": list(probes), "max_tokens": max_tokens,
                 "held_fraction": held_fraction, "norm": norm, "seed": seed, "fit_images": len(fit),
                 "held_images": len(held), "fit_options": dict(fit_options or {}),
-                "groups": sorted({row["group"] for row in rows})}
-    return TokenProbeResult(rows, settings)
+                "groups": sorted({r["group"] for r in rows})}
+    return ProbeResult("tokens", rows, settings)
 
 
 def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_groups: Mapping[str, PatchMask],
@@ -198,8 +181,8 @@ def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_grou
     out = []
 
     def add(model: str, group: str, triples: list[tuple[str, float, int]]) -> None:
-        out.extend({"model": model, "layer": layer, "layer_kind": "token", "group": group, "metric": metric,
-                    "value": value, "n": n} for metric, value, n in triples)
+        out.extend(row(model=model, layer=layer, layer_kind="token", group=group, metric=metric, value=value, n=n)
+                   for metric, value, n in triples)
 
     for group, pick in picks.items():
         patch_images = (pick["fit"][0], pick["held"][0])
@@ -208,11 +191,11 @@ def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_grou
         tokens_per_image = (x[pick["fit"][0], pick["fit"][1]], x[pick["held"][0], pick["held"][1]])
         add(name, group, local + _class_on_tokens(prober, tokens_per_image, patch_images))
         if include_chance:
-            add("chance", group, prober.chance(pick, patch_images))
+            add(CHANCE, group, prober.chance(pick, patch_images))
     for group, x in singles.items():
         add(name, group, prober.global_(x, images))
         if include_chance:
-            add("chance", group, prober.chance(None, images))
+            add(CHANCE, group, prober.chance(None, images))
     return out
 
 

@@ -1,0 +1,60 @@
+"""Image probes: planted classes are read perfectly, floors are reported, real CIFAR-10 is read above chance."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitscope.data import ImageDataset, load_dataset
+from vitscope.models import create
+from vitscope.probes import knn_probe, linear_probe
+
+FAST = {"lrs": (0.05,), "weight_decays": (0.0,), "epochs": 60}
+CIFAR10 = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "cifar10_jpg.tar.gz"
+CIFAR10 = CIFAR10 if CIFAR10.exists() else Path("/work/shared/data/cifar10_jpg.tar.gz")
+
+
+def _flat(split: str, per_class: int) -> ImageDataset:
+    """Flat images whose colour is the class, with a little per-image noise."""
+    labels = torch.arange(4).repeat(per_class)
+    colours = torch.tensor([[30, 30, 30], [200, 30, 30], [30, 200, 30], [30, 30, 200]])
+    generator = torch.Generator().manual_seed(hash(split) % 1000)
+    noise = torch.randint(-20, 21, (len(labels), 3, 32, 32), generator=generator)
+    images = (colours[labels].view(-1, 3, 1, 1) + noise).clamp(0, 255).to(torch.uint8)
+    return ImageDataset("flat", split, images, labels, list("abcd"), (0.5,) * 3, (0.25,) * 3)
+
+
+def test_planted_classes_give_100_percent_with_floors_beside_them():
+    torch.manual_seed(0)
+    model = create("vit-micro", num_classes=0)
+    train, held = _flat("train", 12), _flat("eval", 6)
+    result = linear_probe(model, train, held, "0,last", pool="mean", cache=False, progress=False,
+                          fit_options=FAST, dino_last4=True)
+    assert result.value(0, "mean", "top1") == 1.0 and result.value(4, "mean", "top1") == 1.0
+    assert result.value(4, "mean", "top1", model="chance") == pytest.approx(0.25)
+    assert result.value(4, "dino-last4", "top1") >= 0.9
+    assert {r["model"] for r in result.rows} == {"model", "model (random init)", "chance"}
+    near = knn_probe(model, train, held, "0", pool="mean", k=5, cache=False, progress=False, baseline=False)
+    assert near.value(0, "mean", "knn_top1") == 1.0
+
+
+def test_cls_pool_refused_on_a_model_without_cls():
+    model = create("vit-micro", class_token=False, pool="gap")
+    with pytest.raises(ValueError, match="pool='mean'"):
+        knn_probe(model, _flat("train", 2), _flat("eval", 2), "last", cache=False, progress=False, baseline=False)
+
+
+@pytest.mark.skipif(not CIFAR10.exists(), reason="real CIFAR-10 archive absent")
+def test_linear_and_knn_read_real_cifar10_above_chance():
+    train = load_dataset("cifar10", CIFAR10, "train").subset(400, seed=0)
+    held = load_dataset("cifar10", CIFAR10, "eval").subset(200, seed=0)
+    assert len(train.labels.unique()) == 10
+    torch.manual_seed(0)
+    model = create("vit-micro")
+    lin = linear_probe(model, train, held, "0", pool="mean", baseline=False, cache=False, progress=False,
+                       fit_options=FAST)
+    near = knn_probe(model, train, held, "0", pool="mean", baseline=False, cache=False, progress=False)
+    chance = lin.value(0, "mean", "top1", model="chance")
+    assert chance <= 0.11
+    assert lin.value(0, "mean", "top1") > chance + 0.08
+    assert near.value(0, "mean", "knn_top1") > chance + 0.05
