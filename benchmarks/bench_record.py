@@ -34,7 +34,9 @@ def measure(spec: str, batch: int, size: int, device: str, repeats: int) -> list
     med = interleaved_medians({"plain": plain, "stats": with_stats}, repeats, sync=device == "cuda")
 
     def state_size(rec) -> int:  # the recorder keeps only per-head sums, whatever the number of batches
-        return sum(t.numel() for a in rec._acc for t in (a.mad_sum, a.mad_count, a.ent_sum, a.ent_count))
+        means = rec.accumulators[0].means
+        return sum(t.numel() for per_layer in (*means.sums.values(), *means.counts.values())
+                   for t in per_layer.values())
 
     with torch.no_grad(), vitscope.record_attention(model, keep="stats") as rec:
         for _ in range(3):

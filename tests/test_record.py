@@ -5,7 +5,8 @@ import timm
 import torch
 
 import vitscope
-from vitscope.metrics import attention_entropy, mean_attention_distance
+from vitscope.attention import AttentionEvent
+from vitscope.metrics import SupportAccumulator, attention_entropy, mean_attention_distance
 from vitscope.models import create
 
 
@@ -80,16 +81,17 @@ def test_stats_equal_metrics_over_all_batches(images, attention):
 def test_stats_count_and_skip_heads_without_patch_mass():
     model = create("vit-micro", num_registers=1, attention="sparsemax").eval()  # manual path: observer
 
-    def all_on_cls(module, probs):
-        probs.zero_()
+    def all_on_cls(event):
+        probs = torch.zeros_like(event.probs)
         probs[..., 0] = 1.0
+        return AttentionEvent(event.scaled_q, event.k, event.attn_mask, event.normalizer, probs)
 
     stats_rec = vitscope.record_attention(model, layers=[0], keep="stats")
     with torch.no_grad(), stats_rec as rec:
         # a probe observer placed before ours rewrites the maps: every query looks only at CLS
         site_module = model.blocks[0].attn
         ours = site_module.observer
-        site_module.observer = lambda m, p: (all_on_cls(m, p), ours(m, p))
+        site_module.observer = lambda event: ours(all_on_cls(event))
         model(torch.randn(2, 3, 32, 32))
         site_module.observer = ours
     assert rec.stats.skipped.tolist() == [[2, 2, 2, 2]]
@@ -138,3 +140,54 @@ def test_stats_honour_an_attention_mask_on_the_fused_path():
         attn(tokens, attn_mask=mask)
     want = mean_attention_distance(probs, (8, 8), num_prefix_tokens=1, unit="patch").mean(0)
     torch.testing.assert_close(rec.stats.mad[0], want, atol=1e-5, rtol=0)
+
+
+def test_outputs_bit_identical_with_and_without_recording(images):
+    torch.manual_seed(1)
+    models = [create("vit-micro", num_registers=1).eval(),
+              timm.create_model("deit3_small_patch16_224", img_size=32, depth=2, qk_norm=True).eval()]
+    for model in models:
+        with torch.no_grad():
+            plain = model(images)
+            for keep in ("maps", "stats"):
+                with vitscope.record_attention(model, keep=keep, accumulators=[SupportAccumulator()]):
+                    assert torch.equal(model(images), plain)
+
+
+class MassOnCls:
+    """A metric the recorder has never heard of: per head, the attention mass patch queries put on CLS."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def update(self, layer, batch):
+        self.seen.setdefault(layer, []).append(batch.probs()[:, :, batch.prefix:, 0].mean(-1))
+
+
+@pytest.mark.parametrize("attention", ["softmax", "sparsemax"])
+def test_extra_accumulators_see_every_layer_and_batch(images, attention):
+    model = create("vit-micro", attention=attention, num_registers=1).eval()
+    support, mass = SupportAccumulator(), MassOnCls()
+    with torch.no_grad(), vitscope.record_attention(model, keep="maps") as maps_rec:
+        model(images)
+        model(images[:2])
+    with torch.no_grad(), vitscope.record_attention(model, layers=[1, 3], keep="stats",
+                                                    accumulators=[support, mass]) as rec:
+        model(images)
+        model(images[:2])
+    assert rec.stats.mad.shape == (2, 4) and sorted(mass.seen) == [1, 3]
+    for layer in (1, 3):
+        probs = maps_rec.maps[layer]  # (5, heads, T, T), brute force below
+        patch = probs[:, :, 2:, 2:]
+        want_zeros = (patch == 0).float().mean(dim=(-1, -2)).mean(0)
+        want_support = (patch != 0).float().sum(-1).mean(-1).mean(0)
+        torch.testing.assert_close(support.zeros(layer), want_zeros, atol=1e-6, rtol=0)
+        torch.testing.assert_close(support.support(layer), want_support, atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.cat(mass.seen[layer]), probs[:, :, 2:, 0].mean(-1), atol=1e-6, rtol=0)
+    if attention == "softmax":
+        assert support.zeros(1).max() == 0 and support.support(1).min() == 64
+    else:
+        assert support.zeros(1).min() > 0.2  # sparsemax gives exact zeros, even at random initialisation
+    with pytest.raises(ValueError, match="no update"):
+        with vitscope.record_attention(model, accumulators=[object()]):
+            pass

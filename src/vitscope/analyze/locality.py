@@ -13,7 +13,8 @@ from tqdm.auto import tqdm
 from vitscope.analyze.inputs import model_batches
 from vitscope.data import ImageDataset
 from vitscope.files import write_csv, write_json
-from vitscope.record import AttentionStats, record_attention
+from vitscope.metrics import AttentionStats
+from vitscope.record import record_attention
 
 DEFINITIONS = {
     "mad": "mean over patch queries of sum_j A[i,j] d(i,j); A restricted to patch queries and keys, rows "

@@ -29,9 +29,10 @@ __all__ = [
 ]
 from vitscope.attention.module import (  # noqa: E402
     Attention,
+    AttentionEvent,
     AttentionObserver,
     masked_logits,
     use_fused_attention,
 )
 
-__all__ += ["Attention", "AttentionObserver", "masked_logits", "use_fused_attention"]
+__all__ += ["Attention", "AttentionEvent", "AttentionObserver", "masked_logits", "use_fused_attention"]

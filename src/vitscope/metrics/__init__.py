@@ -1,5 +1,17 @@
-"""Pure metric functions of tensors; they know nothing of models."""
+"""Pure metric functions of tensors and streaming accumulators; they know nothing of models."""
 
+from vitscope.metrics.layers import early_layers
 from vitscope.metrics.locality import UNITS, attention_entropy, grid_distances, mean_attention_distance
+from vitscope.metrics.stats import AttentionStats
+from vitscope.metrics.streaming import (
+    AttentionBatch,
+    LocalityAccumulator,
+    PerHeadMeans,
+    StreamingMetric,
+    SupportAccumulator,
+)
 
-__all__ = ["UNITS", "attention_entropy", "grid_distances", "mean_attention_distance"]
+__all__ = [
+    "UNITS", "AttentionBatch", "AttentionStats", "LocalityAccumulator", "PerHeadMeans", "StreamingMetric",
+    "SupportAccumulator", "attention_entropy", "early_layers", "grid_distances", "mean_attention_distance",
+]

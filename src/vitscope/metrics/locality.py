@@ -1,6 +1,6 @@
 """Locality of attention: mean attention distance (MAD) and normalised entropy.
 
-Definitions (DESIGN.md section 3). ``attn`` is (B, heads, Tq, Tk) attention probabilities whose first
+Definitions (docs/definitions.md). ``attn`` is (B, heads, Tq, Tk) attention probabilities whose first
 ``num_prefix_tokens`` queries and keys are prefix tokens (CLS, registers); the rest are patches.
 
 * Restrict ``attn`` to patch queries and patch keys. A query row "has patch mass" when its restricted
@@ -126,6 +126,14 @@ def locality_row_sums(block: Tensor, distances: Tensor) -> tuple[Tensor, Tensor,
     weighted = (block * distances).sum(dim=-1)
     plogp = torch.special.xlogy(block, block).sum(dim=-1)
     return mass, weighted, plogp
+
+
+def softmax_row_sums(scaled_q: Tensor, k: Tensor, distances: Tensor, *, prefix: int
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+    """``locality_row_sums`` of softmax(q k^T) restricted to patches, from scaled queries and keys
+    (B, heads, T, head_dim), without keeping the probabilities."""
+    probs = (scaled_q.float() @ k.float().transpose(-2, -1)).softmax(dim=-1)
+    return locality_row_sums(probs[..., prefix:, prefix:], distances)
 
 
 def locality_from_row_sums(mass: Tensor, weighted: Tensor, plogp: Tensor, *, num_keys: int, scale: float,

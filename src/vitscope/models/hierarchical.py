@@ -13,6 +13,7 @@ pool of the linear variant); distances between query centres and key-cell centre
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -60,7 +61,7 @@ class PvtReducedKeys:
         self.feat_size: tuple[int, int] | None = None
         self._cache: dict[tuple[int, int], TokenLayout] = {}
 
-    def install(self) -> callable:
+    def install(self) -> Callable[[], None]:
         handle = self.module.register_forward_pre_hook(lambda _m, args: setattr(self, "feat_size", tuple(args[1])))
         return handle.remove
 
@@ -90,12 +91,14 @@ class PvtReducedKeys:
         return probs, self._layout(*self.feat_size)
 
 
-def hierarchical_sites(model: nn.Module):
-    """Attention sites of a timm Swin or PVT-v2 model in block order, or None for other models."""
-    from vitscope.models.sites import AttentionSite
+Geometry = SwinWindows | PvtReducedKeys
 
+
+def hierarchical_geometry(model: nn.Module) -> list[tuple[str, nn.Module, Geometry]] | None:
+    """(module path, attention module, canonical form) of every attention layer of a timm Swin or PVT-v2 model
+    in block order, or None for other models."""
     name = type(model).__name__
-    sites = []
+    found: list[tuple[str, nn.Module, Geometry]] = []
     if name == "SwinTransformer":
         img = model.patch_embed.img_size
         for s, stage in enumerate(model.layers):
@@ -103,14 +106,13 @@ def hierarchical_sites(model: nn.Module):
                 stride = img[0] // block.input_resolution[0]
                 geometry = SwinWindows(tuple(block.input_resolution), tuple(block.window_size),
                                        tuple(block.shift_size), stride)
-                sites.append(AttentionSite(f"layers.{s}.blocks.{b}.attn", len(sites), block.attn, geometry))
-        return sites
+                found.append((f"layers.{s}.blocks.{b}.attn", block.attn, geometry))
+        return found
     if name == "PyramidVisionTransformerV2":
         stride = model.patch_embed.proj.stride[0]  # the stem
         for s, stage in enumerate(model.stages):
             stride *= stage.downsample.proj.stride[0] if stage.downsample is not None else 1
             for b, block in enumerate(stage.blocks):
-                sites.append(AttentionSite(f"stages.{s}.blocks.{b}.attn", len(sites), block.attn,
-                                           PvtReducedKeys(block.attn, stride)))
-        return sites
+                found.append((f"stages.{s}.blocks.{b}.attn", block.attn, PvtReducedKeys(block.attn, stride)))
+        return found
     return None

@@ -1,9 +1,16 @@
-"""Attention sites: the places in a model where attention probabilities can be observed.
+"""Attention sites: the places in a model where attention can be observed, and what they deliver.
 
-vitscope's own ``Attention`` hands its probabilities to an observer directly. timm's attention modules
-(ViT, DeiT-III, DINO, DINOv2, CLIP, Swin, PVT-v2) are switched to their manual path for the duration
-(``fused_attn = False``) and read at the input of their ``attn_drop``, which is where that path's
-probabilities are; every attribute changed is restored on detach.
+Every site delivers, once per forward pass, a ``Capture``: the layer's token layout, its probabilities in
+canonical form (B, heads, Tq, Tk), computed only when asked for, and, for an unmasked softmax attention of a
+plain ViT, its scaled queries and keys, from which statistics can be computed without the probabilities.
+
+- vitscope's ``Attention``: through its observer; the fused path stays on, so outputs do not change.
+- timm's ViT ``Attention`` (ViT, DeiT-III, DINO, DINOv2, CLIP; q/k-norm and gated variants): queries and
+  keys are read at the outputs of its ``q_norm`` / ``k_norm`` and the mask at its input; the fused path stays
+  on and outputs are bit-identical with and without recording.
+- timm's Swin and PVT-v2 attention (whose probabilities also hold a relative-position bias or reduced keys):
+  switched to their manual path for the duration (``fused_attn = False``) and read at the input of their
+  ``attn_drop``; every attribute changed is restored on detach.
 """
 
 from __future__ import annotations
@@ -11,18 +18,37 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
-from vitscope.attention import Attention
+from vitscope.attention import Attention, AttentionEvent, make_normalizer
+from vitscope.models.hierarchical import hierarchical_geometry
 from vitscope.models.layout import TokenLayout
 
-# An observer receives one forward pass's probabilities in canonical form (B, heads, Tq, Tk) and the
-# layout that says which rows and columns are which tokens.
-ProbsObserver = Callable[[Tensor, TokenLayout], None]
-# Receives scaled queries and keys (B, heads, T, head_dim) of a softmax attention, its mask, and its layout.
-SoftmaxObserver = Callable[[Tensor, Tensor, Tensor | None, TokenLayout], None]
+
+@dataclass
+class Capture:
+    """One layer's attention on one batch: ``layout``, ``probs()`` (B, heads, Tq, Tk) in canonical form, and
+    ``softmax_qk`` = (scaled queries, keys), each (B, heads, T, head_dim), for an unmasked softmax, else None."""
+
+    layout: TokenLayout
+    probs: Callable[[], Tensor]
+    softmax_qk: tuple[Tensor, Tensor] | None = None
+
+
+Observer = Callable[[Capture], None]
 # Turns a module's raw probabilities into canonical form and gives their layout.
 Canonical = Callable[[Tensor], tuple[Tensor, TokenLayout]]
+
+
+@dataclass(frozen=True)
+class PlainLayout:
+    """Canonical form for plain ViTs: probabilities are already (B, heads, T, T), with one fixed layout."""
+
+    layout: TokenLayout
+
+    def __call__(self, probs: Tensor) -> tuple[Tensor, TokenLayout]:
+        return probs, self.layout
 
 
 @dataclass(frozen=True)
@@ -34,47 +60,25 @@ class AttentionSite:
     module: nn.Module
     canonical: Canonical
 
-    def attach(self, observer: ProbsObserver) -> Callable[[], None]:
-        def deliver(probs: Tensor) -> None:
-            observer(*self.canonical(probs))
-
-        if isinstance(self.module, Attention):
-            detach = _attach_vitscope(self.module, deliver)
-        else:
-            detach = _attach_timm(self.module, deliver)
-        install = getattr(self.canonical, "install", None)  # geometry read at forward time (PVT)
-        uninstall = install() if install is not None else (lambda: None)
-
-        def undo() -> None:
-            detach()
-            uninstall()
-
-        return undo
-
-    def attach_streaming(self, observer: ProbsObserver, softmax_observer: SoftmaxObserver) -> Callable[[], None]:
-        """Like ``attach``, but a vitscope softmax attention keeps its fused path and hands its scaled
-        queries and keys to ``softmax_observer``, which recomputes softmax(q k^T) only for itself."""
-        module = self.module
-        if not (isinstance(module, Attention) and module.normalizer.is_softmax and module.fused
-                and isinstance(self.canonical, PlainLayout)):
-            return self.attach(observer)
-        previous = module.probe
-        layout = self.canonical.layout
-
-        def probe(scaled_q: Tensor, k: Tensor, attn_mask: Tensor | None) -> None:
-            softmax_observer(scaled_q, k, attn_mask, layout)
-
-        module.probe = probe
-
-        def undo() -> None:
-            module.probe = previous
-
-        return undo
+    def attach(self, observer: Observer) -> Callable[[], None]:
+        """Hand every forward pass's ``Capture`` to ``observer`` until the returned function is called."""
+        if isinstance(self.canonical, PlainLayout):
+            layout = self.canonical.layout
+            deliver = lambda event: observer(_plain_capture(event, layout))  # noqa: E731
+            if isinstance(self.module, Attention):
+                return _attach_vitscope(self.module, deliver)
+            return _attach_timm_vit(self.module, deliver)
+        return _attach_manual(self.module, self.canonical, observer)
 
 
-def _attach_vitscope(module: Attention, deliver: Callable[[Tensor], None]) -> Callable[[], None]:
+def _plain_capture(event: AttentionEvent, layout: TokenLayout) -> Capture:
+    qk = (event.scaled_q, event.k) if event.is_softmax and event.attn_mask is None else None
+    return Capture(layout, lambda: event.probs, qk)
+
+
+def _attach_vitscope(module: Attention, deliver: Callable[[AttentionEvent], None]) -> Callable[[], None]:
     previous = module.observer
-    module.observer = lambda _module, probs: deliver(probs)
+    module.observer = deliver
 
     def detach() -> None:
         module.observer = previous
@@ -82,29 +86,64 @@ def _attach_vitscope(module: Attention, deliver: Callable[[Tensor], None]) -> Ca
     return detach
 
 
-def _attach_timm(module: nn.Module, deliver: Callable[[Tensor], None]) -> Callable[[], None]:
-    if not hasattr(module, "attn_drop") or not hasattr(module, "fused_attn"):
-        raise ValueError(f"{type(module).__name__} has no manual attention path to record; vitscope supports "
-                         "timm's ViT, DeiT, DINO, DINOv2, CLIP, Swin and PVT-v2 attention")
-    previous = module.fused_attn
-    module.fused_attn = False
-    handle = module.attn_drop.register_forward_hook(lambda _m, inputs, _out: deliver(inputs[0]))
+def _timm_vit_attention() -> tuple[type, ...]:
+    from timm.layers.attention import Attention as TimmAttention
+
+    return (TimmAttention,)
+
+
+def _attach_timm_vit(module: nn.Module, deliver: Callable[[AttentionEvent], None]) -> Callable[[], None]:
+    """q and k at the outputs of q_norm / k_norm, the mask at the module's input; the fused path stays on."""
+    softmax = make_normalizer("softmax")
+    seen: dict[str, Tensor | None] = {}
+
+    def inputs(_m, args, kwargs) -> None:
+        mask = kwargs.get("attn_mask", args[1] if len(args) > 1 else None)
+        causal = kwargs.get("is_causal", args[2] if len(args) > 2 else False)
+        if causal:
+            n = args[0].shape[1]
+            tril = torch.ones(n, n, dtype=torch.bool, device=args[0].device).tril()
+            mask = tril if mask is None else (mask & tril if mask.dtype == torch.bool
+                                              else mask.masked_fill(~tril, float("-inf")))
+        seen["mask"] = mask
+
+    def query(_m, _inputs, q: Tensor) -> None:
+        seen["q"] = q
+
+    def key(_m, _inputs, k: Tensor) -> None:
+        deliver(AttentionEvent(seen.pop("q") * module.scale, k, seen.get("mask"), softmax))
+
+    handles = [module.register_forward_pre_hook(inputs, with_kwargs=True),
+               module.q_norm.register_forward_hook(query), module.k_norm.register_forward_hook(key)]
 
     def detach() -> None:
-        handle.remove()
-        module.fused_attn = previous
+        for handle in handles:
+            handle.remove()
 
     return detach
 
 
-@dataclass(frozen=True)
-class PlainLayout:
-    """Canonical form for plain ViTs: probabilities are already (B, heads, T, T), with one fixed layout."""
+def _attach_manual(module: nn.Module, canonical: Canonical, observer: Observer) -> Callable[[], None]:
+    if not hasattr(module, "attn_drop") or not hasattr(module, "fused_attn"):
+        raise ValueError(f"{type(module).__name__} has no manual attention path to record; vitscope supports "
+                         "timm's ViT, DeiT, DINO, DINOv2, CLIP, Swin and PVT-v2 attention")
 
-    layout: TokenLayout
+    def deliver(probs: Tensor) -> None:
+        canon, layout = canonical(probs)
+        observer(Capture(layout, lambda: canon))
 
-    def __call__(self, probs: Tensor) -> tuple[Tensor, TokenLayout]:
-        return probs, self.layout
+    previous = module.fused_attn
+    module.fused_attn = False
+    handle = module.attn_drop.register_forward_hook(lambda _m, inputs, _out: deliver(inputs[0]))
+    install = getattr(canonical, "install", None)  # geometry read at forward time (PVT)
+    uninstall = install() if install is not None else (lambda: None)
+
+    def detach() -> None:
+        handle.remove()
+        uninstall()
+        module.fused_attn = previous
+
+    return detach
 
 
 def token_layout(model: nn.Module) -> TokenLayout:
@@ -124,14 +163,19 @@ def token_layout(model: nn.Module) -> TokenLayout:
 
 def attention_sites(model: nn.Module) -> list[AttentionSite]:
     """Every attention layer of ``model`` in block order."""
-    from vitscope.models.hierarchical import hierarchical_sites
-
     if hasattr(model, "blocks") and hasattr(model, "num_prefix_tokens"):
         canonical = PlainLayout(token_layout(model))
+        known = (Attention, *_timm_vit_attention())
+        for i, block in enumerate(model.blocks):
+            attn = getattr(block, "attn", None)
+            if type(attn) not in known:
+                kind = type(attn).__name__ if attn is not None else f"{type(block).__name__} (no attn module)"
+                raise ValueError(f"cannot record attention of block {i}: {kind} is not an attention vitscope knows "
+                                 "(timm's Attention, with or without q/k-norm or gate, or vitscope's)")
         return [AttentionSite(f"blocks.{i}.attn", i, block.attn, canonical) for i, block in enumerate(model.blocks)]
-    sites = hierarchical_sites(model)
-    if sites is not None:
-        return sites
+    found = hierarchical_geometry(model)
+    if found is not None:
+        return [AttentionSite(name, i, module, geometry) for i, (name, module, geometry) in enumerate(found)]
     raise ValueError(
         f"cannot record attention from a {type(model).__name__}; build it with vitscope.models.create "
         "or load it with vitscope.models.load('timm:NAME')"
