@@ -117,8 +117,42 @@ def test_bad_config_names_the_fix(overrides, fragment):
 def test_unknown_preset_and_wrong_image_size(images):
     with pytest.raises(ValueError, match="vit-compact"):
         create("vit-huge")
-    with pytest.raises(ValueError, match="img_size=16"):
-        create("vit-micro")(images[..., :16, :16])
+    with pytest.raises(ValueError, match="multiple of 4 pixels"):
+        create("vit-micro")(images[..., :18, :18])
+
+
+@pytest.mark.parametrize("pos_embed", ["learn", "sincos"])
+@pytest.mark.parametrize("size", [(16, 16), (48, 24)])
+def test_any_input_size_matches_timm_dynamic_img_size(images, size, pos_embed):
+    """The positional embedding is resampled as timm's dynamic_img_size does (bicubic, antialiased)."""
+    ours = create("vit-micro", pos_embed=pos_embed).eval()
+    with torch.no_grad():
+        ours.pos_embed.normal_() if pos_embed == "learn" else None
+    cfg = ours.cfg
+    reference = timm.models.vision_transformer.VisionTransformer(
+        img_size=cfg.img_size, patch_size=cfg.patch_size, num_classes=cfg.num_classes, embed_dim=cfg.embed_dim,
+        depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, global_pool="token",
+        dynamic_img_size=True).eval()
+    state = ours.state_dict() | ({"pos_embed": ours.pos_embed} if pos_embed == "sincos" else {})
+    reference.load_state_dict(state, strict=True)
+    x = torch.nn.functional.interpolate(images, size=size, mode="bilinear")
+    with torch.no_grad():
+        if pos_embed == "learn":
+            torch.testing.assert_close(ours(x), reference(x), atol=1e-5, rtol=0)
+        else:  # recomputed on the new grid: equal to a model built for that size
+            same = create("vit-micro", pos_embed="sincos", img_size=size[0]).eval() if size[0] == size[1] else None
+            if same is not None:
+                same.load_state_dict(ours.state_dict())
+                torch.testing.assert_close(ours(x), same(x), atol=1e-6, rtol=0)
+            assert not torch.allclose(ours(x), reference(x), atol=1e-3)  # not an interpolation of the table
+
+
+def test_registers_take_no_positional_embedding_at_any_size(images):
+    model = create("vit-micro", num_registers=2).eval()
+    x = images[..., :16, :24]
+    tokens = model.embed(x)
+    assert tokens.shape == (len(x), 1 + 2 + 4 * 6, model.embed_dim)
+    torch.testing.assert_close(tokens[:, 1:3], model.reg_token.expand(len(x), -1, -1))
 
 
 def test_save_and_load_round_trip(tmp_path, images):

@@ -16,7 +16,8 @@ CONFIG_FLAGS = {"dataset": "dataset", "data_dir": "data_dir", "out": "out", "dev
 
 def register(commands) -> None:
     train = commands.add_parser("train", help="train a model from a config file (or resume a run)")
-    train.add_argument("--config", default=None, help="YAML, JSON or TOML file of TrainConfig keys")
+    train.add_argument("--config", default=None, help="YAML, JSON or TOML file of TrainConfig keys, or a shipped "
+                                                      "config's name (dino-demo, dino-compact, dino-vit-s16)")
     train.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key (repeatable; dotted keys reach into model_options)")
     train.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run")
@@ -54,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
     except TrainingInterrupted as err:
         print(f"vitscope: {err}", file=sys.stderr)
         return 130
-    epochs = summary["epochs"]
-    print(f"top-1 {summary['eval']['top1']:.4f} after {epochs} epoch{'' if epochs == 1 else 's'}; "
-          f"run folder {summary['run_dir']}")
+    result, epochs = summary["eval"], summary["epochs"]
+    if "knn_top1" in result:
+        score = f"kNN top-1 {result['knn_top1']:.4f} (at initialisation {result['knn_top1_init']:.4f})"
+    else:
+        score = f"top-1 {result['top1']:.4f}"
+    print(f"{score} after {epochs} epoch{'' if epochs == 1 else 's'}; run folder {summary['run_dir']}")
     return 0

@@ -147,3 +147,13 @@ def _beta(alpha: float, generator: torch.Generator) -> float:
         return 1.0
     seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
     return float(np.random.default_rng(seed).beta(alpha, alpha))
+
+
+def image_uniforms(seed: int, epoch: int, indices: Tensor, count: int) -> Tensor:
+    """Uniforms in [0, 1), float32 (B, count) on the CPU: row b depends only on (seed, epoch, indices[b]).
+
+    Per-image randomness keyed this way gives an image the same augmentation whatever rank, batch or step
+    it lands in, so runs on 1 and N processes with the same global batch see the same views."""
+    rows = [np.random.default_rng([seed, epoch, int(i)]).random(count, dtype=np.float32)
+            for i in indices.tolist()]
+    return torch.from_numpy(np.stack(rows)) if rows else torch.zeros(0, count)

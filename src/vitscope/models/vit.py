@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
 from torch import Tensor, nn
 
 from vitscope.attention import Attention
@@ -100,21 +100,38 @@ class VisionTransformer(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def embed(self, images: Tensor) -> Tensor:
-        """Images (B, C, H, W) -> input tokens (B, T, D) with positional embedding and prefix tokens."""
-        if images.ndim != 4 or images.shape[-2:] != (self.cfg.img_size, self.cfg.img_size):
+        """Images (B, C, H, W) -> input tokens (B, T, D) with positional embedding and prefix tokens.
+
+        Any H and W that are multiples of the patch size work: a learned positional embedding is resampled to
+        the input's grid (bicubic, timm's ``resample_abs_pos_embed``, as ``dynamic_img_size``); a sine-cosine
+        one is recomputed. Registers carry no positional embedding at any size."""
+        p = self.patch_size
+        if images.ndim != 4 or images.shape[1] != self.cfg.in_chans or images.shape[-2] % p or images.shape[-1] % p:
             raise ValueError(
-                f"expected images (B, {self.cfg.in_chans}, {self.cfg.img_size}, {self.cfg.img_size}), "
-                f"got {tuple(images.shape)}; resize the inputs or build the model with img_size={images.shape[-1]}"
+                f"expected images (B, {self.cfg.in_chans}, H, W) with H and W multiples of the patch size {p}, "
+                f"got {tuple(images.shape)}; resize or crop the inputs to a multiple of {p} pixels"
             )
-        x = self.patch_embed.proj(images).flatten(2).transpose(1, 2)
+        x = self.patch_embed.proj(images)
+        grid = (x.shape[-2], x.shape[-1])
+        x = x.flatten(2).transpose(1, 2)
         batch = x.shape[0]
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(batch, -1, -1), x], dim=1)
-        x = x + self.pos_embed
+        x = x + self.position_embedding(grid)
         if self.reg_token is not None:
             start = int(self.cls_token is not None)
             x = torch.cat([x[:, :start], self.reg_token.expand(batch, -1, -1), x[:, start:]], dim=1)
         return self.pos_drop(x)
+
+    def position_embedding(self, grid: tuple[int, int]) -> Tensor:
+        """The positional embedding (1, [CLS] + gh * gw, D) for a patch grid of (gh, gw)."""
+        if tuple(grid) == tuple(self.grid_size):
+            return self.pos_embed
+        if isinstance(self.pos_embed, nn.Parameter):
+            return resample_abs_pos_embed(self.pos_embed, new_size=list(grid), old_size=list(self.grid_size),
+                                          num_prefix_tokens=int(self.cls_token is not None))
+        table = sincos_pos_embed(grid, self.embed_dim).to(self.pos_embed)
+        return torch.cat([self.pos_embed[:, : int(self.cls_token is not None)], table[None]], dim=1)
 
     def forward_tokens(self, images: Tensor) -> Tensor:
         """All tokens (B, T, D) after the last block, before the final norm."""

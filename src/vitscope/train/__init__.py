@@ -2,9 +2,9 @@
 
 from vitscope.train.config import TrainConfig, load_config
 from vitscope.train.protocols import ABLATION, COMPONENTS, Protocol, canonical_protocol, expand_conditions
-from vitscope.train.trainer import TrainingDiverged, TrainingInterrupted, evaluate, train
+from vitscope.train.trainer import TrainingDiverged, TrainingInterrupted, evaluate, make_objective, train
 
 __all__ = [
     "ABLATION", "COMPONENTS", "Protocol", "TrainConfig", "TrainingDiverged", "TrainingInterrupted",
-    "canonical_protocol", "evaluate", "expand_conditions", "load_config", "train",
+    "canonical_protocol", "evaluate", "expand_conditions", "load_config", "make_objective", "train",
 ]

@@ -18,6 +18,8 @@ from vitscope.train.protocols import canonical_protocol
 class TrainConfig:
     """Everything a training run needs. Learning rates are per step; epochs count full passes."""
 
+    objective: str = "supervised"  # supervised | dino
+    objective_options: dict[str, Any] = field(default_factory=dict)  # the objective's own keys, e.g. DINO's head
     model: str = "vit-compact"  # preset, timm:NAME or run folder
     model_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"num_registers": 4}
     dataset: str = "synthetic"
@@ -32,8 +34,10 @@ class TrainConfig:
     lr: float = 1e-3
     min_lr: float = 1e-5
     weight_decay: float = 0.05
+    weight_decay_end: float | None = None  # cosine schedule weight_decay -> weight_decay_end per step (DINO)
     warmup_epochs: float = 5.0
     grad_clip: float = 1.0  # max gradient norm; 0 disables
+    grad_clip_mode: str | None = None  # global | per_tensor; None: the objective's choice
     label_smoothing: float = 0.1
     cutmix_alpha: float = 1.0
     mixup_alpha: float = 0.0
@@ -41,6 +45,8 @@ class TrainConfig:
     eval_every: int = 1  # epochs
     checkpoint_every_steps: int = 0  # 0: at the end of every epoch only
     log_every_steps: int = 50
+    keep_every: int | None = None  # epochs between kept model snapshots; None: 10 % of the run
+    epoch_hooks: list[str] = field(default_factory=list)  # module:function(model) -> scalars, logged every epoch
     seed: int = 0
     deterministic: bool = False
     compile: bool = False
@@ -50,6 +56,7 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        check_types(self)
         self.protocol = canonical_protocol(self.protocol)
         positive = ("epochs", "batch_size", "eval_every", "log_every_steps")
         for name in positive:
@@ -57,6 +64,12 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.lr <= 0 or self.min_lr < 0:
             raise ValueError(f"lr={self.lr} must be > 0 and min_lr={self.min_lr} >= 0")
+        if self.objective not in ("supervised", "dino"):
+            raise ValueError(f"objective={self.objective!r} is unknown; use supervised or dino")
+        if self.grad_clip_mode not in (None, "global", "per_tensor"):
+            raise ValueError(f"grad_clip_mode={self.grad_clip_mode!r} is unknown; use global or per_tensor")
+        if self.keep_every is not None and self.keep_every < 1:
+            raise ValueError(f"keep_every={self.keep_every} must be >= 1 (epochs), or null for 10 % of the run")
         if self.amp not in ("auto", "bf16", "off"):
             raise ValueError(f"amp={self.amp!r} is unknown; use auto, bf16 or off")
 
@@ -72,11 +85,55 @@ class TrainConfig:
         return cls(**values)
 
 
+_TYPES: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (float, int), "bool": (bool,),
+                                       "None": (type(None),)}
+
+
+def _accepted(annotation: str) -> tuple[tuple[type, ...], str]:
+    """The Python types a field annotation accepts, and its name for messages ('int or null')."""
+    parts = [part.strip() for part in annotation.split("|")]
+    types: tuple[type, ...] = ()
+    for part in parts:
+        base = part.split("[")[0]
+        types += _TYPES.get(base, (dict,) if base == "dict" else (list,) if base == "list" else (object,))
+    names = {"list[str]": "list of strings", "None": "null", "dict": "mapping", "list": "list", "str": "string",
+             "int": "integer", "float": "number", "bool": "boolean (true/false)"}
+    return types, " or ".join(names.get(part, names.get(part.split("[")[0], part)) for part in parts)
+
+
+def check_types(cfg: TrainConfig) -> None:
+    """A ValueError naming the key, the expected type and the value for the first mistyped key."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        types, expected = _accepted(str(f.type))
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if ok and isinstance(value, list) and "list[str]" in str(f.type):
+            ok = all(isinstance(item, str) for item in value)
+        if not ok:
+            raise ValueError(f"config key {f.name}: expected {expected}, got {value!r} "
+                             f"({type(value).__name__}); e.g. --set {f.name}={_example(f)}")
+
+
+def _example(f: dataclasses.Field) -> str:
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    return "null" if default is None else json.dumps(default) if not isinstance(default, str) else default
+
+
+def shipped_configs() -> dict[str, Path]:
+    """Config files shipped inside the package (found by name: ``--config dino-demo``)."""
+    folder = Path(__file__).resolve().parent.parent / "configs"
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """A mapping from a .yaml/.yml, .json or .toml file."""
     path = Path(path)
+    shipped = shipped_configs()
+    if not path.is_file() and str(path) in shipped:
+        path = shipped[str(path)]
     if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist; pass --config with a YAML, JSON or TOML file")
+        raise FileNotFoundError(f"config file {path} does not exist; pass --config with a YAML, JSON or TOML file "
+                                f"or a shipped config name ({', '.join(shipped)})")
     text = path.read_text()
     if path.suffix in (".yaml", ".yml"):
         values = yaml.safe_load(text) or {}

@@ -1,0 +1,286 @@
+"""DINO: loss, centring and schedules against independent formulas; multi-crop randomness; the objective
+end to end (kill/resume exactness, 2 gloo ranks == 1 process, run folder, sparse attention)."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from torchvision.transforms.v2 import functional as TF
+
+from vitscope.data.multicrop import MultiCropSpec, color_jitter, gaussian_blur, multicrop, shift_hue
+from vitscope.train import TrainConfig, train
+from vitscope.train.checkpoint import latest_checkpoint, load_state
+from vitscope.train.dino_head import DINOHead
+from vitscope.train.dino_loss import dino_loss, teacher_temperature, update_centre
+from vitscope.train.engine import clip_gradients
+from vitscope.train.logging import read_metrics
+from vitscope.train.schedules import cosine
+
+TINY_DINO = {
+    "objective": "dino", "model": "vit-micro", "model_options": {"depth": 2, "embed_dim": 32, "num_heads": 2},
+    "dataset": "synthetic", "dataset_options": {"num_images": 128}, "eval_images": 64, "batch_size": 32,
+    "epochs": 2, "lr": 0.002, "warmup_epochs": 1, "weight_decay": 0.04, "weight_decay_end": 0.4, "grad_clip": 3.0,
+    "progress": False, "log_every_steps": 2, "device": "cpu",
+    "objective_options": {"out_dim": 64, "hidden_dim": 32, "bottleneck_dim": 16, "global_size": 32, "local_size": 16,
+                          "n_local": 2, "drop_path": 0.0, "warmup_teacher_temp_epochs": 2, "knn_bank": 128,
+                          "blur_sigma": [0.1, 1.0]},
+}
+
+
+def dino_config(tmp_path: Path, name: str, **changes) -> TrainConfig:
+    return TrainConfig.from_dict({**TINY_DINO, "out": str(tmp_path / name), **changes})
+
+
+# ---- formulas against independent implementations ----
+
+def reference_loss(student, teacher, centre, t_temp, s_temp, batch):
+    """Per image and per pair of views, in float64 numpy: the definition in the DINO paper (eq. 3 with centring)."""
+    s, t, c = (np.asarray(a, dtype=np.float64) for a in (student, teacher, centre))
+    views, globals_ = len(s) // batch, len(t) // batch
+    pairs = []
+    for i in range(globals_):
+        for v in range(views):
+            if v == i:
+                continue
+            per_image = []
+            for b in range(batch):
+                p = np.exp((t[i * batch + b] - c[0]) / t_temp)
+                p /= p.sum()
+                logits = s[v * batch + b] / s_temp
+                log_q = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+                per_image.append(-(p * log_q).sum())
+            pairs.append(np.mean(per_image))
+    return float(np.mean(pairs))
+
+
+@pytest.mark.parametrize("views,batch", [(2, 3), (6, 4)])
+def test_loss_matches_the_definition_and_only_the_student_gets_gradients(views, batch):
+    g = torch.Generator().manual_seed(views)
+    student = torch.randn(views * batch, 17, generator=g, requires_grad=True)
+    teacher = torch.randn(2 * batch, 17, generator=g, requires_grad=True)
+    centre = torch.randn(1, 17, generator=g) * 0.3
+    loss = dino_loss(student, teacher, centre, teacher_temp=0.05, student_temp=0.1)
+    expected = reference_loss(student.detach(), teacher.detach(), centre, 0.05, 0.1, batch)
+    assert math.isclose(loss.item(), expected, rel_tol=1e-5)
+    loss.backward()
+    assert teacher.grad is None and student.grad is not None and student.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="whole views"):
+        dino_loss(student[:-1], teacher, centre, 0.05)
+
+
+def test_centre_is_an_ema_of_the_teacher_batch_mean():
+    teacher = [torch.randn(8, 5), torch.randn(8, 5)]
+    centre = torch.zeros(1, 5)
+    expected = np.zeros((1, 5))
+    for out in teacher:
+        centre = update_centre(centre, out, 0.9)
+        expected = 0.9 * expected + 0.1 * out.numpy().mean(axis=0, keepdims=True)
+    np.testing.assert_allclose(centre.numpy(), expected, rtol=1e-6, atol=1e-7)
+
+
+def test_temperature_and_momentum_schedules_follow_main_dino():
+    warm, temp, epochs, warm_epochs = 0.04, 0.07, 10, 4
+    table = np.concatenate([np.linspace(warm, temp, warm_epochs), np.ones(epochs - warm_epochs) * temp])
+    assert np.allclose([teacher_temperature(e, warm, temp, warm_epochs) for e in range(epochs)], table)
+    # utils.cosine_scheduler(base, final, epochs, niter): final + 0.5 (base - final) (1 + cos(pi i / n))
+    n = 37
+    iters = np.arange(n)
+    reference = 1.0 + 0.5 * (0.996 - 1.0) * (1 + np.cos(np.pi * iters / n))
+    assert np.allclose([cosine(0.996, 1.0, i / n) for i in iters], reference)
+    wd = 0.4 + 0.5 * (0.04 - 0.4) * (1 + np.cos(np.pi * iters / n))
+    assert np.allclose([cosine(0.04, 0.4, i / n) for i in iters], wd)
+
+
+def test_per_tensor_clipping_is_dinos():
+    params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2))]
+    params[0].grad, params[1].grad = torch.tensor([3.0, 4.0, 0.0]), torch.full((2, 2), 0.1)
+    clip_gradients(params, 1.0, "per_tensor")
+    assert torch.allclose(params[0].grad, torch.tensor([3.0, 4.0, 0.0]) / (5 + 1e-6))  # norm 5 -> 1
+    assert torch.allclose(params[1].grad, torch.full((2, 2), 0.1))  # norm 0.2: left alone
+
+
+def test_head_is_l2_normalised_before_a_unit_norm_last_layer():
+    head = DINOHead(32, 100, hidden_dim=48, bottleneck_dim=16)
+    out = head(torch.randn(5, 32))
+    assert out.shape == (5, 100)
+    g = head.last_layer.parametrizations.weight.original0
+    assert not g.requires_grad and torch.all(g == 1)
+    weight = head.last_layer.weight  # rows have unit norm, so |logit| <= 1 for a unit input
+    assert torch.allclose(weight.norm(dim=1), torch.ones(100), atol=1e-5) and out.abs().max() <= 1 + 1e-5
+    assert sum(isinstance(m, torch.nn.Linear) for m in head.mlp) == 3
+
+
+# ---- multi-crop ----
+
+def test_shift_hue_and_jitter_match_torchvision_per_image():
+    x = torch.rand(6, 3, 9, 11)
+    shift = torch.linspace(-0.1, 0.1, 6)
+    ours = shift_hue(x, shift)
+    for i in range(6):
+        torch.testing.assert_close(ours[i], TF.adjust_hue(x[i], float(shift[i])), atol=1e-5, rtol=0)
+    u = torch.rand(6, 4)
+    only_brightness = color_jitter(x, u, (0.4, 0.0, 0.0, 0.0))
+    for i in range(6):
+        factor = 0.6 + 0.8 * float(u[i, 0])
+        torch.testing.assert_close(only_brightness[i], TF.adjust_brightness(x[i], factor), atol=1e-6, rtol=0)
+    only_contrast = color_jitter(x, u, (0.0, 0.4, 0.0, 0.0))
+    for i in range(6):
+        factor = 0.6 + 0.8 * float(u[i, 1])
+        torch.testing.assert_close(only_contrast[i], TF.adjust_contrast(x[i], factor), atol=1e-5, rtol=0)
+
+
+def test_blur_matches_torchvision_gaussian_blur():
+    x = torch.rand(3, 3, 20, 20)
+    sigma = torch.tensor([0.5, 1.0, 1.5])
+    ours = gaussian_blur(x, sigma)
+    radius = math.ceil(3 * 1.5)
+    for i in range(3):
+        ref = TF.gaussian_blur(x[i], [2 * radius + 1] * 2, [float(sigma[i])] * 2)
+        torch.testing.assert_close(ours[i], ref, atol=1e-5, rtol=0)
+
+
+def test_multicrop_shapes_and_per_image_randomness():
+    images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
+    spec = MultiCropSpec(global_size=24, local_size=12, n_local=3, blur_sigma=(0.1, 1.0))
+    stats = ((0.5,) * 3, (0.25,) * 3)
+    views = multicrop(images, torch.arange(100, 108), 7, 2, spec, *stats)
+    assert [tuple(v.shape) for v in views] == [(8, 3, 24, 24)] * 2 + [(8, 3, 12, 12)] * 3
+    assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in views)
+    # an image's views depend on (seed, epoch, index) only: not on its batch or position
+    part = multicrop(images[[5, 2]], torch.tensor([105, 102]), 7, 2, spec, *stats)
+    for whole, piece in zip(views, part, strict=True):
+        torch.testing.assert_close(piece, whole[[5, 2]])
+    other_epoch = multicrop(images, torch.arange(100, 108), 7, 3, spec, *stats)
+    assert not torch.allclose(other_epoch[0], views[0])
+    same_image = images[[0, 0]]
+    twins = multicrop(same_image, torch.tensor([1, 2]), 7, 2, spec, *stats)
+    assert not torch.allclose(twins[0][0], twins[0][1])  # two indices, two different crops of one picture
+    with pytest.raises(ValueError, match="global_scale"):
+        MultiCropSpec(global_scale=(0.0, 1.0))
+
+
+# ---- the objective end to end ----
+
+def launch(cfg: TrainConfig, tmp_path: Path) -> subprocess.Popen:
+    path = tmp_path / f"{Path(cfg.out).name}.json"
+    path.write_text(json.dumps(cfg.to_dict()))
+    return subprocess.Popen([sys.executable, "-m", "vitscope.cli", "train", "--config", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_dino_run_folder_snapshots_and_frozen_last_layer(tmp_path):
+    cfg = dino_config(tmp_path, "run", keep_every=1, model_options={"depth": 2, "embed_dim": 32, "num_heads": 2,
+                                                                    "num_registers": 2, "attention": "entmax15"})
+    summary = train(cfg)
+    run = Path(cfg.out)
+    from vitscope import record_attention
+    from vitscope.models import load
+
+    model = load(str(run)).eval()
+    assert model.cfg.num_registers == 2 and model.cfg.attention == "entmax15" and model.cfg.num_classes == 0
+    state = load_state(latest_checkpoint(run))["objective"]
+    teacher = {k[len("backbone."):]: v for k, v in state["teacher"].items() if k.startswith("backbone.")}
+    assert all(torch.equal(teacher[k], v) for k, v in model.state_dict().items())  # the run's model is the teacher
+    assert sorted(p.name for p in (run / "snapshots").iterdir()) == ["epoch-0001.safetensors",
+                                                                      "epoch-0002.safetensors"]
+    with torch.no_grad():  # a few steps leave attention near uniform; sharpen it to show the loaded normaliser
+        for block in model.blocks:
+            block.attn.qkv.weight.mul_(30)
+        with record_attention(model) as rec:
+            model(torch.randn(4, 3, 32, 32))
+    assert all((m == 0).any() for m in rec.maps)  # entmax-1.5 (softmax never gives exact zeros)
+    assert 0 <= summary["eval"]["knn_top1"] <= 1 and "knn_top1_init" in summary
+    logs = [m for m in read_metrics(run) if m["kind"] == "train"]
+    assert all(m["teacher_entropy"] >= 0 and m["kl_teacher_centre"] >= -1e-6 for m in logs)
+
+
+def test_last_layer_frozen_during_the_first_epoch(tmp_path):
+    cfg = dino_config(tmp_path, "frozen", epochs=1, objective_options={
+        **TINY_DINO["objective_options"], "norm_last_layer": False})
+    from vitscope.train.dino import DinoObjective
+
+    initial = {}
+
+    class Spy(DinoObjective):
+        def setup(self, *args):
+            super().setup(*args)
+            initial.update({k: v.clone() for k, v in self.student.state_dict().items()})
+
+    from vitscope.train.distributed import setup_distributed
+    from vitscope.train.engine import run
+
+    objective = Spy(cfg)
+    run(cfg, objective, setup_distributed("cpu"))
+    after = objective.student.state_dict()
+    moved = {k for k in after if not torch.equal(after[k], initial[k])}
+    assert moved and not any("last_layer" in k for k in moved)
+
+
+def test_dino_resumes_bit_exactly_after_sigkill(tmp_path):
+    common = {"deterministic": True, "checkpoint_every_steps": 1, "epochs": 3}
+    reference = dino_config(tmp_path, "reference", **common)
+    train(reference)
+    victim = dino_config(tmp_path, "victim", **common)
+    proc = launch(victim, tmp_path)
+    import time
+
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        ckpt = latest_checkpoint(Path(victim.out))
+        if ckpt is not None and int(ckpt.name.split("-")[1]) >= 3:
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert not (Path(victim.out) / "summary.json").exists(), "the run finished before it was killed"
+    resumed = subprocess.run([sys.executable, "-m", "vitscope.cli", "train", "--resume", victim.out],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "kNN top-1" in resumed.stdout and "at initialisation" in resumed.stdout
+    ours, theirs = load_file(str(Path(victim.out) / "model.safetensors")), load_file(
+        str(Path(reference.out) / "model.safetensors"))
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    a = load_state(latest_checkpoint(Path(victim.out)))["objective"]
+    b = load_state(latest_checkpoint(Path(reference.out)))["objective"]
+    assert torch.equal(a["centre"], b["centre"])
+    assert all(torch.equal(a["student"][k], b["student"][k]) for k in b["student"])
+
+
+def test_two_gloo_ranks_give_the_centre_and_loss_of_one_process(tmp_path):
+    single = dino_config(tmp_path, "single", epochs=1)
+    train(single)
+    double = dino_config(tmp_path, "double", epochs=1)
+    path = tmp_path / "double.json"
+    path.write_text(json.dumps(double.to_dict()))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                             "--master_port", "29547", "-m", "vitscope.cli", "train", "--config", str(path)],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    one = load_state(latest_checkpoint(Path(single.out)))["objective"]
+    two = load_state(latest_checkpoint(Path(double.out)))["objective"]
+    torch.testing.assert_close(two["centre"], one["centre"], atol=1e-5, rtol=1e-4)
+    losses = [[m["loss"] for m in read_metrics(Path(c.out)) if m["kind"] == "train"] for c in (single, double)]
+    assert len(losses[0]) == len(losses[1]) == 2
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+
+
+def test_shipped_configs_and_bad_options(tmp_path):
+    from vitscope.train import load_config
+
+    for name in ("dino-demo", "dino-compact", "dino-vit-s16"):
+        cfg = load_config(name)
+        assert cfg.objective == "dino" and cfg.objective_options
+    with pytest.raises(ValueError, match="unknown DINO objective_options"):
+        train(dino_config(tmp_path, "bad", objective_options={"outdim": 3}))
+    with pytest.raises(ValueError, match=r"objective_options.global_scale: expected a list of 2 numbers"):
+        train(dino_config(tmp_path, "bad2", objective_options={"global_scale": "big"}))
