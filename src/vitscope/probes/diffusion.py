@@ -60,8 +60,9 @@ def diffusion_scores(features: LayerFeatures, labels: Tensor, background: Tensor
 
     ``labels`` (N,) image classes; ``background`` (N, patches) bool. Returns ``top1`` (held-out class top-1
     from single background tokens, None when a half has fewer than 2 tokens), ``chance`` (majority class on
-    the same held-out tokens), ``cosine`` (mean background-patch/CLS cosine, None without CLS), and the
-    counts ``fit_tokens``, ``held_tokens``, ``cosine_images``."""
+    the same held-out tokens), ``hits`` (0/1 per held-out token), ``cosine`` (mean background-patch/CLS
+    cosine over images with background, None without CLS), ``cosines`` (per image, NaN without background)
+    and the counts ``fit_tokens``, ``held_tokens``, ``cosine_images``."""
     labels = torch.as_tensor(labels).long().cpu()
     background = torch.as_tensor(background).bool().cpu()
     patches = features.patches
@@ -78,12 +79,13 @@ def diffusion_scores(features: LayerFeatures, labels: Tensor, background: Tensor
         num_classes = int(labels.max()) + 1
         clf = fit_classifier(patches[fi, fp].float(), labels[fi], num_classes, seed=seed, device=device,
                              **dict(fit_options or {}))
-        out["top1"] = clf.top1(patches[hi, hp].float(), labels[hi])
+        hits = (clf.predict(patches[hi, hp].float()).cpu() == labels[hi]).int()
+        out["top1"], out["hits"] = float(hits.float().mean()), hits.tolist()
         out["chance"] = majority_top1(labels[fi], labels[hi])
     if features.has_cls:
         per_image = background_cls_cosine(patches, features.cls, background)
         valid = ~per_image.isnan()
-        out["cosine_images"] = int(valid.sum())
+        out["cosine_images"], out["cosines"] = int(valid.sum()), per_image.tolist()
         out["cosine"] = float(per_image[valid].mean()) if valid.any() else None
     return out
 
