@@ -27,6 +27,8 @@ class Demo:
 DEMOS: dict[str, Demo] = {
     "locality": Demo("Locality: does the training protocol make early layers attend locally? (arXiv 2605.16390)",
                      "vitscope.cli.study:locality_demo", 5.5),
+    "sparse": Demo("Sparse attention: does entmax-1.5 in place of softmax cure semantic diffusion? (arXiv 2605.23868)",
+                   "vitscope.cli.study_sparse:sparse_demo", 4.0),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vitscope.cli import study_sparse
 from vitscope.cli.common import add_shared
 
 
@@ -27,6 +28,7 @@ def register(commands) -> None:
                      help="slurm: one submitit job per (condition, seed); needs the 'slurm' extra")
     add_shared(loc, device="auto", batch_size=None, seed=None, out="vitscope-study")
     loc.set_defaults(handler=run_locality)
+    study_sparse.register(studies)
 
 
 def run_locality_study(**options) -> Path:
