@@ -20,7 +20,8 @@ def register(studies) -> None:
     sp.add_argument("--conditions", default=None,
                     help="comma-separated <normaliser>[+reg<R>], e.g. softmax,entmax15,softmax+reg4 (default by "
                          "preset; '' trains nothing and measures only --model)")
-    sp.add_argument("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (default 0; --seed N is --seeds N)")
+    sp.add_argument("--seeds", default=None,
+                    help="comma-separated seeds, e.g. 0,1,2 (default 0; --seed N is --seeds N)")
     sp.add_argument("--model", dest="models", action="append", default=[], metavar="LABEL=SPEC[@WEIGHTS]",
                     help="measure an existing run folder, checkpoint or timm model with local weights instead of "
                          "training (repeatable)")

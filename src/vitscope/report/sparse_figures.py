@@ -75,8 +75,7 @@ def attention_heads(image: np.ndarray, maps: Mapping[str, np.ndarray], grid: tup
         for h in range(attn.shape[0]):
             row = attn[h, 0, prefix:].reshape(grid)
             shown = np.ma.masked_where(row == 0, row)
-            cmap = plt.get_cmap("magma").copy()
-            cmap.set_bad("white")
+            cmap = plt.get_cmap("magma").with_extremes(bad="white")
             axes[r][h + 1].imshow(shown, cmap=cmap, interpolation="nearest")
             zeros = float((row == 0).mean())
             axes[r][h + 1].set_title(f"head {h + 1}\n{zeros:.0%} zero", fontsize=6)
