@@ -28,6 +28,7 @@ from vitscope.analyze.inputs import model_batches
 from vitscope.data import ImageDataset
 from vitscope.metrics import SupportAccumulator
 from vitscope.metrics.knn import knn_predict
+from vitscope.models import token_layout
 from vitscope.probes.diffusion import dataset_background, diffusion_scores, semantic_diffusion
 from vitscope.probes.features import depth_of, extract_features
 from vitscope.probes.linear import fit_classifier
@@ -66,7 +67,7 @@ def attention_statistics(model: nn.Module, dataset: ImageDataset, batch_size: in
     return {"zeros": [support.zeros(i).tolist() for i in stats.layers],
             "support": [support.support(i).tolist() for i in stats.layers],
             "mad": stats.mad.tolist(), "entropy": stats.entropy.tolist(), "skipped": stats.skipped.tolist(),
-            "patch_keys": int(model.grid_size[0] * model.grid_size[1]) if hasattr(model, "grid_size") else None}
+            "patch_keys": token_layout(model).num_patches}
 
 
 def image_probes(model: nn.Module, train: ImageDataset, eval_set: ImageDataset, settings: MeasureSettings,
