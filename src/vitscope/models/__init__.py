@@ -32,6 +32,10 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
     if spec.startswith("timm:"):
         from vitscope.models.timm_adapter import create_timm, load_timm_weights, modify
 
+        if weights is not None and img_size is not None:  # build at the weights' size: no resampling round trip
+            model = create_timm(spec[len("timm:") :], img_size=img_size, **overrides)
+            load_timm_weights(model, weights)
+            return modify(model, attention=attention, num_registers=num_registers)
         model = create_timm(spec[len("timm:") :], **overrides)
         if weights is not None:
             load_timm_weights(model, weights)

@@ -98,6 +98,18 @@ def flatten_scalars(values: dict[str, Any], prefix: str = "") -> dict[str, float
     return flat
 
 
+def hook_scalars(hooks: list[EpochHook], model: nn.Module) -> dict[str, float]:
+    """Every hook's scalars for ``model``, flattened; a hook that returns no mapping is a TypeError naming it."""
+    scalars: dict[str, float] = {}
+    for hook in hooks:
+        values = hook(model)
+        if not isinstance(values, dict):
+            raise TypeError(f"epoch hook {getattr(hook, '__name__', hook)} returned {type(values).__name__}; "
+                            "an epoch hook returns a mapping of names to numbers or tensors")
+        scalars |= flatten_scalars(values)
+    return scalars
+
+
 def clip_gradients(parameters, max_norm: float, mode: str) -> None:
     """``global``: one norm over all gradients (torch's clip_grad_norm_); ``per_tensor``: each gradient
     scaled by max_norm / (norm + 1e-6) when that is below 1 (DINO's ``clip_gradients``)."""
@@ -136,7 +148,8 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     steps_per_epoch = len(train_set) // cfg.batch_size
     total_steps = cfg.epochs * steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg, steps_per_epoch))
-    decayed = [group for group in optimizer.param_groups if group["weight_decay"] > 0]
+    for group in optimizer.param_groups:  # kept in the optimizer's state, so it survives load_state_dict
+        group["scheduled_decay"] = group["weight_decay"] > 0
     global_step = 0
     if state is not None:
         objective.restore(Path(state["path"]), state.get("objective", {}))
@@ -187,10 +200,8 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
             last_eval = objective.evaluate(ctx, epoch)
             log.write({"kind": "eval", "step": global_step, "epoch": epoch + 1, **last_eval})
         if hooks and ctx.is_main:
-            scalars: dict[str, float] = {}
-            for hook in hooks:
-                scalars |= flatten_scalars(hook(objective.exported))
-            log.write({"kind": "epoch", "step": global_step, "epoch": epoch + 1, **scalars})
+            log.write({"kind": "epoch", "step": global_step, "epoch": epoch + 1,
+                       **hook_scalars(hooks, objective.exported)})
         if ctx.is_main and ((epoch + 1) % keep_every == 0 or global_step == total_steps):
             save_model(objective.exported, run_dir / "snapshots" / f"epoch-{epoch + 1:04d}.safetensors")
 
@@ -206,7 +217,7 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
                 generator = torch.Generator(device=ctx.device).manual_seed(seed)
                 torch.manual_seed(seed)
                 if cfg.weight_decay_end is not None:
-                    for group in decayed:
+                    for group in (g for g in optimizer.param_groups if g["scheduled_decay"]):
                         progress = global_step / total_steps
                         group["weight_decay"] = cosine(cfg.weight_decay, cfg.weight_decay_end, progress)
                 loss = objective.loss(step_model, images_dev[batch], labels_dev[batch], batch, epoch, generator)

@@ -1,0 +1,30 @@
+"""``vitscope export``: write a model's weights for another library (timm)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(commands) -> None:
+    export = commands.add_parser("export", help="write a vitscope model as a timm checkpoint")
+    export.add_argument("--model", required=True, help="preset, run folder or vitscope .safetensors file")
+    export.add_argument("--weights", default=None, help="local weights file for a preset")
+    export.add_argument("--format", default="timm", choices=["timm"], help="target library (timm)")
+    export.add_argument("--out", required=True, help="output .safetensors file")
+    export.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vitscope.models import load
+    from vitscope.models.export import export_timm
+
+    model = load(args.model, weights=args.weights)
+    timm_args = export_timm(model, args.out)
+    print(f"wrote {args.out}; build it with "
+          f"timm.models.vision_transformer.VisionTransformer(**{json.dumps(timm_args)})")
+    if model.cfg.attention != "softmax":
+        print(f"note: the model uses {model.cfg.attention} attention; timm will run it with softmax unless it is "
+              f"loaded through vitscope.models.load('timm:NAME', weights='{args.out}', "
+              f"attention='{model.cfg.attention}')")
+    return 0
