@@ -82,7 +82,7 @@ def _row_alpha(alpha: Tensor, x: Tensor, dim: int) -> Tensor:
     except RuntimeError:
         raise ValueError(f"entmax alpha of shape {tuple(alpha.shape)} does not broadcast to {tuple(target)} "
                          f"(x {tuple(x.shape)} with size 1 along dim {dim})") from None
-    return _to_last(expanded.to(compute_dtype(x), device=x.device), dim)
+    return _to_last(expanded.to(device=x.device, dtype=compute_dtype(x)), dim)
 
 
 def entmax(x: Tensor, alpha: float | Tensor = 1.5, dim: int = -1) -> Tensor:
