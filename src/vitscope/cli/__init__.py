@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import vitscope
 from vitscope.cli.common import add_shared_to_top, output_dir, quiet_torch_notices, resolve_shared
 
-COMMAND_MODULES = ("models", "analyze", "train", "study", "demo", "doctor", "export")
+COMMAND_MODULES = ("models", "analyze", "probe", "train", "study", "demo", "doctor", "export")
 SHARED_EPILOG = """shared options: --device, --batch-size, --seed, --out and --debug go before or after the command
 name; each command lists in its --help the ones it takes (models: --debug only; doctor: --device, --debug;
 train: all, as overrides of its config; study locality: --seed is a single --seeds)."""
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _command_name(args: argparse.Namespace) -> str:
-    sub = getattr(args, "analysis", None) or getattr(args, "study", None)
+    sub = getattr(args, "analysis", None) or getattr(args, "study", None) or getattr(args, "probe", None)
     return f"{args.command} {sub}" if isinstance(sub, str) else args.command
 
 

@@ -1,0 +1,199 @@
+"""``vitscope probe linear|knn|segment|depth|tokens|pib|pca``: what a frozen backbone's features hold, layer by layer.
+
+Each writes ``results.json`` (the shared results schema: rows for the model, the same architecture with random
+weights, and the chance level), ``results.csv`` and a figure of score against token layer; ``pca`` writes a PNG
+grid of input images above their PCA maps and the explained variance.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vitscope.cli.common import add_common, add_model_changes, output_dir, print_files
+
+METRICS = {"linear": "top1", "knn": "knn_top1"}
+
+
+def register(commands) -> None:
+    probe = commands.add_parser("probe", help="probe a frozen backbone's features")
+    kinds = probe.add_subparsers(dest="probe", metavar="PROBE", required=True)
+    linear = kinds.add_parser("linear", help="image class by logistic regression (lr/wd sweep on held-out train)")
+    knn = kinds.add_parser("knn", help="image class by DINO's weighted kNN (k=20, T=0.07)")
+    tokens = kinds.add_parser("tokens", help="what single tokens carry: position, pixels, image class")
+    pib = kinds.add_parser("pib", help="Point-in-Box per layer, with its chance level")
+    pca = kinds.add_parser("pca", help="first three principal components of patch features as RGB maps")
+    segment = kinds.add_parser("segment", help="linear segmentation (mIoU): voc, ade20k, cityscapes, segfolder, "
+                                               "synthetic")
+    depth = kinds.add_parser("depth", help="linear depth (RMSE): nyu, depthfolder, synthetic")
+    for sub in (linear, knn, tokens, pib, pca, segment, depth):
+        add_common(sub)
+        add_model_changes(sub)
+        sub.add_argument("--layers", default="last", help="token layers: last, all or e.g. 0,4,last "
+                                                          "(0 = embedding, l = output of block l)")
+        sub.add_argument("--no-norm", dest="norm", action="store_false",
+                         help="read tokens before the final norm (default: after it)")
+        sub.add_argument("--no-baseline", dest="baseline", action="store_false",
+                         help="skip the randomly initialised backbone row")
+        sub.add_argument("--label", default=None, help="name of the model in results (default: --model)")
+        sub.add_argument("--no-cache", dest="cache", action="store_false",
+                         help="do not keep features in $VITSCOPE_CACHE/features")
+    for sub in (segment, depth):
+        sub.add_argument("--with-cls", default="both", choices=["no", "yes", "both"],
+                         help="concatenate the CLS token to every patch: no, yes or both (default)")
+        sub.add_argument("--epochs", type=int, default=20)
+        sub.add_argument("--lr", type=float, default=1e-2)
+        sub.add_argument("--train-images", type=int, default=None, help="a seeded sample of N training images")
+        sub.set_defaults(handler=run_dense)
+    depth.add_argument("--eigen-crop", action="store_true", help="evaluate inside the NYU Eigen crop")
+    depth.add_argument("--max-depth", type=float, default=10.0, help="largest depth bin in metres")
+    for sub in (linear, knn):
+        sub.add_argument("--pool", default="cls", choices=["cls", "mean", "both"], help="image feature")
+        sub.add_argument("--train-images", type=int, default=None,
+                         help="a seeded class-stratified sample of N training images")
+    linear.add_argument("--dino-last4", action="store_true",
+                        help="also DINO's protocol: CLS of the last 4 blocks concatenated")
+    linear.add_argument("--epochs", type=int, default=100)
+    knn.add_argument("--k", type=int, default=20)
+    knn.add_argument("--temperature", type=float, default=0.07)
+    tokens.add_argument("--probes", default="position,pixels,class", help="comma-separated: position,pixels,class")
+    tokens.add_argument("--max-tokens", type=int, default=2048, help="tokens per group and split")
+    tokens.set_defaults(handler=run_tokens, layers="0,last")
+    pib.add_argument("--score", default="attention", choices=["attention", "norm", "cosine"],
+                     help="patch score: CLS-to-patch attention (mean over heads), token norm, cosine to CLS")
+    pib.set_defaults(handler=run_pib, layers="all")
+    pca.add_argument("--count", type=int, default=8, help="images shown")
+    pca.add_argument("--per-image", dest="joint", action="store_false", help="fit the PCA per image")
+    pca.add_argument("--foreground", type=float, default=None,
+                     help="threshold in [0, 1] on the first component; patches below are black")
+    pca.set_defaults(handler=run_pca)
+    linear.set_defaults(handler=run_image)
+    knn.set_defaults(handler=run_image)
+
+
+def _load(args: argparse.Namespace, split: str, count: int | None):
+    from vitscope.data import load_dataset
+
+    return load_dataset(args.dataset, args.data_dir, split, download=args.download).subset(count, seed=args.seed)
+
+
+def _prepare(args: argparse.Namespace):
+    import torch
+
+    from vitscope.models import load
+    from vitscope.provenance import resolve_device
+
+    out = output_dir(args.out or f"vitscope-probe-{args.probe}")
+    device = resolve_device(args.device)
+    torch.manual_seed(args.seed)
+    model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
+                 img_size=args.img_size)
+    return out, device, model, args.label or args.model
+
+
+def _provenance(args: argparse.Namespace, device, subsets: dict) -> dict:
+    from vitscope.provenance import provenance
+
+    config = {k: v for k, v in vars(args).items()
+              if k not in ("command", "probe", "debug", "handler", "shared_defaults")}
+    return provenance(config=config, seed=args.seed, dataset=args.dataset, dataset_root=args.data_dir,
+                      device=device, subsets=subsets)
+
+
+def _finish(args: argparse.Namespace, result, out: Path, device, subsets: dict, metrics: list[str]) -> int:
+    from vitscope.report.probe_figures import score_by_layer
+
+    files = result.write(out, _provenance(args, device, subsets))
+    for metric in metrics:
+        if any(r["metric"] == metric for r in result.rows):
+            files[metric] = score_by_layer(result.rows, metric, out / f"{metric}_by_layer.png",
+                                           title=f"{args.probe} probe: {result.settings['model']}")
+    for r in result.rows:
+        if r["metric"] == "iou":  # per-class IoU is in the files
+            continue
+        tag = (r.get("group") or "") + (" +CLS" if r.get("with_cls") else "")
+        print(f"{r['model']:>28} layer {r['layer']:>2} {tag:>12} {r['metric']:>18} {r['value']:.4f}  "
+              f"(n={r.get('n', '')})")
+    print_files(files)
+    return 0
+
+
+def run_image(args: argparse.Namespace) -> int:
+    from vitscope.probes import knn_probe, linear_probe
+
+    out, device, model, label = _prepare(args)
+    train, held = _load(args, "train", args.train_images), _load(args, "eval", args.num_images)
+    common = {"pool": args.pool, "baseline": args.baseline, "label": label, "norm": args.norm,
+              "batch_size": args.batch_size, "device": device, "img_size": args.img_size, "cache": args.cache,
+              "seed": args.seed}
+    if args.probe == "linear":
+        result = linear_probe(model, train, held, args.layers, dino_last4=args.dino_last4,
+                              fit_options={"epochs": args.epochs}, **common)
+    else:
+        result = knn_probe(model, train, held, args.layers, k=args.k, temperature=args.temperature, **common)
+    subsets = {"train": train.selection, "eval": held.selection}
+    return _finish(args, result, out, device, subsets, [METRICS[args.probe]])
+
+
+def run_tokens(args: argparse.Namespace) -> int:
+    from vitscope.probes import probe_tokens
+
+    probes = [p.strip() for p in args.probes.split(",") if p.strip()]
+    out, device, model, label = _prepare(args)
+    dataset = _load(args, "eval", args.num_images)
+    result = probe_tokens(model, dataset, args.layers, probes=probes, max_tokens=args.max_tokens,
+                          norm=args.norm, baseline=args.baseline, label=label, batch_size=args.batch_size,
+                          device=device, img_size=args.img_size, cache=args.cache, seed=args.seed)
+    return _finish(args, result, out, device, {"eval": dataset.selection},
+                   ["position_top1", "pixels_mse", "class_top1"])
+
+
+def run_pib(args: argparse.Namespace) -> int:
+    from vitscope.probes.pib import pib_probe
+
+    out, device, model, label = _prepare(args)
+    dataset = _load(args, "eval", args.num_images)
+    result = pib_probe(model, dataset, args.layers, score=args.score, norm=args.norm, baseline=args.baseline,
+                       label=label, batch_size=args.batch_size, device=device, img_size=args.img_size,
+                       cache=args.cache, seed=args.seed)
+    return _finish(args, result, out, device, {"eval": dataset.selection}, ["pib"])
+
+
+def run_pca(args: argparse.Namespace) -> int:
+    from vitscope.files import write_json
+    from vitscope.probes.pca import pca_maps
+    from vitscope.report.probe_figures import pca_grid
+
+    out, device, model, label = _prepare(args)
+    dataset = _load(args, "eval", args.num_images)
+    layer = args.layers.split(",")[-1]
+    result = pca_maps(model, dataset, layer, joint=args.joint, foreground=args.foreground, count=args.count,
+                      norm=args.norm, batch_size=args.batch_size, device=device, img_size=args.img_size,
+                      cache=args.cache)
+    titles = [dataset.classes[int(y)] for y in dataset.labels[: len(result.maps)]]
+    files = {"figure": pca_grid(result.images.numpy(), result.maps.numpy(), out / "pca_maps.png", titles)}
+    payload = {"schema_version": 1, "kind": "pca", "settings": {"model": label, **result.settings},
+               "explained_variance": result.explained.tolist(),
+               "provenance": _provenance(args, device, {"eval": dataset.selection})}
+    files["json"] = write_json(out / "pca.json", payload)
+    print(f"explained variance of components 1-3 at layer {result.settings['layer']}: "
+          + ", ".join(f"{v:.3f}" for v in result.explained.mean(0).tolist()))
+    print_files(files)
+    return 0
+
+
+def run_dense(args: argparse.Namespace) -> int:
+    from vitscope.data.dense_layouts import load_dense
+    from vitscope.probes.dense import dense_probe
+
+    task = "segmentation" if args.probe == "segment" else "depth"
+    out, device, model, label = _prepare(args)
+    train = load_dense(args.dataset, args.data_dir, "train", task=task).subset(args.train_images, seed=args.seed)
+    held = load_dense(args.dataset, args.data_dir, "eval", task=task).subset(args.num_images, seed=args.seed)
+    with_cls = {"no": (False,), "yes": (True,), "both": (False, True)}[args.with_cls]
+    result = dense_probe(model, train, held, args.layers, with_cls=with_cls, epochs=args.epochs, lr=args.lr,
+                         eigen_crop=getattr(args, "eigen_crop", False), max_depth=getattr(args, "max_depth", 10.0),
+                         baseline=args.baseline, label=label, norm=args.norm, batch_size=args.batch_size,
+                         device=device, img_size=args.img_size, cache=args.cache, seed=args.seed)
+    subsets = {"train": train.settings.get("subset"), "eval": held.settings.get("subset")}
+    return _finish(args, result, out, device, subsets, ["miou", "rmse"])

@@ -1,0 +1,220 @@
+"""Dense dataset layouts on disk (folders), read into a ``DenseDataset`` with ``load_dense(name, root, split)``.
+
+Segmentation (``split`` train or eval/val):
+* ``voc``: ``VOCdevkit/VOC2012/JPEGImages/<id>.jpg``, ``SegmentationClass/<id>.png`` (palette indices),
+  ``ImageSets/Segmentation/{train,val}.txt``; 21 classes, 255 ignored.
+* ``ade20k``: ``ADEChallengeData2016/images|annotations/{training,validation}/<stem>.jpg|png``; 150 classes.
+  Annotation 0 ("other") is ignored and 1..150 become 0..149 (mmseg's reduce_zero_label); ignore index 255.
+* ``cityscapes``: ``leftImg8bit/{train,val}/<city>/<stem>_leftImg8bit.png`` and
+  ``gtFine/{train,val}/<city>/<stem>_gtFine_labelIds.png``; label ids mapped to the 19 train ids, others 255.
+* ``segfolder``: ``images/<split>/<stem>.jpg|png``, ``masks/<split>/<stem>.png`` holding class indices and a
+  ``classes.json`` ``{"classes": [...], "ignore_index": 255}`` (split folders ``train`` and ``val``).
+Depth:
+* ``nyu``: the widely shared CSV layout: ``data/nyu2_train.csv`` / ``data/nyu2_test.csv`` list ``rgb,depth``
+  paths relative to the root. Train depth is 8-bit, value / 255 * 10 m; test depth is 16-bit millimetres.
+  A file is decoded by its encoding (8-bit or 16-bit), whatever the split.
+* ``depthfolder``: ``images/<split>/<stem>.jpg|png`` with ``depth/<split>/<stem>.png`` (8- or 16-bit integers
+  times ``scale`` metres, from ``depth.json`` ``{"scale": 0.001}``) or ``<stem>.npy`` (float metres).
+Every mask or depth map must match its image in size; a mask value outside the classes that is not the ignore
+index is an error naming the file.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+from vitscope.data.dense import DenseDataset, synthetic_dense
+
+SEGMENTATION = ("voc", "ade20k", "cityscapes", "segfolder", "synthetic")
+DEPTH = ("nyu", "depthfolder", "synthetic")
+VOC_CLASSES = ("background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
+               "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train",
+               "tvmonitor")
+CITYSCAPES_CLASSES = ("road", "sidewalk", "building", "wall", "fence", "pole", "traffic light", "traffic sign",
+                      "vegetation", "terrain", "sky", "person", "rider", "car", "truck", "bus", "train", "motorcycle",
+                      "bicycle")
+CITYSCAPES_TRAIN_IDS = {7: 0, 8: 1, 11: 2, 12: 3, 13: 4, 17: 5, 19: 6, 20: 7, 21: 8, 22: 9, 23: 10, 24: 11, 25: 12,
+                        26: 13, 27: 14, 28: 15, 31: 16, 32: 17, 33: 18}
+IMAGE_TYPES = (".jpg", ".jpeg", ".png")
+
+
+def _rgb(path: Path) -> Tensor:
+    with Image.open(path) as image:
+        return torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1).contiguous()
+
+
+def _indices(path: Path) -> np.ndarray:
+    with Image.open(path) as image:
+        if image.mode not in ("P", "L", "I", "I;16"):
+            raise ValueError(f"{path}: mask mode {image.mode} holds no class indices; save masks as 8-bit "
+                             "single-channel or palette PNGs of class indices")
+        return np.asarray(image).astype(np.int64)
+
+
+def _check_labels(mask: np.ndarray, classes: int, ignore: int | None, path: Path) -> Tensor:
+    bad = (mask < 0) | (mask >= classes)
+    if ignore is not None:
+        bad &= mask != ignore
+    if bad.any():
+        raise ValueError(f"{path}: label value {int(mask[bad][0])} is outside 0..{classes - 1} and not the ignore "
+                         f"value {ignore}; fix the mask or classes.json")
+    return torch.from_numpy(mask)
+
+
+def _split(split: str, train: str, evaluation: str) -> str:
+    if split == "train":
+        return train
+    if split in ("eval", "val", "test", "validation"):
+        return evaluation
+    raise ValueError(f"split {split!r} is unknown; use train or eval")
+
+
+def _pairs_by_stem(images: Path, targets: Path, target_suffixes: tuple[str, ...]) -> list[tuple[Path, Path]]:
+    if not images.is_dir():
+        raise ValueError(f"no image folder {images}; see vitscope.data.dense_layouts for the expected layout")
+    pairs = []
+    for image in sorted(p for p in images.iterdir() if p.suffix.lower() in IMAGE_TYPES):
+        found = [targets / f"{image.stem}{suffix}" for suffix in target_suffixes]
+        found = [p for p in found if p.exists()]
+        if not found:
+            raise ValueError(f"{image}: no target {targets}/{image.stem}{target_suffixes[0]}; every image needs one")
+        pairs.append((image, found[0]))
+    return pairs
+
+
+def _segmentation(name: str, split: str, pairs: list[tuple[Path, Path]], classes: list[str], ignore: int | None,
+                  root: Path, convert=None, limit: int | None = None) -> DenseDataset:
+    images, targets = [], []
+    for image_path, mask_path in pairs[:limit]:
+        mask = _indices(mask_path)
+        mask = convert(mask) if convert is not None else mask
+        images.append(_rgb(image_path))
+        targets.append(_check_labels(mask, len(classes), ignore, mask_path))
+    return DenseDataset(name, split, "segmentation", images, targets, list(classes), ignore, root=str(root),
+                        files=[str(p) for _, p in pairs[:limit]])
+
+
+def _voc(root: Path, split: str, limit: int | None) -> DenseDataset:
+    base = root / "VOCdevkit" / "VOC2012" if (root / "VOCdevkit").exists() else root
+    listing = base / "ImageSets" / "Segmentation" / f"{_split(split, 'train', 'val')}.txt"
+    if not listing.exists():
+        raise ValueError(f"no {listing}; expected VOCdevkit/VOC2012/ImageSets/Segmentation/train.txt and val.txt")
+    stems = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
+    pairs = []
+    for stem in stems:
+        image, mask = base / "JPEGImages" / f"{stem}.jpg", base / "SegmentationClass" / f"{stem}.png"
+        if not mask.exists():
+            raise ValueError(f"{image}: no mask {mask}; every listed image needs one")
+        pairs.append((image, mask))
+    return _segmentation("voc", split, pairs, list(VOC_CLASSES), 255, root, limit=limit)
+
+
+def _ade20k(root: Path, split: str, limit: int | None) -> DenseDataset:
+    base = root / "ADEChallengeData2016" if (root / "ADEChallengeData2016").exists() else root
+    folder = _split(split, "training", "validation")
+    pairs = _pairs_by_stem(base / "images" / folder, base / "annotations" / folder, (".png",))
+
+    def reduce_zero_label(mask: np.ndarray) -> np.ndarray:
+        return np.where(mask == 0, 255, mask - 1)
+
+    return _segmentation("ade20k", split, pairs, [f"class{i}" for i in range(1, 151)], 255, root,
+                         reduce_zero_label, limit)
+
+
+def _cityscapes(root: Path, split: str, limit: int | None) -> DenseDataset:
+    folder = _split(split, "train", "val")
+    images = sorted((root / "leftImg8bit" / folder).glob("*/*_leftImg8bit.png"))
+    if not images:
+        raise ValueError(f"no images under {root / 'leftImg8bit' / folder}/<city>/*_leftImg8bit.png")
+    pairs = []
+    for image in images:
+        mask = root / "gtFine" / folder / image.parent.name / image.name.replace("_leftImg8bit.png",
+                                                                                 "_gtFine_labelIds.png")
+        if not mask.exists():
+            raise ValueError(f"{image}: no label file {mask}; every image needs one")
+        pairs.append((image, mask))
+    table = np.full(256, 255, dtype=np.int64)
+    for label_id, train_id in CITYSCAPES_TRAIN_IDS.items():
+        table[label_id] = train_id
+    return _segmentation("cityscapes", split, pairs, list(CITYSCAPES_CLASSES), 255, root,
+                         lambda mask: table[np.clip(mask, 0, 255)], limit)
+
+
+def _segfolder(root: Path, split: str, limit: int | None) -> DenseDataset:
+    spec_path = root / "classes.json"
+    if not spec_path.exists():
+        raise ValueError(f"no {spec_path}; write {{\"classes\": [\"road\", ...], \"ignore_index\": 255}}")
+    spec = json.loads(spec_path.read_text())
+    folder = _split(split, "train", "val")
+    pairs = _pairs_by_stem(root / "images" / folder, root / "masks" / folder, (".png",))
+    return _segmentation("segfolder", split, pairs, list(spec["classes"]), spec.get("ignore_index"), root,
+                         limit=limit)
+
+
+def _depth_file(path: Path, scale8: float, scale16: float) -> Tensor:
+    """Depth in metres from an 8-bit (times ``scale8``) or 16-bit (times ``scale16``) PNG, or a float .npy."""
+    if path.suffix == ".npy":
+        return torch.from_numpy(np.load(path).astype(np.float32))
+    with Image.open(path) as image:
+        if image.mode == "L":
+            return torch.from_numpy(np.asarray(image).astype(np.float32) * scale8)
+        if image.mode in ("I;16", "I;16B", "I"):
+            return torch.from_numpy(np.asarray(image).astype(np.float32) * scale16)
+        raise ValueError(f"{path}: depth image mode {image.mode} is neither 8-bit nor 16-bit single-channel; "
+                         "store depth as documented in vitscope.data.dense_layouts")
+
+
+def _depth(name: str, split: str, pairs: list[tuple[Path, Path]], root: Path, scale8: float, scale16: float,
+           limit: int | None) -> DenseDataset:
+    pairs = pairs[:limit]
+    return DenseDataset(name, split, "depth", [_rgb(i) for i, _ in pairs],
+                        [_depth_file(d, scale8, scale16) for _, d in pairs], root=str(root),
+                        files=[str(d) for _, d in pairs], settings={"depth_scale": [scale8, scale16]})
+
+
+def _nyu(root: Path, split: str, limit: int | None) -> DenseDataset:
+    listing = root / "data" / f"nyu2_{_split(split, 'train', 'test')}.csv"
+    if not listing.exists():
+        raise ValueError(f"no {listing}; expected data/nyu2_train.csv and data/nyu2_test.csv listing rgb,depth paths")
+    with open(listing, newline="") as handle:
+        pairs = [(root / r[0].strip(), root / r[1].strip()) for r in csv.reader(handle) if len(r) >= 2]
+    for image, depth in pairs[:limit]:
+        if not image.exists() or not depth.exists():
+            raise ValueError(f"{listing}: listed file {image if not image.exists() else depth} does not exist")
+    return _depth("nyu", split, pairs, root, 10.0 / 255.0, 1e-3, limit)
+
+
+def _depthfolder(root: Path, split: str, limit: int | None) -> DenseDataset:
+    spec = root / "depth.json"
+    scale = json.loads(spec.read_text())["scale"] if spec.exists() else None
+    folder = _split(split, "train", "val")
+    pairs = _pairs_by_stem(root / "images" / folder, root / "depth" / folder, (".png", ".npy"))
+    if scale is None and any(d.suffix == ".png" for _, d in pairs):
+        raise ValueError(f"no {spec}; PNG depth needs its scale: write {{\"scale\": 0.001}} (metres per unit)")
+    return _depth("depthfolder", split, pairs, root, scale or 1.0, scale or 1.0, limit)
+
+
+_LOADERS = {"voc": _voc, "ade20k": _ade20k, "cityscapes": _cityscapes, "segfolder": _segfolder, "nyu": _nyu,
+            "depthfolder": _depthfolder}
+
+
+def load_dense(name: str, root: str | Path | None, split: str, *, task: str = "segmentation",
+               limit: int | None = None, synthetic_images: int | None = None) -> DenseDataset:
+    """A dense dataset by ``--dataset`` name; ``synthetic`` needs no root and serves either ``task``."""
+    if name == "synthetic":
+        count = synthetic_images or (256 if split == "train" else 64)
+        return synthetic_dense(task, "train" if split == "train" else "eval", count)
+    names = SEGMENTATION if task == "segmentation" else DEPTH
+    if name not in _LOADERS or name not in names:
+        raise ValueError(f"dataset {name!r} has no {task} layout; use one of {', '.join(names)}")
+    if root is None or not Path(root).is_dir():
+        raise ValueError(f"--data-dir {root} is not a folder; {name} reads an unpacked folder "
+                         "(see vitscope.data.dense_layouts)")
+    return _LOADERS[name](Path(root), split, limit)

@@ -1,0 +1,61 @@
+"""Dense probes: planted features give the known answer; the whole path runs on synthetic scenes."""
+
+import pytest
+import torch
+
+from vitscope.data.dense import DenseDataset, synthetic_dense
+from vitscope.models import create
+from vitscope.probes.dense import dense_probe, fit_dense_head, predict_dense, score_dense
+
+
+def _bands(n: int, classes: int, seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Label maps made of horizontal bands one patch (4 px) high, and features that one-hot encode them."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.randint(0, classes, (n, 8), generator=generator)
+    maps = torch.nn.functional.one_hot(rows, classes).float().permute(0, 2, 1)[..., None].expand(-1, -1, -1, 8)
+    masks = [r.repeat_interleave(4)[:, None].expand(32, 32).clone() for r in rows]
+    return maps.contiguous(), masks
+
+
+def test_features_that_encode_the_label_give_miou_100_with_ignored_pixels():
+    maps, masks = _bands(24, 3, seed=0)
+    for mask in masks:
+        mask[0, :5] = 255  # ignored pixels may hold anything
+    head = fit_dense_head(maps, masks, "segmentation", num_classes=3, ignore_index=255, epochs=30, lr=0.05,
+                          batch_size=8)
+    data = DenseDataset("bands", "eval", "segmentation", [torch.zeros(3, 32, 32, dtype=torch.uint8)] * 24, masks,
+                        ["a", "b", "c"], 255)
+    scores = score_dense(predict_dense(head, maps, [(32, 32)] * 24, "segmentation"), data)
+    assert scores["miou"] == 100.0 and scores["pixel_accuracy"] == 100.0
+
+
+def test_features_that_encode_log_depth_give_rmse_near_zero():
+    levels = torch.tensor([1.0, 2.0, 4.0, 8.0])
+    which = torch.arange(4).repeat(6)
+    features = torch.cat([torch.nn.functional.one_hot(which, 4).float(), levels[which].log()[:, None]], dim=1)
+    maps = features[:, :, None, None].expand(-1, -1, 4, 4).contiguous()
+    depth = [torch.full((8, 8), float(levels[w])) for w in which]
+    head = fit_dense_head(maps, depth, "depth", epochs=100, lr=0.05, batch_size=24)
+    data = DenseDataset("levels", "eval", "depth", [torch.zeros(3, 8, 8, dtype=torch.uint8)] * 24, depth)
+    scores = score_dense(predict_dense(head, maps, [(8, 8)] * 24, "depth"), data)
+    assert scores["rmse"] < 0.1 and scores["delta1"] == 1.0
+
+
+def test_synthetic_segmentation_and_depth_with_registers_and_cls_concat():
+    torch.manual_seed(0)
+    model = create("vit-micro", num_registers=2)
+    train, held = synthetic_dense("segmentation", "train", 12), synthetic_dense("segmentation", "eval", 6)
+    result = dense_probe(model, train, held, "last", epochs=2, baseline=False, cache=False, progress=False)
+    assert {(r.get("with_cls"), r["model"]) for r in result.rows if r["metric"] == "miou"} == {
+        (False, "model"), (True, "model"), (None, "chance")}
+    assert 0 <= result.value(4, metric="miou", with_cls=True) <= 100
+    depth = dense_probe(model, synthetic_dense("depth", "train", 8), synthetic_dense("depth", "eval", 4), "0",
+                        with_cls=(True,), epochs=2, cache=False, progress=False)
+    assert depth.value(0, metric="rmse", model="chance") > 0
+    assert depth.value(0, metric="rmse", model="model (random init)") > 0
+
+
+def test_mask_of_another_size_names_the_file():
+    with pytest.raises(ValueError, match="a.png: target"):
+        DenseDataset("x", "train", "segmentation", [torch.zeros(3, 4, 4, dtype=torch.uint8)],
+                     [torch.zeros(4, 5, dtype=torch.long)], ["a"], files=["a.png"])
