@@ -7,6 +7,7 @@ from pathlib import Path
 
 from vitscope.cli import study_sparse
 from vitscope.cli.common import add_shared
+from vitscope.cli.study_registers import add_registers_parser
 
 
 def register(commands) -> None:
@@ -29,6 +30,7 @@ def register(commands) -> None:
     add_shared(loc, device="auto", batch_size=None, seed=None, out="vitscope-study")
     loc.set_defaults(handler=run_locality)
     study_sparse.register(studies)
+    add_registers_parser(studies)
 
 
 def run_locality_study(**options) -> Path:

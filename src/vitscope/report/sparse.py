@@ -126,7 +126,7 @@ def paper_table(results: dict[str, Any]) -> list[dict[str, Any]]:
         row["depth RMSE"] = "not measured"
         rows.append(row)
     for c, numbers in PAPER_NUMBERS.items():
-        row = {"condition": c, "setting": PAPER_SETTING, "class": "paper",
+        row = {"condition": c, "setting": PAPER_SETTING,
                "linear_top1": f"{numbers['linear_top1']:.2f}", "knn_top1": "not reported"}
         for name in seg_sets:
             row[f"seg {name} mIoU"] = f"{numbers[f'seg:{name}']:.2f}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,9 @@ from vitscope.models.planted import plant_outliers
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.studies.models import ModelEntry
 from vitscope.studies.registers_census import CensusSettings, run_census
-from vitscope.studies.registers_presets import DEMO_TRAINING, PAPER_TRAINING, preset_models
+from vitscope.studies.registers_presets import DEMO_PLANT, DEMO_PROBES, DEMO_TRAINING, PAPER_TRAINING, preset_models
+from vitscope.studies.registers_probes import ProbeSettings, probe_model
+from vitscope.studies.runner import Launch, RunSpec, check_launcher, run_all
 from vitscope.train import TrainConfig, train
 
 KIND = "registers-study"
@@ -46,18 +49,22 @@ class RegistersStudy:
 
     ``registers``: register counts to train (None: the preset's; [] trains nothing); ``models``: given models;
     ``plant``: ``{"model": LABEL, "layer": BLOCK (0-based), "count": K, "scale": S}`` measures that model again
-    with planted outliers, as ``LABEL+planted``; ``census``: the census settings."""
+    with planted outliers, as ``LABEL+planted`` (``"preset"``: the demo plants in reg0); ``census`` and
+    ``probes``: their settings (``probes=None``: the preset's)."""
 
     preset: str = "demo"
     dataset: str = "synthetic"
     data_dir: str | None = None
     registers: list[int] | None = None
+    model: str | None = None  # the preset trained with registers (default: vit-micro for demo, else vit-compact)
     objective: str = "supervised"
+    objective_options: dict[str, Any] = field(default_factory=dict)  # e.g. DINO's head size
     seeds: list[int] = field(default_factory=lambda: [0])
     models: list[ModelEntry] = field(default_factory=list)
     weights_dir: str | None = None
-    plant: dict[str, Any] | None = None
+    plant: dict[str, Any] | str | None = "preset"
     census: CensusSettings = field(default_factory=CensusSettings)
+    probes: ProbeSettings | None = None
     epochs: int | None = None
     batch_size: int | None = None
     train_images: int | None = None
@@ -65,6 +72,8 @@ class RegistersStudy:
     device: str = "auto"
     out: str = "vitscope-registers"
     progress: bool = True
+    launcher: str = "local"  # local, slurm (one submitit job per training run), submitit-local (tests)
+    slurm: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.preset not in ("demo", "paper", "none"):
@@ -77,8 +86,15 @@ class RegistersStudy:
             raise ValueError(f"register counts {self.registers} must be >= 0")
         if not self.seeds:
             raise ValueError("a study needs at least one seed")
+        check_launcher(self.launcher)
         if isinstance(self.census, dict):
             self.census = CensusSettings(**self.census)
+        if self.probes is None:  # the demo's fits are small enough for its time budget
+            self.probes = DEMO_PROBES if self.preset == "demo" else {}
+        if isinstance(self.probes, dict):
+            self.probes = ProbeSettings(**self.probes)
+        if self.plant == "preset":
+            self.plant = dict(DEMO_PLANT) if self.preset == "demo" and 0 in self.registers else None
         self.models = [m if isinstance(m, ModelEntry) else ModelEntry(**m) for m in self.models]
         labels = [m.label for m in self.all_models()]
         if len(set(labels)) != len(labels):
@@ -92,7 +108,7 @@ class RegistersStudy:
         return f"reg{registers}" + (f"-seed{seed}" if len(self.seeds) > 1 else "")
 
     def run_dir(self, registers: int, seed: int) -> Path:
-        return Path(self.out) / "runs" / f"reg{registers}" / f"seed-{seed}"
+        return RunSpec(f"reg{registers}", seed).folder(self.out)
 
     def trained(self) -> list[tuple[str, int, int]]:
         """(label, registers, seed) of every run to train."""
@@ -110,7 +126,7 @@ class RegistersStudy:
                 schedule[key] = getattr(self, key)
         synthetic = self.dataset == "synthetic"
         values = {
-            "model": "vit-micro" if self.preset == "demo" else "vit-compact",
+            "model": self.model or ("vit-micro" if self.preset == "demo" else "vit-compact"),
             "model_options": {"num_registers": registers},
             "dataset": self.dataset, "data_dir": self.data_dir,
             "dataset_options": {"num_images": 4096, "num_classes": 8} if synthetic else {},
@@ -119,7 +135,11 @@ class RegistersStudy:
             "eval_every": max(1, schedule["epochs"] // 4), **schedule,
         }
         if self.objective != "supervised":
-            values["objective"] = self.objective  # needs a trainer with objectives; TrainConfig names the fix
+            if "objective" not in {f.name for f in dataclasses.fields(TrainConfig)}:
+                raise ValueError(f"objective={self.objective!r} needs a trainer with objectives, which this "
+                                 "vitscope lacks; use objective='supervised'")
+            values["objective"] = self.objective
+            values["objective_options"] = dict(self.objective_options)
         return TrainConfig.from_dict(values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,12 +154,14 @@ def _eval_set(study: RegistersStudy):
     return data.subset(study.eval_images)
 
 
-def _train_run(study: RegistersStudy, registers: int, seed: int, device: str) -> dict[str, Any]:
-    cfg = study.train_config(registers, seed, device)
+def _train_run(study: RegistersStudy, spec: RunSpec, device: str) -> dict[str, Any]:
+    """One training run (resumed when its folder exists); its record is what the comparison needs."""
+    registers = int(spec.condition.removeprefix("reg"))
+    cfg = study.train_config(registers, spec.seed, device)
     summary = train(cfg, resume=Path(cfg.out).exists())
     evaluation = summary.get("eval") or {}
     return {"top1": evaluation.get("top1"), "knn_top1": evaluation.get("knn_top1"), "epochs": summary.get("epochs"),
-            "registers": registers, "seed": seed, "objective": study.objective}
+            "registers": registers, "seed": spec.seed, "objective": study.objective, "config": cfg.to_dict()}
 
 
 def _measure(study: RegistersStudy, entry: ModelEntry, dataset, device: torch.device, folder: Path,
@@ -149,11 +171,15 @@ def _measure(study: RegistersStudy, entry: ModelEntry, dataset, device: torch.de
     if record_file.is_file():
         return json.loads(record_file.read_text())
     model = entry.load()
+    label = entry.label + ("+planted" if plant else "")
     hooks = plant_outliers(model, **{k: v for k, v in plant.items() if k != "model"}) if plant else None
     try:
         settings = dataclasses.replace(study.census, img_size=entry.options.get("img_size", study.census.img_size))
-        census = run_census(model, dataset, entry.label + ("+planted" if plant else ""), settings, device,
-                            progress=study.progress)
+        census = run_census(model, dataset, label, settings, device, progress=study.progress)
+        rows = census.rows
+        if census.tokens["kind"] == "plain":
+            rows = rows + probe_model(model, dataset, label, census.high_norm, study.probes, device=device,
+                                      img_size=settings.img_size, baseline=plant is None, progress=study.progress)
     finally:
         if hooks is not None:
             hooks.remove()
@@ -164,10 +190,9 @@ def _measure(study: RegistersStudy, entry: ModelEntry, dataset, device: torch.de
     tmp = folder / ".census.safetensors.tmp"
     save_file(tensors, str(tmp))
     tmp.replace(folder / "census.safetensors")
-    label = entry.label + ("+planted" if plant else "")
     record = {"label": label, "entry": entry.to_dict(), "planted": plant, "training": training,
               "tokens": census.tokens, "thresholds": census.thresholds, "histograms": census.histograms,
-              "rows": census.rows, "num_images": len(dataset), "schema_version": SCHEMA_VERSION,
+              "rows": rows, "num_images": len(dataset), "schema_version": SCHEMA_VERSION,
               "parameters": sum(p.numel() for p in model.parameters())}
     write_json(record_file, record)
     return record
@@ -184,11 +209,12 @@ def run(study: RegistersStudy) -> dict[str, Any]:
     out = Path(study.out)
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(study.device)
-    training = {}
-    for k, (label, registers, seed) in enumerate(study.trained(), 1):
-        if study.progress:
-            print(f"[train {k}/{len(study.trained())}] {label}", flush=True)
-        training[label] = _train_run(study, registers, seed, str(device))
+    trained = study.trained()
+    launch = Launch(device=study.device, launcher=study.launcher, slurm=study.slurm, name="vitscope-registers",
+                    progress=study.progress)
+    records = run_all([RunSpec(f"reg{r}", s) for _, r, s in trained], functools.partial(_train_run, study),
+                      out=study.out, record_name="training.json", launch=launch)
+    training = {label: record for (label, _, _), record in zip(trained, records, strict=True)}
     dataset = _eval_set(study)
     records = []
     entries = study.all_models()

@@ -80,6 +80,7 @@ class Census:
     thresholds: list[dict[str, Any]]
     tokens: dict[str, Any]
     tensors: dict[str, Tensor]
+    high_norm: dict[int, Tensor] = field(default_factory=dict)  # token layer -> (images, patches), first threshold
 
 
 def _row(model: str, layer: int, group: str, metric: str, value: float, n: int, **extra: Any) -> dict[str, Any]:
@@ -246,7 +247,8 @@ def _plain_census(model, dataset, settings, device, label, tokens, norms, pixels
     }
     return Census(rows + attention, _histograms(hist_groups, layers),
                   [{"spec": t.spec, "value": t.value, "detection_layer": layers[detect]} for t in thresholds],
-                  tokens, tensors)
+                  tokens, tensors, {layer: high_norm_mask(n, thresholds[0].value, prefix)
+                                    for layer, n in zip(layers, norms, strict=True)})
 
 
 def _hierarchical_census(model, dataset, settings, label, tokens, norms, pixels, side) -> Census:

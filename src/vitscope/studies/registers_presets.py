@@ -82,3 +82,8 @@ def preset_models(preset: str, weights_dir: str | Path | None = None) -> list[Mo
     if preset == "paper":
         return paper_models(weights_dir)
     return []
+
+# the demo's probe fits: one learning rate, no sweep, 60 epochs (the probes' default sweep is 9 fits of 100)
+DEMO_PROBES = {"layers": "2,last", "max_tokens": 512, "fit_options": {"lrs": (0.05,), "weight_decays": (0.0,),
+                                                                       "epochs": 60}}
+DEMO_PLANT = {"model": "reg0", "layer": 1, "count": 2, "scale": 20.0}

@@ -1,0 +1,58 @@
+"""Token probes of the registers study: what high-norm, normal, CLS, register and mean-patch tokens carry.
+
+Per token layer, the census's high-norm patches (first threshold mode) form the ``high-norm`` group and the
+other patches of the same images the ``normal`` group (the probes draw the same number from each); a layer
+with fewer than ``min_group`` high-norm patches is probed without these two groups (its table reads N/A).
+Probes: position and pixels (patch groups only) and image class, with the randomly initialised backbone and
+chance rows (``vitscope.probes.tokens``). Plain ViTs only; hierarchical models have no single-token probes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitscope.data import ImageDataset
+from vitscope.probes.features import depth_of, parse_layers
+from vitscope.probes.tokens import probe_tokens
+
+
+@dataclass
+class ProbeSettings:
+    """``layers``: token layers (``"0,2,last"``, ``all``); ``fit_options`` go to the logistic fits (None: the
+    probes' own lr/weight-decay sweep); ``max_tokens`` caps each group's tokens per split."""
+
+    enabled: bool = True
+    layers: str = "last"
+    max_tokens: int = 1024
+    min_group: int = 16
+    fit_options: dict[str, Any] | None = None
+    batch_size: int = 64
+
+
+def high_norm_groups(high: Tensor, min_group: int) -> dict[str, Tensor]:
+    """``high-norm`` and matched ``normal`` patch masks (images, patches), or {} with too few high-norm ones."""
+    if int(high.sum()) < min_group:
+        return {}
+    with_high = high.any(dim=1, keepdim=True)
+    return {"high-norm": high, "normal": ~high & with_high}
+
+
+def probe_model(model: nn.Module, dataset: ImageDataset, label: str, high_norm: dict[int, Tensor],
+                settings: ProbeSettings, *, device: torch.device | str = "cpu", img_size: int | None = None,
+                baseline: bool = True, progress: bool = False) -> list[dict[str, Any]]:
+    """Rows of every token probe at every chosen layer (see the module docstring)."""
+    if not settings.enabled:
+        return []
+    rows = []
+    for layer in parse_layers(settings.layers, depth_of(model)):
+        groups = high_norm_groups(high_norm[layer], settings.min_group) if layer in high_norm else {}
+        result = probe_tokens(model, dataset, [layer], patch_groups=groups, max_tokens=settings.max_tokens,
+                              baseline=baseline, label=label, batch_size=settings.batch_size, device=device,
+                              img_size=img_size, cache=False, progress=progress, fit_options=settings.fit_options)
+        rows += [row | {"layer_kind": "token"} for row in result.rows]
+    return rows
+

@@ -1,0 +1,149 @@
+"""The registers study end to end at test size: files, resume after a real kill, --model entries, the report in
+headless Chromium, and the CLI's one-line errors."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitscope.cli import main
+from vitscope.report.registers import build_report
+from vitscope.studies.models import ModelEntry
+from vitscope.studies.registers import RegistersStudy, run
+from vitscope.studies.registers_findings import artifact_layers, findings
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SRC = Path(__file__).resolve().parents[1] / "src"
+FAST_PROBES = {"layers": "2,last", "max_tokens": 64, "min_group": 4,
+               "fit_options": {"lrs": (0.05,), "weight_decays": (0.0,), "epochs": 20}}
+
+
+def tiny_study(out: Path, **changes) -> RegistersStudy:
+    options = {"preset": "none", "registers": [0, 2], "model": "vit-micro", "epochs": 1, "train_images": 128,
+               "eval_images": 24,
+               "batch_size": 64, "device": "cpu", "out": str(out), "progress": False, "probes": FAST_PROBES,
+               "plant": {"model": "reg0", "layer": 1, "count": 2, "scale": 20.0},
+               "census": {"thresholds": ["percentile:98", "auto"], "attention_images": 8, "example_images": 4},
+               "models": [ModelEntry("timm-vit", "timm:vit_small_patch16_224",
+                                     options={"img_size": 32, "patch_size": 4, "depth": 2, "embed_dim": 48,
+                                              "num_heads": 2})]}
+    return RegistersStudy(**{**options, **changes})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and far faster than on two when the cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def finished_study(tmp_path_factory, one_thread):
+    out = tmp_path_factory.mktemp("registers")
+    payload = run(tiny_study(out))
+    build_report(out)
+    return out, payload
+
+
+def test_results_follow_the_shared_schema(finished_study):
+    out, payload = finished_study
+    saved = json.loads((out / "results.json").read_text())
+    assert set(saved) >= {"schema_version", "kind", "settings", "rows", "provenance"}
+    assert saved["kind"] == "registers-study" and saved["provenance"]["dataset"] == "synthetic"
+    assert [m["label"] for m in saved["models"]] == ["reg0", "reg2", "timm-vit", "reg0+planted"]
+    for row in saved["rows"]:
+        assert {"model", "group", "metric", "value", "n"} <= set(row)
+        if row["metric"] == "high_norm_fraction":
+            assert row["threshold"] in ("percentile:98", "auto") and row["threshold_value"] is not None
+    # the registers are two tokens after CLS and never in the patch grid
+    reg2 = next(m for m in saved["models"] if m["label"] == "reg2")
+    assert reg2["tokens"]["registers"] == [1, 2] and reg2["tokens"]["patches"]["start"] == 3
+    groups = {r["group"] for r in saved["rows"] if r["model"] == "reg2" and r["metric"] == "class_top1"}
+    assert {"cls", "register0", "register1", "patch", "patch-mean"} <= groups
+    assert any(r["model"] == "chance" for r in saved["rows"])
+    top1 = [r for r in saved["rows"] if r["metric"] == "top1"]
+    assert {r["model"] for r in top1} == {"reg0", "reg2", "reg0+planted"}
+
+
+def test_planted_model_shows_the_known_answer(finished_study):
+    _, payload = finished_study
+    assert artifact_layers(payload["rows"], "reg0+planted") == [2, 3, 4]  # planted after block 2 (token layer 2)
+    verdicts = {f["finding"]: f for f in findings(payload["rows"], payload["models"])}
+    assert verdicts["exist"]["verdict"] == "not reproduced"  # planted models are never evidence
+
+
+def test_rerun_reuses_every_measurement(finished_study):
+    out, _ = finished_study
+    before = {p: p.stat().st_mtime_ns for p in out.glob("models/*/census.json")}
+    run(tiny_study(out))
+    assert {p: p.stat().st_mtime_ns for p in out.glob("models/*/census.json")} == before and len(before) == 4
+
+
+def test_killed_study_resumes_where_it_stopped(tmp_path):
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "vitscope.cli", "study", "registers", "--preset", "none", "--registers", "0,2",
+               "--train-model", "vit-micro", "--epochs", "1", "--train-images", "128", "--eval-images", "24",
+               "--no-probes", "--device", "cpu",
+               "--thresholds", "auto", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = out / "models" / "reg0" / "census.json"
+    deadline = time.monotonic() + 240
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert first.exists(), "the study never finished its first measurement"
+    killed_early = not (out / "results.json").exists()
+    stamp = first.stat().st_mtime_ns
+    payload = run(RegistersStudy(preset="none", registers=[0, 2], model="vit-micro", epochs=1, train_images=128,
+                                 eval_images=24, probes={"enabled": False}, census={"thresholds": ["auto"]},
+                                 device="cpu", out=str(out), progress=False))
+    assert first.stat().st_mtime_ns == stamp  # finished work was reused, not redone
+    assert [m["label"] for m in payload["models"]] == ["reg0", "reg2"]
+    assert killed_early or pytest.skip("the study finished before the kill landed")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_report_renders_in_headless_chromium(finished_study, tmp_path):
+    out, _ = finished_study
+    report = out / "report.html"
+    text = report.read_text()
+    assert "src=\"http" not in text and "<script" not in text  # self-contained
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                          "--disable-background-networking", f"--user-data-dir={tmp_path / 'p'}",
+                          "--virtual-time-budget=3000", "--dump-dom", report.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-500:]
+    page = dom.stdout
+    for heading in ("Published findings", "Detector and probes on planted outliers", "Registers comparison",
+                    "Token probes", "Attention maps with and without registers", "Terms, used once", "Provenance"):
+        assert heading in page
+    assert page.count("<img") >= 8 and "reg0+planted" in page and "not reproduced" in page
+    shot = tmp_path / "report.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                    f"--user-data-dir={tmp_path / 'q'}", f"--screenshot={shot}", "--window-size=1200,4000",
+                    report.as_uri()], capture_output=True, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 20_000  # figures were decoded and painted
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--model", "nolabel"], "LABEL=SPEC"),
+    (["--registers", "0,four"], "--registers"),
+    (["--plant", "reg0"], "LABEL:LAYER"),
+    (["--thresholds", "median"], "percentile:Q"),
+    (["--preset", "paper", "--weights-dir", "/nonexistent"], "lacks the weights"),
+])
+def test_cli_errors_are_one_line(argv, message, capsys, tmp_path):
+    assert main(["study", "registers", "--out", str(tmp_path / "x"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
