@@ -28,7 +28,8 @@ TINY = {
                  "objective_options": {"knn_bank": 128, "n_local": 2}},
     "models": [{"label": "given-micro", "spec": "vit-micro"}],
     "measure": {"layers": "0,last", "diffusion_tokens": 128, "random_baseline": False, "example_images": 2,
-                "fit_options": {"lrs": [0.1], "weight_decays": [0.0], "epochs": 20}},
+                "fit_options": {"lrs": [0.1], "weight_decays": [0.0], "epochs": 20}, "dense_layers": "0,last",
+                "dense_epochs": 3, "dense_images": {"train": 32, "eval": 16}},
 }
 
 

@@ -26,6 +26,11 @@ DEFINITIONS = {
     "attention_support": "per layer and head: the number of patch keys with nonzero probability per patch query",
     "attention_mad / attention_entropy": "mean attention distance (normalized) and normalised entropy on "
                                          "renormalised patch rows, as in the locality study",
+    "seg:NAME miou / depth:NAME rmse": "dense probes: batch norm + 1x1 linear head on the patch-token map "
+                                       "(optionally with CLS concatenated), bilinear upsampling; mIoU from one "
+                                       "confusion matrix; RMSE the mean of per-image RMSE",
+    "pib": "Point-in-Box: % of images whose top patch by CLS attention (mean over heads) has its centre in a box; "
+           "chance = mean fraction of patch centres in boxes",
     "diffusion_top1": "semantic diffusion (a): top-1 on held-out images of an image-class logistic regression "
                       "trained on single background patch tokens (centre outside every object box or mask)",
     "diffusion_cosine": "semantic diffusion (b): mean cosine similarity between background patch tokens and CLS",
@@ -36,15 +41,18 @@ DEFINITIONS = {
 
 
 def _summary_lookup(results: dict[str, Any]) -> dict[tuple, dict[str, Any]]:
-    return {(r["model"], r["layer"], r["layer_kind"], r["group"], r["metric"]): r for r in results["summary"]}
+    return {(r["model"], r["layer"], r["layer_kind"], r["group"], r["metric"], r.get("with_cls")): r
+            for r in results["summary"]}
 
 
-def _curves(results: dict[str, Any], metric: str, kind: str, group: str) -> dict[str, tuple]:
-    """model -> (layers, mean, std) of one metric from the summary."""
+def _curves(results: dict[str, Any], metric: str, kind: str, group: str, with_cls: bool | None = None,
+            suffix: str = "") -> dict[str, tuple]:
+    """model -> (layers, mean, std) of one metric from the summary (``suffix`` appended to model names)."""
     out: dict[str, list] = {}
     for r in results["summary"]:
-        if r["metric"] == metric and r["layer_kind"] == kind and r["group"] == group:
-            out.setdefault(r["model"], []).append((r["layer"], r["mean"], r["std"]))
+        if r["metric"] == metric and r["layer_kind"] == kind and r["group"] == group and (
+                with_cls is None or r.get("with_cls") in (with_cls, None)):
+            out.setdefault(r["model"] + suffix, []).append((r["layer"], r["mean"], r["std"]))
     return {m: tuple(np.asarray(v, dtype=float) for v in zip(*sorted(points), strict=True))
             for m, points in out.items()}
 
@@ -66,6 +74,17 @@ def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
             {m: _curves(results, m, "attention", "heads") for m in ("attention_mad", "attention_entropy")},
             ["attention_mad", "attention_entropy"], fig_dir / "locality.png", "MAD and entropy per layer"),
     }
+    seg = sorted({r["group"] for r in results["summary"] if r["group"] and str(r["group"]).startswith("seg:")})
+    layerwise = {}
+    if seg:
+        layerwise["mIoU " + seg[0]] = (_curves(results, "miou", "token", seg[0], False, " (patches)")
+                                       | _curves(results, "miou", "token", seg[0], True, " (patches + CLS)"))
+    pib = _curves(results, "pib", "attention", "attention")
+    if pib:
+        layerwise["Point-in-Box (%)"] = pib
+    if layerwise:
+        paths["layerwise"] = sparse_figures.layer_curves(layerwise, list(layerwise), fig_dir / "layerwise.png",
+                                                         "layer-wise dense probe and Point-in-Box")
     examples = {}
     for run in results["runs"]:
         if run["condition"] in examples:
@@ -114,6 +133,10 @@ def paper_table(results: dict[str, Any]) -> list[dict[str, Any]]:
     conditions = list(dict.fromkeys(r["condition"] for r in results["runs"]))
     seg_sets = sorted({k.split(":")[1] for v in PAPER_NUMBERS.values() for k in v if k.startswith("seg:")})
     seeds = len(settings.get("seeds", [0]))
+    depth = results["runs"][0]["depth"]
+    groups = {r["group"] for r in results["summary"] if isinstance(r["group"], str)}
+    ours_seg = sorted(g.split(":", 1)[1] for g in groups if g.startswith("seg:") and g[4:] not in seg_sets)
+    ours_depth = sorted(g.split(":", 1)[1] for g in groups if g.startswith("depth:"))
     ours_setting = f"ours: {results['provenance'].get('dataset')}, {_model_text(results)}, {seeds} seed(s)"
     rows = []
     for c in conditions:
@@ -121,16 +144,23 @@ def paper_table(results: dict[str, Any]) -> list[dict[str, Any]]:
         for metric in ("linear_top1", "knn_top1"):
             found = next((v for k, v in lookup.items() if k[0] == c and k[4] == metric), None)
             row[metric] = _pm(found["mean"], found["std"], seeds=found["seeds"]) if found else "n/a"
-        for name in seg_sets:
-            row[f"seg {name} mIoU"] = "not measured"
-        row["depth RMSE"] = "not measured"
+        for name in seg_sets + ours_seg:
+            found = lookup.get((c, depth, "token", f"seg:{name}", "miou", False))
+            row[f"seg {name} mIoU"] = _pm(found["mean"], found["std"], 1.0, found["seeds"]) if found \
+                else "not measured"  # the dense probes report mIoU in percent already
+        for name in ours_depth:
+            found = lookup.get((c, depth, "token", f"depth:{name}", "rmse", False))
+            row[f"depth {name} RMSE"] = _pm(found["mean"], found["std"], 1.0, found["seeds"]) if found else "n/a"
         rows.append(row)
     for c, numbers in PAPER_NUMBERS.items():
         row = {"condition": c, "setting": PAPER_SETTING,
                "linear_top1": f"{numbers['linear_top1']:.2f}", "knn_top1": "not reported"}
         for name in seg_sets:
             row[f"seg {name} mIoU"] = f"{numbers[f'seg:{name}']:.2f}"
-        row["depth RMSE"] = "not reported"
+        for name in ours_seg:
+            row[f"seg {name} mIoU"] = "-"
+        for name in ours_depth:
+            row[f"depth {name} RMSE"] = "-"
         rows.append(row)
     return rows
 
@@ -188,13 +218,16 @@ def build_report(out: str | Path) -> Path:
         f"<ul>{verdicts}</ul>" if verdicts else "<p>No softmax baseline among the conditions: nothing to compare.</p>",
         "<h2>Paper-style table (top-1 and mIoU in %)</h2>",
         "<p>Our rows and the paper's rows are measured in different settings (each row says which); compare "
-        "directions, not values. Segmentation and depth need the dense probes, not in this build.</p>",
+        "directions, not values. Segmentation: last layer, patch tokens only (with CLS in results.csv); "
+        "'not measured': no such set given (--seg NAME=PATH).</p>",
         table(paper_table(results)),
         "<h2>Claims checked</h2>",
         f"<p>Differences are condition - softmax. Effect-size thresholds: "
         f"{html.escape(', '.join(f'{k} {v:g}' for k, v in THRESHOLDS.items()))}.</p>",
         table(claim_rows),
         "<h2>Semantic diffusion per layer</h2>", image(paths["diffusion"], "semantic diffusion"),
+        "<h2>Layer-wise segmentation mIoU and Point-in-Box</h2>",
+        image(paths["layerwise"], "layer-wise") if "layerwise" in paths else "<p>(no segmentation set or boxes)</p>",
         "<h2>Attention sparsity per layer</h2>", image(paths["sparsity"], "sparsity"),
         "<h2>Attention locality per layer</h2>", image(paths["locality"], "locality"),
     ]
@@ -204,8 +237,6 @@ def build_report(out: str | Path) -> Path:
     sections += [
         "<h2>CLS attention per head (first and last layer; white = exactly zero)</h2>", attention or "<p>(none)</p>",
         "<h2>Runs</h2>", table(runs),
-        "<h2>Not measured in this build</h2><p>Dense segmentation mIoU and depth RMSE (with and without CLS), "
-        "layer-wise mIoU and Point-in-Box need the dense probes; the study refuses --seg/--depth until they exist.</p>",
         "<h2>Definitions</h2>", table([{"quantity": k, "definition": v} for k, v in DEFINITIONS.items()]),
         "<h2>Settings</h2>", table([{"setting": k, "value": json.dumps(v) if isinstance(v, dict | list) else v}
                                     for k, v in results["settings"].items()]),

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vitscope.probes.pca import rgb_maps
 from vitscope.report.figures import plt, save_figure
 
 
@@ -31,17 +32,10 @@ def layer_curves(curves: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray,
 
 
 def pca_rgb(patches: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
-    """The first three principal components of one image's patch tokens (P, D) as an RGB map (rows, cols, 3),
-    each component min-max scaled to [0, 1]."""
-    x = torch.as_tensor(patches, dtype=torch.float64)
-    x = x - x.mean(0)
-    _, _, v = torch.linalg.svd(x, full_matrices=False)
-    comps = (x @ v[:3].T).numpy()
-    if comps.shape[1] < 3:
-        comps = np.pad(comps, ((0, 0), (0, 3 - comps.shape[1])))
-    low, high = comps.min(0), comps.max(0)
-    comps = (comps - low) / np.where(high > low, high - low, 1.0)
-    return comps.reshape(grid[0], grid[1], 3)
+    """One image's patch tokens (P, D) as an RGB map (rows, cols, 3) of their first three principal components
+    (``vitscope.probes.pca``, fitted on this image alone)."""
+    maps, _ = rgb_maps(torch.as_tensor(patches, dtype=torch.float32)[None], tuple(grid))
+    return maps[0].numpy()
 
 
 def pca_maps(images: np.ndarray, patches: Mapping[str, np.ndarray], grid: tuple[int, int], path: str | Path) -> Path:

@@ -27,12 +27,13 @@ from typing import Any
 
 from vitscope.attention import parse_normalizer
 from vitscope.data import load_dataset
+from vitscope.data.dense_layouts import load_dense
 from vitscope.files import write_json
 from vitscope.models import load as load_model
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.studies.models import ModelEntry
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, devices, run_all
-from vitscope.studies.sparse_measure import MeasureSettings, measure_backbone
+from vitscope.studies.sparse_measure import DenseSets, MeasureSettings, measure_backbone
 from vitscope.studies.sparse_presets import (
     DEFAULT_CONDITIONS,
     DEMO_OVERRIDES,
@@ -80,8 +81,8 @@ class SparseStudy:
     eval_images: int | None = None
     probe_train_images: int | None = None
     probe_eval_images: int | None = None
-    seg: dict[str, str] = field(default_factory=dict)
-    depth: dict[str, str] = field(default_factory=dict)
+    seg: dict[str, str | None] = field(default_factory=dict)  # layout name (voc, ade20k, ...) -> folder
+    depth: dict[str, str | None] = field(default_factory=dict)  # layout name (nyu, depthfolder, ...) -> folder
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     training: dict[str, Any] = field(default_factory=dict)  # extra TrainConfig keys, merged last
     device: str = "auto"
@@ -114,9 +115,8 @@ class SparseStudy:
             raise ValueError(f"model labels {labels} must be unique and differ from the conditions {self.conditions}")
         if not self.conditions and not self.models:
             raise ValueError("the study has nothing to measure: name conditions or give --model LABEL=SPEC")
-        if self.seg or self.depth:
-            raise ValueError("--seg / --depth need the dense segmentation and depth probes, which this build of "
-                             "vitscope does not have yet; run without them")
+        if self.preset == "demo" and not self.seg and not self.depth:
+            self.seg, self.depth = {"synthetic": None}, {"synthetic": None}
         for name in list(self.seg) + list(self.depth):
             if not re.match(r"^[A-Za-z0-9._-]+$", name):
                 raise ValueError(f"dense dataset name {name!r} may hold only letters, digits and ._-; "
@@ -176,6 +176,17 @@ def probe_sets(study: SparseStudy, cfg: TrainConfig | None):
     return train_set, eval_set
 
 
+def dense_sets(study: SparseStudy) -> DenseSets:
+    """The ``--seg`` / ``--depth`` sets as (train, eval) pairs, loaded once per run."""
+    sizes = study.measure.dense_images
+    out = DenseSets()
+    for task, given, target in (("segmentation", study.seg, out.seg), ("depth", study.depth, out.depth)):
+        for name, root in given.items():
+            target[name] = tuple(load_dense(name, root, split, task=task, limit=sizes.get(split),
+                                            synthetic_images=sizes.get(split)) for split in ("train", "eval"))
+    return out
+
+
 def torchrun_command(cfg_file: Path, gpus: int) -> list[str]:
     """The torchrun command that trains the run whose config is ``cfg_file`` on ``gpus`` processes."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
@@ -214,7 +225,7 @@ def _train_and_measure(study: SparseStudy, spec: RunSpec, device: str) -> dict[s
         source = {"trained": cfg.to_dict()}
     train_set, eval_set = probe_sets(study, cfg)
     record = measure_backbone(model, spec.condition, train_set, eval_set, study.measure, dev, folder,
-                              seed=spec.seed, progress=study.progress)
+                              seed=spec.seed, progress=study.progress, dense_sets=dense_sets(study))
     normaliser = getattr(getattr(model, "cfg", None), "attention", None)
     record.update({"condition": spec.condition, "seed": spec.seed, "normaliser": normaliser, "source": source,
                    "training": {k: (summary or {}).get(k) for k in ("epochs", "steps", "eval")},

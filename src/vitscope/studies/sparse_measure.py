@@ -9,6 +9,9 @@ evaluation split:
   attention distance (normalized) and normalised entropy;
 * semantic diffusion per token layer (``vitscope.probes.diffusion``), with per-image cosines at the last layer
   and per-token correctness of the background probe;
+* dense: segmentation mIoU and depth RMSE (``vitscope.probes.dense``) with and without CLS on every given set,
+  layer by layer on the first segmentation set; Point-in-Box per attention layer (CLS attention, averaged over
+  heads) when the evaluation images have boxes;
 * examples for the report: a few images, their attention maps at the first and last layer, and the last
   layer's patch tokens (for PCA maps).
 """
@@ -29,9 +32,11 @@ from vitscope.data import ImageDataset
 from vitscope.metrics import SupportAccumulator
 from vitscope.metrics.knn import knn_predict
 from vitscope.models import token_layout
+from vitscope.probes.dense import dense_probe
 from vitscope.probes.diffusion import dataset_background, diffusion_scores, semantic_diffusion
 from vitscope.probes.features import depth_of, extract_features
 from vitscope.probes.linear import fit_classifier
+from vitscope.probes.pib import pib_probe
 from vitscope.record import record_attention
 
 
@@ -48,6 +53,18 @@ class MeasureSettings:
     example_images: int = 4
     batch_size: int = 64
     fit_options: dict[str, Any] = field(default_factory=dict)
+    dense_layers: str = "all"  # layer-wise mIoU on the first segmentation set; the others at the last layer
+    dense_epochs: int = 20
+    dense_images: dict[str, int | None] = field(default_factory=lambda: {"train": None, "eval": None})
+    pib: bool = True
+
+
+@dataclass
+class DenseSets:
+    """Dense evaluation sets by name: ``seg`` and ``depth`` map a name to (train, eval) ``DenseDataset``s."""
+
+    seg: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    depth: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -127,9 +144,29 @@ def save_examples(model: nn.Module, dataset: ImageDataset, count: int, path: Pat
     return path
 
 
+DENSE_METRICS = {"segmentation": ("miou", "pixel_accuracy"), "depth": ("rmse", "rmse_pooled", "abs_rel", "delta1")}
+
+
+def dense(model: nn.Module, label: str, sets: DenseSets, settings: MeasureSettings, device: torch.device,
+          cache: Path | bool, seed: int, progress: bool) -> list[dict[str, Any]]:
+    """Segmentation and depth probe rows (group ``seg:NAME`` / ``depth:NAME``), with and without CLS: every
+    layer of ``settings.dense_layers`` on the first segmentation set, the last layer elsewhere."""
+    rows = []
+    jobs = [("seg", name, pair) for name, pair in sets.seg.items()] + [("depth", name, pair)
+                                                                        for name, pair in sets.depth.items()]
+    for k, (kind, name, (train, eval_set)) in enumerate(jobs):
+        layers = settings.dense_layers if k == 0 and kind == "seg" else "last"
+        result = dense_probe(model, train, eval_set, layers, epochs=settings.dense_epochs, baseline=False,
+                             label=label, batch_size=settings.batch_size, device=device, cache=cache, seed=seed,
+                             progress=progress)
+        keep = DENSE_METRICS[train.task]
+        rows += [r | {"group": f"{kind}:{name}"} for r in result.rows if r["metric"] in keep and "group" not in r]
+    return rows
+
+
 def measure_backbone(model: nn.Module, label: str, train: ImageDataset, eval_set: ImageDataset,
                      settings: MeasureSettings, device: torch.device, folder: Path, seed: int = 0,
-                     progress: bool = True) -> dict[str, Any]:
+                     progress: bool = True, dense_sets: DenseSets | None = None) -> dict[str, Any]:
     """Every measurement of one backbone (see the module docstring); examples go to
     ``folder/examples.safetensors``. Features are cached in ``folder/features`` so a rerun reads them back."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -143,5 +180,11 @@ def measure_backbone(model: nn.Module, label: str, train: ImageDataset, eval_set
     record["image"] = image_probes(model, train, eval_set, settings, device, cache, progress)
     record["attention"] = attention_statistics(model, eval_set, settings.batch_size, device, progress)
     record["diffusion"] = diffusion(model, label, eval_set, settings, device, cache, seed, progress)
+    record["dense"] = dense(model, label, dense_sets or DenseSets(), settings, device, cache, seed, progress)
+    record["pib"] = []
+    if settings.pib and "boxes" in eval_set.extras:
+        record["pib"] = pib_probe(model, eval_set, "all", baseline=False, label=label,
+                                  batch_size=settings.batch_size, device=device, cache=cache, seed=seed,
+                                  progress=progress).rows
     save_examples(model, eval_set, settings.example_images, folder / "examples.safetensors", device)
     return record

@@ -29,9 +29,10 @@ PAPER_NUMBERS = {
     "entmax15": {"linear_top1": 70.06, "seg:voc": 48.78, "seg:ade20k": 21.97, "seg:cityscapes": 37.87},
 }
 
-# Effect-size thresholds below which a difference is "no effect of the claimed size" (stated in the report).
+# Effect-size thresholds below which a difference is "no effect of the claimed size" (stated in the report);
+# seg: mIoU points (the dense probes report percent); depth: RMSE in the set's units (metres).
 THRESHOLDS = {"linear_top1": 0.01, "knn_top1": 0.01, "diffusion_top1": 0.02, "diffusion_cosine": 0.02,
-              "attention_zeros": 0.05}
+              "attention_zeros": 0.05, "seg": 1.0, "depth": 0.05}
 
 # Our estimate, not a measurement: DINO reports about 1.75 days on 16 V100 for ViT-S/16 at 100 epochs of
 # multi-crop training (~670 V100 GPU-hours); 200 epochs doubles it; an A100 is about 2-3x a V100.

@@ -33,8 +33,25 @@ CLAIMS = {
 }
 
 
+def dense_value(record: dict[str, Any], measure: str) -> float:
+    """``seg:NAME`` (mIoU) or ``depth:NAME`` (RMSE) at the last layer without CLS; NaN when not measured."""
+    metric = "miou" if measure.startswith("seg:") else "rmse"
+    found = [r["value"] for r in record.get("dense", []) if r["group"] == measure and r["metric"] == metric
+             and r.get("with_cls") is False and r["layer"] == record["depth"]]
+    return float(found[0]) if found else float("nan")
+
+
+def dense_claims(records: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
+    """Claim measures for the dense sets present: higher mIoU and lower RMSE predicted for sparse attention."""
+    groups = sorted({r["group"] for rec in records for r in rec.get("dense", [])})
+    return {g: (f"{'segmentation mIoU' if g.startswith('seg:') else 'depth RMSE'} on {g.split(':', 1)[1]} "
+                "(last layer, patches only)", +1 if g.startswith("seg:") else -1) for g in groups}
+
+
 def run_value(record: dict[str, Any], measure: str) -> float:
     """One run's value of a claim's measure (NaN when missing)."""
+    if measure.startswith(("seg:", "depth:")):
+        return dense_value(record, measure)
     if measure in ("linear_top1", "knn_top1"):
         return float(record["image"][measure])
     if measure == "diffusion_top1":
@@ -49,6 +66,8 @@ def run_value(record: dict[str, Any], measure: str) -> float:
 def units(record: dict[str, Any], measure: str) -> np.ndarray:
     """The bootstrap units of one run: per-image correctness, per-token hits, per-image cosines or per-head
     zero fractions (1-D, NaN where undefined)."""
+    if measure.startswith(("seg:", "depth:")):
+        return np.asarray([], dtype=float)  # one confusion matrix / pooled score per run: no per-image units
     if measure == "linear_top1":
         return np.asarray(record["image"]["linear_correct"], dtype=float)
     if measure == "knn_top1":
@@ -92,7 +111,7 @@ def bootstrap_difference(a_runs: list[dict[str, Any]], b_runs: list[dict[str, An
         else:
             a, b = a[~np.isnan(a)], b[~np.isnan(b)]
             if not a.size or not b.size:
-                return float("nan"), float("nan"), "none"
+                return float("nan"), float("nan"), "nothing (one run per side, no per-image units: use several seeds)"
             diffs = (a[rng.integers(0, a.size, (BOOTSTRAP_SAMPLES, a.size))].mean(1)
                      - b[rng.integers(0, b.size, (BOOTSTRAP_SAMPLES, b.size))].mean(1))
             over = "heads" if measure == "attention_zeros" else "units (unpaired)"
@@ -125,13 +144,13 @@ def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if condition == BASELINE:
             continue
         sparse = (runs[0].get("normaliser") or condition.split("+")[0]) != BASELINE
-        for measure, (what, predicted) in CLAIMS.items():
+        for measure, (what, predicted) in (CLAIMS | dense_claims(records)).items():
             a, b = mean_std([run_value(r, measure) for r in runs])[0], mean_std([run_value(r, measure)
                                                                                   for r in base])[0]
             difference = a - b
             low, high, over = bootstrap_difference(runs, base, measure)
             sign = predicted if sparse else None
-            threshold = THRESHOLDS[measure]
+            threshold = THRESHOLDS[measure.split(":")[0] if ":" in measure else measure]
             result = verdict(difference, low, high, sign, threshold)
             out.append({"condition": condition, "baseline": BASELINE, "measure": measure, "what": what,
                         "value": a, "baseline_value": b, "difference": difference, "ci95_low": low,
@@ -146,8 +165,9 @@ def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _sentence(condition: str, what: str, difference: float, low: float, high: float, over: str,
               sign: int | None, threshold: float, result: str) -> str:
     direction = "higher" if difference > 0 else "lower"
-    said = f"{condition} vs softmax, {what}: {direction} by {abs(difference):.3f} (95% interval {low:+.3f} to " \
-           f"{high:+.3f}, bootstrap over {over})"
+    interval = f"95% interval {low:+.3f} to {high:+.3f}, bootstrap over {over}" if low == low else \
+        "no interval: one run per side and no per-image units; use several seeds"
+    said = f"{condition} vs softmax, {what}: {direction} by {abs(difference):.3f} ({interval})"
     if sign is None:
         return f"{said}; the paper makes no prediction for registers, so this is shown, not judged."
     expected = "higher" if sign > 0 else "lower"
@@ -171,7 +191,7 @@ def result_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for metric in ("linear_top1", "knn_top1"):
             rows.append(base | {"layer": depth, "layer_kind": "token", "group": "cls", "metric": metric,
                                 "value": r["image"][metric], "n": r["eval_images"]})
-        for row in r["diffusion"]["rows"]:
+        for row in r["diffusion"]["rows"] + r.get("dense", []) + r.get("pib", []):
             model = row["model"].replace(r["label"], r["condition"], 1) if row["model"] != "chance" else "chance"
             rows.append({"model": model, "seed": r["seed"], **{k: v for k, v in row.items() if k != "model"}})
         for metric in ("zeros", "support", "mad", "entropy"):
@@ -188,16 +208,16 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     keyed: dict[tuple, list[float]] = {}
     for row in rows:
         group = "heads" if row.get("layer_kind") == "attention" else row.get("group")
-        key = (row["model"], row.get("layer"), row.get("layer_kind"), group, row["metric"])
+        key = (row["model"], row.get("layer"), row.get("layer_kind"), group, row.get("with_cls"), row["metric"])
         keyed.setdefault(key + (row.get("seed"),), []).append(row["value"])
     per_seed: dict[tuple, list[float]] = {}
     for key, values in keyed.items():
         per_seed.setdefault(key[:-1], []).append(float(np.nanmean(np.asarray(values, dtype=float))))
     out = []
-    for (model, layer, kind, group, metric), values in per_seed.items():
+    for (model, layer, kind, group, with_cls, metric), values in per_seed.items():
         mean, std = mean_std(values)
-        out.append({"model": model, "layer": layer, "layer_kind": kind, "group": group, "metric": metric,
-                    "mean": mean, "std": std, "seeds": len(values)})
+        out.append({"model": model, "layer": layer, "layer_kind": kind, "group": group, "with_cls": with_cls,
+                    "metric": metric, "mean": mean, "std": std, "seeds": len(values)})
     return out
 
 
@@ -216,7 +236,7 @@ def write_results(out: str | Path, kind: str, settings: dict[str, Any], records:
     payload = {"schema_version": meta.get("schema_version", 1), "kind": kind, "settings": settings, "rows": rows,
                "summary": summary, "claims": claims(records), "runs": runs, "provenance": meta}
     write_json(out / "results.json", payload)
-    columns = ["model", "seed", "layer", "layer_kind", "group", "metric", "value", "n"]
+    columns = ["model", "seed", "layer", "layer_kind", "group", "with_cls", "metric", "value", "n"]
     write_csv(out / "results.csv", [{c: r.get(c, "") for c in columns} for r in rows])
     write_csv(out / "summary.csv", summary)
     return payload
