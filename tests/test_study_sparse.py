@@ -98,6 +98,12 @@ def test_results_files(killed_then_finished):
                 "attention_support", "attention_mad", "attention_entropy"} <= metrics
         assert {r["layer"] for r in rows if r["model"] == condition and r["metric"] == "diffusion_cosine"} == {0, 4}
         assert len([r for r in rows if r["model"] == condition and r["metric"] == "attention_zeros"]) == 4 * 4
+    for metric, group in (("miou", "seg:synthetic"), ("rmse", "depth:synthetic"), ("pib", "attention")):
+        found = [r for r in rows if r["model"] == "entmax15" and r["metric"] == metric and r.get("group") == group]
+        assert found, (metric, group)
+    miou = {(r["layer"], r["with_cls"]) for r in rows if r["model"] == "entmax15" and r["metric"] == "miou"}
+    assert miou == {(0, False), (0, True), (4, False), (4, True)}  # layer-wise, with and without CLS
+    assert {r["layer"] for r in rows if r["model"] == "softmax" and r["metric"] == "pib"} == {1, 2, 3, 4}
     softmax_zeros = [r["value"] for r in rows if r["model"] == "softmax" and r["metric"] == "attention_zeros"]
     assert softmax_zeros == [0.0] * 16  # a softmax never gives an exact zero
     support = [r["value"] for r in rows if r["model"] == "softmax" and r["metric"] == "attention_support"]
@@ -137,7 +143,8 @@ def test_report_renders_in_headless_chromium(killed_then_finished, tmp_path):
     report = build_report(out)
     text = report.read_text()
     assert "src=\"http" not in text and "<script" not in text  # self-contained
-    for heading in ("Paper-style table", "Semantic diffusion per layer", "Attention sparsity per layer",
+    for heading in ("Paper-style table", "Semantic diffusion per layer", "Layer-wise segmentation mIoU",
+                    "Attention sparsity per layer",
                     "PCA maps", "CLS attention per head", "Settings", "Provenance"):
         assert heading in text
     assert "69.50" in text and "70.06" in text and "ImageNet-1k, ViT-S/16" in text  # the paper's numbers, labelled
@@ -157,8 +164,9 @@ def test_conditions_and_folders():
         parse_condition("relu+reg4")
     with pytest.raises(ValueError, match="preset"):
         SparseStudy(preset="huge")
-    with pytest.raises(ValueError, match="dense"):
-        SparseStudy(seg={"voc": "/data/voc"})
+    with pytest.raises(ValueError, match="unknown layout"):
+        SparseStudy(seg={"pascal": "/data/voc"})
+    assert SparseStudy().seg == {"synthetic": None}  # the demo probes synthetic masks and depth
     with pytest.raises(ValueError, match="unique"):
         SparseStudy(models=[{"label": "softmax", "spec": "vit-micro"}])
     study = SparseStudy(conditions=["sparsemax+reg4"])

@@ -15,7 +15,14 @@ from vitscope.files import atomic_write_bytes
 from vitscope.report import sparse_figures
 from vitscope.report.html import image, page, table
 from vitscope.studies.runner import RunSpec
-from vitscope.studies.sparse_presets import PAPER_NUMBERS, PAPER_SETTING, THRESHOLDS
+from vitscope.studies.sparse_presets import (
+    COMMAND_LINES,
+    COMPACT_GPU_HOURS,
+    PAPER_GPU_HOURS,
+    PAPER_NUMBERS,
+    PAPER_SETTING,
+    THRESHOLDS,
+)
 
 DEFINITIONS = {
     "linear_top1": "logistic regression on the last layer's CLS token (lr/weight-decay sweep on a held-out 20 % "
@@ -237,6 +244,11 @@ def build_report(out: str | Path) -> Path:
     sections += [
         "<h2>CLS attention per head (first and last layer; white = exactly zero)</h2>", attention or "<p>(none)</p>",
         "<h2>Runs</h2>", table(runs),
+        "<h2>At full scale</h2>",
+        f"<p>Estimated cost (our estimate, not a measurement): paper preset about {PAPER_GPU_HOURS['per_run_a100']} "
+        f"A100 GPU-hours ({PAPER_GPU_HOURS['per_run_v100']} V100) per run, {PAPER_GPU_HOURS['runs_default']} runs by "
+        f"default; compact about {COMPACT_GPU_HOURS['per_run_a100']} A100 GPU-hours per run.</p>",
+        table([{"how": k, "command": v} for k, v in COMMAND_LINES.items()]),
         "<h2>Definitions</h2>", table([{"quantity": k, "definition": v} for k, v in DEFINITIONS.items()]),
         "<h2>Settings</h2>", table([{"setting": k, "value": json.dumps(v) if isinstance(v, dict | list) else v}
                                     for k, v in results["settings"].items()]),

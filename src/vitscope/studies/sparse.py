@@ -27,7 +27,7 @@ from typing import Any
 
 from vitscope.attention import parse_normalizer
 from vitscope.data import load_dataset
-from vitscope.data.dense_layouts import load_dense
+from vitscope.data.dense_layouts import DEPTH, SEGMENTATION, load_dense
 from vitscope.files import write_json
 from vitscope.models import load as load_model
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
@@ -117,10 +117,11 @@ class SparseStudy:
             raise ValueError("the study has nothing to measure: name conditions or give --model LABEL=SPEC")
         if self.preset == "demo" and not self.seg and not self.depth:
             self.seg, self.depth = {"synthetic": None}, {"synthetic": None}
-        for name in list(self.seg) + list(self.depth):
-            if not re.match(r"^[A-Za-z0-9._-]+$", name):
-                raise ValueError(f"dense dataset name {name!r} may hold only letters, digits and ._-; "
-                                 "e.g. --seg voc=/data/VOCdevkit")
+        for given, names, flag in ((self.seg, SEGMENTATION, "--seg"), (self.depth, DEPTH, "--depth")):
+            unknown = sorted(set(given) - set(names))
+            if unknown:
+                raise ValueError(f"{flag} {', '.join(unknown)}: unknown layout; use one of {', '.join(names)} "
+                                 f"(e.g. {flag} {names[0]}=/data/folder)")
 
     # --- training -------------------------------------------------------------------------------------------
     def train_config(self, condition: str, seed: int, device: str) -> TrainConfig:

@@ -16,11 +16,11 @@ TRAIN_CONFIGS = {"demo": "dino-demo", "compact": "dino-compact", "paper": "dino-
 DEFAULT_CONDITIONS = {"demo": ["softmax", "entmax15"], "compact": ["softmax", "entmax15", "softmax+reg4"],
                       "paper": ["softmax", "entmax15", "softmax+reg4"]}
 # What the demo changes in dino-demo so that two runs, probes and report fit in about 4 minutes on 2 CPU cores.
-DEMO_OVERRIDES: dict[str, Any] = {"epochs": 4, "dataset_options": {"num_images": 2048}, "eval_images": 512,
-                                  "objective_options": {"knn_every": 4, "knn_bank": 2048}}
+DEMO_OVERRIDES: dict[str, Any] = {"epochs": 3, "dataset_options": {"num_images": 1280}, "eval_images": 512,
+                                  "objective_options": {"knn_every": 3, "knn_bank": 1280}}
 # Images the probes use (fit on a subset of the training split, measure on the evaluation split); None: all.
-PROBE_IMAGES = {"demo": {"train": 1024, "eval": 512}, "compact": {"train": 10_000, "eval": 10_000},
-                "paper": {"train": None, "eval": None}}
+PROBE_IMAGES = {"demo": {"train": 768, "eval": 384}, "compact": {"train": 10_000, "eval": 10_000},
+                "paper": {"train": 50_000, "eval": 10_000}}  # paper: 50 per class, decoded in memory (our choice)
 
 # arXiv 2605.23868, Table 1-style numbers as the paper reports them (ImageNet-1k, ViT-S/16, DINO, 200 epochs).
 PAPER_SETTING = "paper: ImageNet-1k, ViT-S/16, DINO 200 epochs (arXiv 2605.23868)"
@@ -44,7 +44,7 @@ COMMAND_LINES = {
     "compact": "vitscope study sparse --preset compact --dataset cifar100 --data-dir DATA/cifar100_jpg.tar.gz "
                "--seeds 0,1,2 --seg voc=DATA/VOCdevkit --depth nyu=DATA/nyu --out sparse-compact",
     # the study starts each run under torchrun on 8 GPUs of this node, one run after another
-    "torchrun": "vitscope study sparse --preset paper --dataset imagenet --data-dir /data/imagenet --gpus-per-run 8 "
+    "torchrun": "vitscope study sparse --preset paper --dataset imagefolder --data-dir /data/imagenet --gpus-per-run 8 "
                 "--seg voc=/data/VOCdevkit --seg ade20k=/data/ADEChallengeData2016 --seg cityscapes=/data/cityscapes "
                 "--depth nyu=/data/nyu --out sparse-paper",
     # or train one run by hand (the study then finds it finished in its run folder and only measures it)
@@ -52,7 +52,7 @@ COMMAND_LINES = {
                         "--set data_dir=/data/imagenet --set model_options.attention=entmax15 "
                         "--set out=sparse-paper/runs/entmax15/seed-0",
     # one SLURM job per (condition, seed) through submitit, 8 GPUs each
-    "slurm": "vitscope study sparse --preset paper --dataset imagenet --data-dir /data/imagenet --launcher slurm "
+    "slurm": "vitscope study sparse --preset paper --dataset imagefolder --data-dir /data/imagenet --launcher slurm "
              "--gpus-per-run 8 --seg voc=/data/VOCdevkit --seg ade20k=/data/ADEChallengeData2016 "
              "--seg cityscapes=/data/cityscapes --depth nyu=/data/nyu --out sparse-paper",
 }
