@@ -5,6 +5,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -262,8 +263,11 @@ def test_two_gloo_ranks_give_the_centre_and_loss_of_one_process(tmp_path):
     path = tmp_path / "double.json"
     path.write_text(json.dumps(double.to_dict()))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with socket.socket() as probe:  # a free port: other suites may run torchrun beside this one
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", "29547", "-m", "vitscope.cli", "train", "--config", str(path)],
+                             "--master_port", port, "-m", "vitscope.cli", "train", "--config", str(path)],
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     one = load_state(latest_checkpoint(Path(single.out)))["objective"]

@@ -197,8 +197,10 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     def end_of_epoch_records(epoch: int) -> None:
         nonlocal last_eval
         if (epoch + 1) % cfg.eval_every == 0 or global_step == total_steps:
-            last_eval = objective.evaluate(ctx, epoch)
-            log.write({"kind": "eval", "step": global_step, "epoch": epoch + 1, **last_eval})
+            result = objective.evaluate(ctx, epoch)  # an objective may skip epochs (DINO's knn_every)
+            if result:
+                last_eval = result
+                log.write({"kind": "eval", "step": global_step, "epoch": epoch + 1, **last_eval})
         if hooks and ctx.is_main:
             log.write({"kind": "epoch", "step": global_step, "epoch": epoch + 1,
                        **hook_scalars(hooks, objective.exported)})
