@@ -37,6 +37,7 @@ from vitscope.studies.sparse_measure import DenseSets, MeasureSettings, measure_
 from vitscope.studies.sparse_presets import (
     DEFAULT_CONDITIONS,
     DEMO_OVERRIDES,
+    MEASURE,
     PROBE_IMAGES,
     TRAIN_CONFIGS,
     merge,
@@ -83,7 +84,7 @@ class SparseStudy:
     probe_eval_images: int | None = None
     seg: dict[str, str | None] = field(default_factory=dict)  # layout name (voc, ade20k, ...) -> folder
     depth: dict[str, str | None] = field(default_factory=dict)  # layout name (nyu, depthfolder, ...) -> folder
-    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    measure: MeasureSettings | None = None  # None: the preset's (MEASURE[preset])
     training: dict[str, Any] = field(default_factory=dict)  # extra TrainConfig keys, merged last
     device: str = "auto"
     out: str = "vitscope-sparse"
@@ -106,7 +107,9 @@ class SparseStudy:
             raise ValueError("a study needs at least one seed, e.g. --seeds 0")
         if self.gpus_per_run < 1:
             raise ValueError(f"gpus_per_run={self.gpus_per_run} must be >= 1")
-        if isinstance(self.measure, dict):
+        if self.measure is None:
+            self.measure = MeasureSettings(**MEASURE.get(self.preset, {}))
+        elif isinstance(self.measure, dict):
             self.measure = MeasureSettings(**self.measure)
         self.models = [m if isinstance(m, ModelEntry) else ModelEntry(**m) for m in self.models]
         labels = [m.label for m in self.models]
