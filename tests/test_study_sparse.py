@@ -16,7 +16,7 @@ import pytest
 
 from vitscope.cli import main
 from vitscope.studies.runner import RunSpec
-from vitscope.studies.sparse import RECORD, SparseStudy, parse_condition, run
+from vitscope.studies.sparse import RECORD, SparseStudy, parse_condition, run, torchrun_command
 from vitscope.studies.sparse_results import bootstrap_difference, verdict
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -174,6 +174,14 @@ def test_conditions_and_folders():
     assert cfg.objective == "dino" and cfg.seed == 3
     assert cfg.model_options == {"attention": "sparsemax", "num_registers": 4}
     assert cfg.out.endswith("runs/sparsemax+reg4/seed-3")
+
+
+def test_gpus_per_run_trains_each_run_under_torchrun():
+    command = torchrun_command(Path("runs/x/study-config.json"), 8)
+    assert command[1:3] == ["-m", "torch.distributed.run"] and "--nproc_per_node=8" in command
+    assert command[-5:] == ["-m", "vitscope.cli", "train", "--config", "runs/x/study-config.json"]
+    launch = SparseStudy(gpus_per_run=8, launcher="slurm").launch()
+    assert launch.slurm["gpus_per_node"] == 8 and launch.device == "cuda"
 
 
 def test_verdicts_with_known_answers():

@@ -151,7 +151,9 @@ class SparseStudy:
         slurm = dict(self.slurm)
         if self.gpus_per_run > 1:
             slurm.setdefault("gpus_per_node", self.gpus_per_run)
-        return Launch(device=self.device, launcher=self.launcher, slurm=slurm, name="vitscope-sparse",
+        # torchrun runs use every GPU of the node: one run after another, not one run per GPU side by side
+        device = "cuda" if self.gpus_per_run > 1 and self.device == "auto" else self.device
+        return Launch(device=device, launcher=self.launcher, slurm=slurm, name="vitscope-sparse",
                       progress=self.progress)
 
     def specs(self) -> list[RunSpec]:
@@ -205,7 +207,8 @@ def _train(study: SparseStudy, cfg: TrainConfig) -> dict[str, Any]:
     summary_file = run_dir / "summary.json"
     if not summary_file.is_file():
         run_dir.mkdir(parents=True, exist_ok=True)
-        cfg_file = write_json(run_dir / "study-config.json", cfg.to_dict())
+        # each torchrun worker takes its local rank's GPU
+        cfg_file = write_json(run_dir / "study-config.json", cfg.to_dict() | {"device": "auto"})
         command = torchrun_command(cfg_file, study.gpus_per_run)
         if (run_dir / "checkpoints").is_dir():
             command += ["--resume", str(run_dir)]
