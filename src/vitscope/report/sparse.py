@@ -58,7 +58,7 @@ def _curves(results: dict[str, Any], metric: str, kind: str, group: str, with_cl
     out: dict[str, list] = {}
     for r in results["summary"]:
         if r["metric"] == metric and r["layer_kind"] == kind and r["group"] == group and (
-                with_cls is None or r.get("with_cls") in (with_cls, None)):
+                with_cls is None or r.get("with_cls") == with_cls or (r.get("with_cls") is None and not with_cls)):
             out.setdefault(r["model"] + suffix, []).append((r["layer"], r["mean"], r["std"]))
     return {m: tuple(np.asarray(v, dtype=float) for v in zip(*sorted(points), strict=True))
             for m, points in out.items()}

@@ -19,10 +19,11 @@ def layer_curves(curves: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray,
     fig, axes = plt.subplots(1, len(ylabels), figsize=(5.2 * len(ylabels), 3.6), squeeze=False)
     for ax, ylabel in zip(axes[0], ylabels, strict=True):
         for name, (layers, mean, std) in curves.get(ylabel, {}).items():
-            dashed = "(random init)" in name or name == "chance"
+            dashed = "(random init)" in name or name.startswith("chance")
             line = ax.plot(layers, mean, marker="o", ms=3, label=name, ls="--" if dashed else "-")[0]
             ax.fill_between(layers, mean - std, mean + std, color=line.get_color(), alpha=0.15)
-        ax.set_xlabel("token layer (0 = embedding)" if "attention" not in ylabel else "attention layer")
+        attention = "attention" in ylabel or "Point-in-Box" in ylabel  # measured inside block l
+        ax.set_xlabel("attention layer (block)" if attention else "token layer (0 = embedding)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -203,11 +203,11 @@ def result_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and std over seeds per (model, layer, layer_kind, group, metric); attention rows also averaged
-    over heads (group ``heads``)."""
+    """Mean and std over seeds per (model, layer, layer_kind, group, with_cls, metric); per-head attention rows
+    (``attention_*``) also averaged over heads (group ``heads``)."""
     keyed: dict[tuple, list[float]] = {}
     for row in rows:
-        group = "heads" if row.get("layer_kind") == "attention" else row.get("group")
+        group = "heads" if row["metric"].startswith("attention_") else row.get("group")
         key = (row["model"], row.get("layer"), row.get("layer_kind"), group, row.get("with_cls"), row["metric"])
         keyed.setdefault(key + (row.get("seed"),), []).append(row["value"])
     per_seed: dict[tuple, list[float]] = {}
