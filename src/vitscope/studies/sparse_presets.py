@@ -16,13 +16,13 @@ TRAIN_CONFIGS = {"demo": "dino-demo", "compact": "dino-compact", "paper": "dino-
 DEFAULT_CONDITIONS = {"demo": ["softmax", "entmax15"], "compact": ["softmax", "entmax15", "softmax+reg4"],
                       "paper": ["softmax", "entmax15", "softmax+reg4"]}
 # What the demo changes in dino-demo so that two runs, probes and report fit in about 4 minutes on 2 CPU cores.
-DEMO_OVERRIDES: dict[str, Any] = {"epochs": 3, "dataset_options": {"num_images": 1280}, "eval_images": 512,
-                                  "objective_options": {"knn_every": 3, "knn_bank": 1280}}
+DEMO_OVERRIDES: dict[str, Any] = {"epochs": 2, "dataset_options": {"num_images": 1024}, "eval_images": 512,
+                                  "objective_options": {"knn_every": 2, "knn_bank": 1024}}
 # Measurement settings per preset (vitscope.studies.sparse_measure.MeasureSettings keywords); the demo sweeps
 # fewer probe settings and draws fewer background tokens to stay within its minutes.
 MEASURE: dict[str, dict[str, Any]] = {
-    "demo": {"diffusion_tokens": 2048, "fit_options": {"lrs": [0.01, 0.1], "weight_decays": [0.0, 1e-4],
-                                                       "epochs": 50}},
+    "demo": {"diffusion_tokens": 2048, "dense_epochs": 10,
+             "fit_options": {"lrs": [0.01, 0.1], "weight_decays": [0.0, 1e-4], "epochs": 50}},
     "compact": {"dense_images": {"train": 2000, "eval": 500}},
     "paper": {},
 }
