@@ -193,6 +193,13 @@ def _scale_note(results: dict[str, Any]) -> str:
                  "and its verdicts say so rather than claim them.")
     else:
         text += "The paper's numbers come from ImageNet-1k at full scale; this report claims only what this run shows."
+    flat = [r["condition"] for r in runs if (r.get("normaliser") or "softmax") != "softmax"
+            and float(np.nanmean(np.asarray(r["attention"]["zeros"], dtype=float))) == 0.0]
+    if flat:
+        text += (f" <b>{html.escape(', '.join(flat))}</b> produced no exact zeros: after training this short its "
+                 "attention logits are still nearly flat, so every key stays in the support and the normaliser "
+                 "behaves almost like softmax; train longer (more epochs or the compact preset) before reading "
+                 "anything into its comparison with softmax.")
     return text
 
 
