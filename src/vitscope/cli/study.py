@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vitscope.cli import study_sparse
 from vitscope.cli.common import add_shared
 from vitscope.cli.study_registers import add_registers_parser
 
@@ -30,6 +31,7 @@ def register(commands) -> None:
                      help="train K runs at once as one packed model (K, or auto: as many as device memory holds)")
     add_shared(loc, device="auto", batch_size=None, seed=None, out="vitscope-study")
     loc.set_defaults(handler=run_locality)
+    study_sparse.register(studies)
     add_registers_parser(studies)
 
 

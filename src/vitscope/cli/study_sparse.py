@@ -1,0 +1,83 @@
+"""``vitscope study sparse``: sparse attention against semantic diffusion (arXiv 2605.23868)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vitscope.cli.common import add_shared
+
+
+def register(studies) -> None:
+    """Add the ``sparse`` study to ``vitscope study``'s subcommands."""
+    sp = studies.add_parser("sparse", help="sparse attention vs semantic diffusion, DINO-pretrained (arXiv 2605.23868)",
+                            description="Pretrains DINO backbones that differ only in their attention normaliser "
+                                        "(or registers) and measures each: linear and kNN probes, attention "
+                                        "sparsity, MAD and entropy, semantic diffusion; writes report.html.")
+    sp.add_argument("--preset", default="demo", choices=["demo", "compact", "paper"],
+                    help="demo: synthetic scenes, vit-micro, minutes on a CPU; compact: CIFAR-100 / Tiny-ImageNet, "
+                         "vit-compact (GPU hours); paper: ImageNet-1k, ViT-S/16, 200 epochs (many GPUs)")
+    sp.add_argument("--conditions", default=None,
+                    help="comma-separated <normaliser>[+reg<R>], e.g. softmax,entmax15,softmax+reg4 (default by "
+                         "preset; '' trains nothing and measures only --model)")
+    sp.add_argument("--seeds", default=None,
+                    help="comma-separated seeds, e.g. 0,1,2 (default 0; --seed N is --seeds N)")
+    sp.add_argument("--model", dest="models", action="append", default=[], metavar="LABEL=SPEC[@WEIGHTS]",
+                    help="measure an existing run folder, checkpoint or timm model with local weights instead of "
+                         "training (repeatable)")
+    sp.add_argument("--dataset", default=None, help="pretraining and probe data (default by preset)")
+    sp.add_argument("--data-dir", default=None, help="dataset folder or archive")
+    sp.add_argument("--seg", action="append", default=[], metavar="NAME=PATH",
+                    help="a segmentation set for the dense probes (repeatable)")
+    sp.add_argument("--depth", action="append", default=[], metavar="NAME=PATH",
+                    help="a depth set for the dense probes (repeatable)")
+    sp.add_argument("--epochs", type=int, default=None)
+    sp.add_argument("--train-images", type=int, default=None, help="pretrain on a class-stratified sample of N images")
+    sp.add_argument("--eval-images", type=int, default=None, help="DINO's kNN monitor on N evaluation images")
+    sp.add_argument("--probe-images", type=int, default=None, help="fit the probes on N training images")
+    sp.add_argument("--launcher", default="local", choices=["local", "slurm"],
+                    help="slurm: one submitit job per (condition, seed); needs the 'slurm' extra")
+    sp.add_argument("--gpus-per-run", type=int, default=1, help="train each run under torchrun on G GPUs")
+    add_shared(sp, device="auto", batch_size=None, seed=None, out="vitscope-sparse")
+    sp.set_defaults(handler=run_sparse)
+
+
+def named_paths(items: list[str], flag: str) -> dict[str, str]:
+    """``NAME=PATH`` values -> {name: path}; a bad form names the expected one."""
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"{flag} {item!r} needs the form NAME=PATH, e.g. {flag} voc=/data/VOCdevkit")
+        out[name] = path
+    return out
+
+
+def run_sparse_study(**options) -> Path:
+    from vitscope.report.sparse import build_report
+    from vitscope.studies.sparse import SparseStudy, run
+
+    study = SparseStudy(**options)
+    run(study)
+    return build_report(study.out)
+
+
+def run_sparse(args: argparse.Namespace) -> int:
+    from vitscope.cli.study import parse_seeds
+    from vitscope.studies.models import parse_model_entries
+
+    conditions = None if args.conditions is None else [c for c in args.conditions.split(",") if c.strip()]
+    report = run_sparse_study(
+        preset=args.preset, dataset=args.dataset, data_dir=args.data_dir, conditions=conditions,
+        seeds=parse_seeds(args.seeds, args.seed), models=parse_model_entries(args.models),
+        epochs=args.epochs, batch_size=args.batch_size, train_images=args.train_images,
+        eval_images=args.eval_images, probe_train_images=args.probe_images,
+        seg=named_paths(args.seg, "--seg"), depth=named_paths(args.depth, "--depth"),
+        device=args.device, out=args.out, launcher=args.launcher, gpus_per_run=args.gpus_per_run)
+    print(f"report: {report}")
+    return 0
+
+
+def sparse_demo(out: Path, device: str, seed: int, batch_size: int | None) -> Path:
+    """The sparse study's demo: softmax against entmax-1.5 on synthetic scenes (the demo preset)."""
+    return run_sparse_study(preset="demo", seeds=[seed], batch_size=batch_size, device=device, out=str(out))

@@ -1,0 +1,190 @@
+"""Every measurement of one backbone in the sparse-attention study, composed from probes, recording and metrics.
+
+For one model (a trained run's teacher backbone, or a given ``--model``), on a probe-training split and an
+evaluation split:
+
+* image: linear-probe top-1 (logistic regression on the last layer's CLS) and weighted kNN top-1 (k = 20,
+  temperature 0.07), with the per-image correctness kept for paired bootstrap intervals;
+* attention, per layer and head (patch queries and keys): fraction of exact zeros, mean support size, mean
+  attention distance (normalized) and normalised entropy;
+* semantic diffusion per token layer (``vitscope.probes.diffusion``), with per-image cosines at the last layer
+  and per-token correctness of the background probe;
+* dense: segmentation mIoU and depth RMSE (``vitscope.probes.dense``) with and without CLS on every given set,
+  layer by layer on the first segmentation set; Point-in-Box per attention layer (CLS attention, averaged over
+  heads) when the evaluation images have boxes;
+* examples for the report: a few images, their attention maps at the first and last layer, and the last
+  layer's patch tokens (for PCA maps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from vitscope.analyze.inputs import model_batches
+from vitscope.data import ImageDataset
+from vitscope.metrics import SupportAccumulator
+from vitscope.metrics.knn import knn_predict
+from vitscope.models import token_layout
+from vitscope.probes.dense import dense_probe
+from vitscope.probes.diffusion import dataset_background, diffusion_scores, semantic_diffusion
+from vitscope.probes.features import depth_of, extract_features
+from vitscope.probes.linear import fit_classifier
+from vitscope.probes.pib import pib_probe
+from vitscope.record import record_attention
+
+
+@dataclass
+class MeasureSettings:
+    """How each backbone is measured. ``layers``: token layers for semantic diffusion (``all``, ``last``,
+    ``0,4,last``); ``fit_options``: the logistic probes' sweep (``fit_classifier`` keywords)."""
+
+    layers: str = "all"
+    knn_k: int = 20
+    knn_temperature: float = 0.07
+    diffusion_tokens: int = 4096
+    random_baseline: bool = True
+    example_images: int = 4
+    batch_size: int = 64
+    fit_options: dict[str, Any] = field(default_factory=dict)
+    dense_layers: str = "all"  # layer-wise mIoU on the first segmentation set; the others at the last layer
+    dense_epochs: int = 20
+    dense_images: dict[str, int | None] = field(default_factory=lambda: {"train": None, "eval": None})
+    pib: bool = True
+
+
+@dataclass
+class DenseSets:
+    """Dense evaluation sets by name: ``seg`` and ``depth`` map a name to (train, eval) ``DenseDataset``s."""
+
+    seg: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    depth: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+
+@torch.no_grad()
+def attention_statistics(model: nn.Module, dataset: ImageDataset, batch_size: int, device: torch.device,
+                         progress: bool) -> dict[str, Any]:
+    """Per layer and head (lists of lists, layers numbered from 1 by position): ``zeros``, ``support``, ``mad``
+    (normalized), ``entropy``, ``skipped`` (entries without patch mass); streamed, nothing kept."""
+    support = SupportAccumulator()
+    model = model.to(device).eval()
+    bar = tqdm(total=len(dataset), unit="img", desc="attention", disable=not progress, dynamic_ncols=True)
+    with record_attention(model, keep="stats", accumulators=[support]) as rec:
+        for images, _ in model_batches(model, dataset, batch_size, device):
+            model(images)
+            bar.update(len(images))
+    bar.close()
+    stats = rec.stats
+    return {"zeros": [support.zeros(i).tolist() for i in stats.layers],
+            "support": [support.support(i).tolist() for i in stats.layers],
+            "mad": stats.mad.tolist(), "entropy": stats.entropy.tolist(), "skipped": stats.skipped.tolist(),
+            "patch_keys": token_layout(model).num_patches}
+
+
+def image_probes(model: nn.Module, train: ImageDataset, eval_set: ImageDataset, settings: MeasureSettings,
+                 device: torch.device, cache: Path | bool, progress: bool) -> dict[str, Any]:
+    """Linear and kNN top-1 on the last layer's CLS, and each eval image's correctness (lists of 0/1)."""
+    last = depth_of(model)
+    options = {"batch_size": settings.batch_size, "device": device, "cache": cache, "progress": progress}
+    x_train = extract_features(model, train, [last], **options)[last].pooled("cls")
+    x_eval = extract_features(model, eval_set, [last], **options)[last].pooled("cls")
+    classes = train.num_classes
+    clf = fit_classifier(x_train, train.labels, classes, device=device, **settings.fit_options)
+    linear_ok = (clf.predict(x_eval).cpu() == eval_set.labels).int()
+    knn = knn_predict(x_train.to(device), train.labels.to(device), x_eval.to(device), classes, k=settings.knn_k,
+                      temperature=settings.knn_temperature).cpu()
+    knn_ok = (knn == eval_set.labels).int()
+    return {"linear_top1": float(linear_ok.float().mean()), "knn_top1": float(knn_ok.float().mean()),
+            "linear_correct": linear_ok.tolist(), "knn_correct": knn_ok.tolist(),
+            "linear_fit": {k: v for k, v in clf.settings.items() if k != "sweep"}}
+
+
+def diffusion(model: nn.Module, label: str, dataset: ImageDataset, settings: MeasureSettings,
+              device: torch.device, cache: Path | bool, seed: int, progress: bool) -> dict[str, Any]:
+    """Semantic-diffusion rows per token layer, and the last layer's scores with per-image cosines and
+    per-token hits (for paired bootstrap intervals)."""
+    result = semantic_diffusion(model, dataset, settings.layers, max_tokens=settings.diffusion_tokens,
+                                baseline=settings.random_baseline, label=label, batch_size=settings.batch_size,
+                                device=device, cache=cache, seed=seed, progress=progress,
+                                fit_options=settings.fit_options)
+    last = depth_of(model)
+    features = extract_features(model, dataset, [last], batch_size=settings.batch_size, device=device, cache=cache,
+                                progress=progress)[last]
+    scores = diffusion_scores(features, dataset.labels, dataset_background(dataset, features.grid),
+                              max_tokens=settings.diffusion_tokens, seed=seed, device=device,
+                              fit_options=settings.fit_options)
+    return {"rows": result.rows, "settings": result.settings, "last_layer": scores}
+
+
+@torch.no_grad()
+def save_examples(model: nn.Module, dataset: ImageDataset, count: int, path: Path, device: torch.device) -> Path:
+    """Images (uint8), attention maps of the first and last layer (B, heads, T, T) and last-layer patch tokens
+    (B, patches, D) of the first ``count`` images, as one safetensors file written atomically."""
+    sample = ImageDataset(dataset.name, dataset.split, dataset.images[:count], dataset.labels[:count],
+                          dataset.classes, dataset.mean, dataset.std, dataset.root)
+    images, _ = next(model_batches(model, sample, count, device))
+    last = depth_of(model) - 1
+    with record_attention(model.to(device).eval(), layers=[0, last]) as rec:
+        model(images)
+    patches = model.forward_features(images)["patches"] if hasattr(model, "forward_features") else None
+    tensors: dict[str, Tensor] = {"images": sample.images.contiguous(),
+                                  "attention_first": rec.maps[0].float().cpu().contiguous(),
+                                  "attention_last": rec.maps[-1].float().cpu().contiguous()}
+    if isinstance(patches, Tensor):
+        tensors["patches_last"] = patches.float().cpu().contiguous()
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(path)
+    return path
+
+
+DENSE_METRICS = {"segmentation": ("miou", "pixel_accuracy"), "depth": ("rmse", "rmse_pooled", "abs_rel", "delta1")}
+
+
+def dense(model: nn.Module, label: str, sets: DenseSets, settings: MeasureSettings, device: torch.device,
+          cache: Path | bool, seed: int, progress: bool) -> list[dict[str, Any]]:
+    """Segmentation and depth probe rows (group ``seg:NAME`` / ``depth:NAME``), with and without CLS: every
+    layer of ``settings.dense_layers`` on the first segmentation set, the last layer elsewhere."""
+    rows = []
+    jobs = [("seg", name, pair) for name, pair in sets.seg.items()] + [("depth", name, pair)
+                                                                        for name, pair in sets.depth.items()]
+    for k, (kind, name, (train, eval_set)) in enumerate(jobs):
+        layers = settings.dense_layers if k == 0 and kind == "seg" else "last"
+        result = dense_probe(model, train, eval_set, layers, epochs=settings.dense_epochs, baseline=False,
+                             label=label, batch_size=settings.batch_size, device=device, cache=cache, seed=seed,
+                             progress=progress)
+        keep = DENSE_METRICS[train.task]
+        rows += [r | {"group": f"{kind}:{name}"} for r in result.rows if r["metric"] in keep and "group" not in r]
+    return rows
+
+
+def measure_backbone(model: nn.Module, label: str, train: ImageDataset, eval_set: ImageDataset,
+                     settings: MeasureSettings, device: torch.device, folder: Path, seed: int = 0,
+                     progress: bool = True, dense_sets: DenseSets | None = None) -> dict[str, Any]:
+    """Every measurement of one backbone (see the module docstring); examples go to
+    ``folder/examples.safetensors``. Features are cached in ``folder/features`` so a rerun reads them back."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cache = folder / "features"
+    model = model.to(device).eval()
+    record: dict[str, Any] = {"label": label, "parameters": sum(p.numel() for p in model.parameters()),
+                              "num_prefix_tokens": int(model.num_prefix_tokens),
+                              "num_registers": int(getattr(model, "num_registers", 0) or 0),
+                              "grid_size": list(getattr(model, "grid_size", ())), "depth": depth_of(model),
+                              "probe_train_images": len(train), "eval_images": len(eval_set)}
+    record["image"] = image_probes(model, train, eval_set, settings, device, cache, progress)
+    record["attention"] = attention_statistics(model, eval_set, settings.batch_size, device, progress)
+    record["diffusion"] = diffusion(model, label, eval_set, settings, device, cache, seed, progress)
+    record["dense"] = dense(model, label, dense_sets or DenseSets(), settings, device, cache, seed, progress)
+    record["pib"] = []
+    if settings.pib and "boxes" in eval_set.extras:
+        record["pib"] = pib_probe(model, eval_set, "all", baseline=False, label=label,
+                                  batch_size=settings.batch_size, device=device, cache=cache, seed=seed,
+                                  progress=progress).rows
+    save_examples(model, eval_set, settings.example_images, folder / "examples.safetensors", device)
+    return record

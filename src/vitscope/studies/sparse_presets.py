@@ -1,0 +1,74 @@
+"""Presets of the sparse-attention study, the paper's own numbers, and the command lines for large runs.
+
+* ``demo``: synthetic scenes, vit-micro with the small DINO head (the shipped ``dino-demo`` recipe, shortened),
+  softmax vs entmax-1.5, one seed; minutes on a CPU. A model this small on scenes this simple shows the
+  plumbing and the attention's sparsity, not the paper's effect sizes.
+* ``compact``: CIFAR-100 (or Tiny-ImageNet) pretraining with vit-compact (``dino-compact``); GPU hours.
+* ``paper``: an ImageNet-1k folder, ViT-S/16, 200 epochs (``dino-vit-s16``); many GPUs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Shipped training configs (vitscope.train) by preset; the study overrides only what it must.
+TRAIN_CONFIGS = {"demo": "dino-demo", "compact": "dino-compact", "paper": "dino-vit-s16"}
+DEFAULT_CONDITIONS = {"demo": ["softmax", "entmax15"], "compact": ["softmax", "entmax15", "softmax+reg4"],
+                      "paper": ["softmax", "entmax15", "softmax+reg4"]}
+# What the demo changes in dino-demo so that two runs, probes and report fit in about 4 minutes on 2 CPU cores.
+DEMO_OVERRIDES: dict[str, Any] = {"epochs": 2, "dataset_options": {"num_images": 1024}, "eval_images": 512,
+                                  "objective_options": {"knn_every": 2, "knn_bank": 1024}}
+# Measurement settings per preset (vitscope.studies.sparse_measure.MeasureSettings keywords); the demo sweeps
+# fewer probe settings and draws fewer background tokens to stay within its minutes.
+MEASURE: dict[str, dict[str, Any]] = {
+    "demo": {"diffusion_tokens": 2048, "dense_epochs": 10,
+             "fit_options": {"lrs": [0.01, 0.1], "weight_decays": [0.0, 1e-4], "epochs": 50}},
+    "compact": {"dense_images": {"train": 2000, "eval": 500}},
+    "paper": {},
+}
+# Images the probes use (fit on a subset of the training split, measure on the evaluation split); None: all.
+PROBE_IMAGES = {"demo": {"train": 768, "eval": 384}, "compact": {"train": 10_000, "eval": 10_000},
+                "paper": {"train": 50_000, "eval": 10_000}}  # paper: 50 per class, decoded in memory (our choice)
+
+# arXiv 2605.23868, Table 1-style numbers as the paper reports them (ImageNet-1k, ViT-S/16, DINO, 200 epochs).
+PAPER_SETTING = "paper: ImageNet-1k, ViT-S/16, DINO 200 epochs (arXiv 2605.23868)"
+PAPER_NUMBERS = {
+    "softmax": {"linear_top1": 69.50, "seg:voc": 42.80, "seg:ade20k": 19.85, "seg:cityscapes": 36.79},
+    "entmax15": {"linear_top1": 70.06, "seg:voc": 48.78, "seg:ade20k": 21.97, "seg:cityscapes": 37.87},
+}
+
+# Effect-size thresholds below which a difference is "no effect of the claimed size" (stated in the report);
+# seg: mIoU points (the dense probes report percent); depth: RMSE in the set's units (metres).
+THRESHOLDS = {"linear_top1": 0.01, "knn_top1": 0.01, "diffusion_top1": 0.02, "diffusion_cosine": 0.02,
+              "attention_zeros": 0.05, "seg": 1.0, "depth": 0.05}
+
+# Our estimate, not a measurement: DINO reports about 1.75 days on 16 V100 for ViT-S/16 at 100 epochs of
+# multi-crop training (~670 V100 GPU-hours); 200 epochs doubles it; an A100 is about 2-3x a V100.
+PAPER_GPU_HOURS = {"per_run_v100": 1350, "per_run_a100": 550, "runs_default": 3}
+COMPACT_GPU_HOURS = {"per_run_a100": 6, "runs_default": 3}
+
+COMMAND_LINES = {
+    "demo": "vitscope study sparse --preset demo --out sparse-demo",
+    "compact": "vitscope study sparse --preset compact --dataset cifar100 --data-dir DATA/cifar100_jpg.tar.gz "
+               "--seeds 0,1,2 --seg voc=DATA/VOCdevkit --depth nyu=DATA/nyu --out sparse-compact",
+    # the study starts each run under torchrun on 8 GPUs of this node, one run after another
+    "torchrun": "vitscope study sparse --preset paper --dataset imagefolder --data-dir /data/imagenet --gpus-per-run 8 "
+                "--seg voc=/data/VOCdevkit --seg ade20k=/data/ADEChallengeData2016 --seg cityscapes=/data/cityscapes "
+                "--depth nyu=/data/nyu --out sparse-paper",
+    # or train one run by hand (the study then finds it finished in its run folder and only measures it)
+    "torchrun-one-run": "torchrun --nproc_per_node 8 -m vitscope.cli train --config dino-vit-s16 "
+                        "--set data_dir=/data/imagenet --set model_options.attention=entmax15 "
+                        "--set out=sparse-paper/runs/entmax15/seed-0",
+    # one SLURM job per (condition, seed) through submitit, 8 GPUs each
+    "slurm": "vitscope study sparse --preset paper --dataset imagefolder --data-dir /data/imagenet --launcher slurm "
+             "--gpus-per-run 8 --seg voc=/data/VOCdevkit --seg ade20k=/data/ADEChallengeData2016 "
+             "--seg cityscapes=/data/cityscapes --depth nyu=/data/nyu --out sparse-paper",
+}
+
+
+def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` applied, nested mappings merged key by key."""
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out

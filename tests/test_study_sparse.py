@@ -1,0 +1,208 @@
+"""The sparse-attention study end to end at test size: files, report, a real kill and resume, --model."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vitscope.cli import main
+from vitscope.studies.runner import RunSpec
+from vitscope.studies.sparse import RECORD, SparseStudy, parse_condition, run, torchrun_command
+from vitscope.studies.sparse_results import bootstrap_difference, verdict
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SRC = Path(__file__).resolve().parents[1] / "src"
+TINY = {
+    "preset": "demo", "epochs": 1, "probe_train_images": 64, "probe_eval_images": 32, "device": "cpu",
+    "progress": False,
+    "training": {"dataset_options": {"num_images": 128}, "eval_images": 32, "batch_size": 64,
+                 "objective_options": {"knn_bank": 128, "n_local": 2}},
+    "models": [{"label": "given-micro", "spec": "vit-micro"}],
+    "measure": {"layers": "0,last", "diffusion_tokens": 128, "random_baseline": False, "example_images": 2,
+                "fit_options": {"lrs": [0.1], "weight_decays": [0.0], "epochs": 20}, "dense_layers": "0,last",
+                "dense_epochs": 3, "dense_images": {"train": 32, "eval": 16}},
+}
+
+
+def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 300) -> None:
+    start = time.monotonic()
+    while not path.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"the study exited ({process.returncode}) before {path} appeared")
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def killed_then_finished(tmp_path_factory):
+    """A study SIGKILLed while training its second run, then run again to the end. Returns (out, mtimes of the
+    first run's files before the kill)."""
+    root = tmp_path_factory.mktemp("sparse")
+    out = root / "study"
+    settings = root / "settings.json"
+    settings.write_text(json.dumps(TINY | {"out": str(out)}))
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    code = ("import json, sys; from vitscope.studies.sparse import SparseStudy, run; "
+            "run(SparseStudy(**json.load(open(sys.argv[1]))))")
+    process = subprocess.Popen([sys.executable, "-c", code, str(settings)], env=env)
+    try:
+        first = RunSpec("softmax", 0).folder(out)
+        second = RunSpec("entmax15", 0).folder(out)
+        _wait_for(first / RECORD, process)
+        _wait_for(second / "config.json", process)  # the second run has started training
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert not (out / "results.json").exists()
+    before = {p.name: p.stat().st_mtime_ns for p in (first / RECORD, first / "model.safetensors")}
+    run(SparseStudy(**TINY | {"out": str(out)}))
+    return out, before
+
+
+def test_resumes_after_a_kill_without_redoing_finished_runs(killed_then_finished):
+    out, before = killed_then_finished
+    first = RunSpec("softmax", 0).folder(out)
+    assert {p.name: p.stat().st_mtime_ns for p in (first / RECORD, first / "model.safetensors")} == before
+    for condition in ("softmax", "entmax15", "given-micro"):
+        assert (RunSpec(condition, 0).folder(out) / RECORD).is_file()
+    summary = json.loads((RunSpec("entmax15", 0).folder(out) / "summary.json").read_text())
+    assert summary["objective"] == "dino" and summary["epochs"] == 1
+
+
+def test_results_files(killed_then_finished):
+    out, _ = killed_then_finished
+    payload = json.loads((out / "results.json").read_text())
+    assert {"schema_version", "kind", "settings", "rows", "provenance"} <= set(payload)
+    assert payload["kind"] == "sparse-study"
+    runs = {r["condition"]: r for r in payload["runs"]}
+    assert set(runs) == {"softmax", "entmax15", "given-micro"}
+    assert runs["entmax15"]["normaliser"] == "entmax15" and runs["softmax"]["normaliser"] == "softmax"
+    assert runs["entmax15"]["source"]["trained"]["model_options"] == {"attention": "entmax15", "num_registers": 0}
+    assert runs["given-micro"]["source"]["given"]["spec"] == "vit-micro"
+    rows = payload["rows"]
+    for condition in runs:
+        metrics = {r["metric"] for r in rows if r["model"] == condition}
+        assert {"linear_top1", "knn_top1", "diffusion_top1", "diffusion_cosine", "attention_zeros",
+                "attention_support", "attention_mad", "attention_entropy"} <= metrics
+        assert {r["layer"] for r in rows if r["model"] == condition and r["metric"] == "diffusion_cosine"} == {0, 4}
+        assert len([r for r in rows if r["model"] == condition and r["metric"] == "attention_zeros"]) == 4 * 4
+    for metric, group in (("miou", "seg:synthetic"), ("rmse", "depth:synthetic"), ("pib", "attention")):
+        found = [r for r in rows if r["model"] == "entmax15" and r["metric"] == metric and r.get("group") == group]
+        assert found, (metric, group)
+    miou = {(r["layer"], r["with_cls"]) for r in rows if r["model"] == "entmax15" and r["metric"] == "miou"}
+    assert miou == {(0, False), (0, True), (4, False), (4, True)}  # layer-wise, with and without CLS
+    assert {r["layer"] for r in rows if r["model"] == "softmax" and r["metric"] == "pib"} == {1, 2, 3, 4}
+    softmax_zeros = [r["value"] for r in rows if r["model"] == "softmax" and r["metric"] == "attention_zeros"]
+    assert softmax_zeros == [0.0] * 16  # a softmax never gives an exact zero
+    support = [r["value"] for r in rows if r["model"] == "softmax" and r["metric"] == "attention_support"]
+    assert support == [64.0] * 16  # every one of the 8 x 8 patch keys
+    table = list(csv.DictReader((out / "results.csv").open()))
+    assert len(table) == len(rows)
+    summary = list(csv.DictReader((out / "summary.csv").open()))
+    assert {"model", "metric", "mean", "std", "seeds"} <= set(summary[0])
+    claims = {(c["condition"], c["measure"]): c for c in payload["claims"]}
+    assert claims[("entmax15", "diffusion_cosine")]["predicted"] == "lower"
+    assert claims[("given-micro", "linear_top1")]["verdict"] == "no claim"  # a softmax model: nothing predicted
+    assert all(c["verdict"] in ("reproduced", "not reproduced", "inconclusive at this scale", "no claim")
+               for c in payload["claims"])
+    assert (RunSpec("entmax15", 0).folder(out) / "examples.safetensors").is_file()
+
+
+def test_cli_model_label_spec_and_report(killed_then_finished, tmp_path, capsys):
+    out, _ = killed_then_finished
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("features"))
+    # every record is present, so the CLI reuses them and writes the results and the report again
+    code = main(["study", "sparse", "--conditions", "softmax,entmax15", "--model", "given-micro=vit-micro",
+                 "--device", "cpu", "--out", str(copy)])
+    assert code == 0
+    assert "report:" in capsys.readouterr().out
+    settings = json.loads((copy / "results.json").read_text())["settings"]
+    assert [m["label"] for m in settings["models"]] == ["given-micro"]
+    assert main(["study", "sparse", "--model", "no-equals-sign", "--out", str(tmp_path / "x")]) == 2
+    assert "LABEL=SPEC" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_report_renders_in_headless_chromium(killed_then_finished, tmp_path):
+    from vitscope.report.sparse import build_report
+
+    out, _ = killed_then_finished
+    report = build_report(out)
+    text = report.read_text()
+    assert "src=\"http" not in text and "<script" not in text  # self-contained
+    for heading in ("Paper-style table", "Semantic diffusion per layer", "Layer-wise segmentation mIoU",
+                    "Attention sparsity per layer",
+                    "PCA maps", "CLS attention per head", "Settings", "Provenance"):
+        assert heading in text
+    assert "69.50" in text and "70.06" in text and "ImageNet-1k, ViT-S/16" in text  # the paper's numbers, labelled
+    shot = tmp_path / "shot.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                    f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,3000",
+                    report.as_uri()], capture_output=True, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 20_000  # figures were decoded and painted
+
+
+def test_conditions_and_folders():
+    assert parse_condition("entmax15") == ("entmax15", 0)
+    assert parse_condition("entmax:1.3+reg4") == ("entmax:1.3", 4)
+    assert parse_condition("softmax+reg16") == ("softmax", 16)
+    assert RunSpec("entmax:1.3+reg4", 0).folder("o") == Path("o/runs/entmax_1.3+reg4/seed-0")
+    with pytest.raises(ValueError, match="unknown attention normaliser"):
+        parse_condition("relu+reg4")
+    with pytest.raises(ValueError, match="preset"):
+        SparseStudy(preset="huge")
+    with pytest.raises(ValueError, match="unknown layout"):
+        SparseStudy(seg={"pascal": "/data/voc"})
+    assert SparseStudy().seg == {"synthetic": None}  # the demo probes synthetic masks and depth
+    with pytest.raises(ValueError, match="unique"):
+        SparseStudy(models=[{"label": "softmax", "spec": "vit-micro"}])
+    study = SparseStudy(conditions=["sparsemax+reg4"])
+    cfg = study.train_config("sparsemax+reg4", 3, "cpu")
+    assert cfg.objective == "dino" and cfg.seed == 3
+    assert cfg.model_options == {"attention": "sparsemax", "num_registers": 4}
+    assert cfg.out.endswith("runs/sparsemax+reg4/seed-3")
+
+
+def test_gpus_per_run_trains_each_run_under_torchrun():
+    command = torchrun_command(Path("runs/x/study-config.json"), 8)
+    assert command[1:3] == ["-m", "torch.distributed.run"] and "--nproc_per_node=8" in command
+    assert command[-5:] == ["-m", "vitscope.cli", "train", "--config", "runs/x/study-config.json"]
+    launch = SparseStudy(gpus_per_run=8, launcher="slurm").launch()
+    assert launch.slurm["gpus_per_node"] == 8 and launch.device == "cuda"
+
+
+def test_verdicts_with_known_answers():
+    assert verdict(0.05, 0.02, 0.08, +1, 0.01) == "reproduced"
+    assert verdict(-0.05, -0.08, -0.02, -1, 0.01) == "reproduced"
+    assert verdict(-0.05, -0.08, -0.02, +1, 0.01) == "not reproduced"  # the wrong direction
+    assert verdict(0.004, 0.001, 0.008, +1, 0.01) == "not reproduced"  # real but smaller than the threshold
+    assert verdict(0.02, -0.01, 0.05, +1, 0.01) == "inconclusive at this scale"
+    assert verdict(0.02, -0.01, 0.05, None, 0.01) == "no claim"
+
+
+def test_bootstrap_intervals_with_known_answers():
+    def record(correct, seed=0):
+        return {"image": {"linear_correct": correct, "linear_top1": sum(correct) / len(correct)}, "seed": seed}
+
+    same = [1, 0, 1, 1, 0, 1, 0, 1]
+    assert bootstrap_difference([record(same)], [record(same)], "linear_top1") == (0.0, 0.0, "images (paired)")
+    better = [1] * 8
+    low, high, _ = bootstrap_difference([record(better)], [record([0] * 8)], "linear_top1")
+    assert low == high == 1.0
+    seeds_a = [record([1, 1, 1, 0], s) for s in range(3)]  # 0.75 every seed
+    seeds_b = [record([1, 0, 0, 0], s) for s in range(3)]  # 0.25 every seed
+    low, high, over = bootstrap_difference(seeds_a, seeds_b, "linear_top1")
+    assert over == "seeds" and low == pytest.approx(0.5) and high == pytest.approx(0.5)
