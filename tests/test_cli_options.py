@@ -110,7 +110,7 @@ def test_shared_options_before_or_after_the_command():
 
 
 def test_study_seed_is_one_seeds():
-    from vitscope.cli.study import parse_seeds
+    from vitscope.cli.common import parse_seeds
 
     assert parse_seeds(None, None) == [0] and parse_seeds(None, 4) == [4] and parse_seeds("1,2", None) == [1, 2]
     with pytest.raises(ValueError, match="use one"):

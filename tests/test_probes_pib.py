@@ -41,7 +41,9 @@ def test_attention_scores_match_an_independent_recomputation():
         tokens = model.embed(x)
         for i, block in enumerate(model.blocks[:3]):
             if i == 2:
-                probs = block.attn.attention_probs(block.norm1(tokens))
+                attn, h = block.attn, block.norm1(tokens)  # softmax(q k^T / sqrt(d)) from the weights alone
+                q, k, _ = attn.qkv(h).reshape(*h.shape[:2], 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
+                probs = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(dim=-1)
                 torch.testing.assert_close(got[3], probs[:, :, 0, 2:].mean(1), atol=1e-5, rtol=1e-5)
             tokens = block(tokens)
 

@@ -143,3 +143,15 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
 def print_files(files: dict[str, Path]) -> None:
     for kind, path in files.items():
         print(f"{kind:>10}: {path}")
+
+
+def parse_seeds(seeds: str | None, seed: int | None) -> list[int]:
+    """The study's seeds from ``--seeds 0,1,2`` or ``--seed N`` (not both); [0] when neither is given."""
+    if seeds is not None and seed is not None:
+        raise ValueError(f"--seeds {seeds} and --seed {seed} both given; use one (--seed N is --seeds N)")
+    if seeds is None:
+        return [0 if seed is None else seed]
+    try:
+        return [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds {seeds!r} must be comma-separated integers, e.g. 0,1,2") from None

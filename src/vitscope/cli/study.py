@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from vitscope.cli import study_sparse
-from vitscope.cli.common import add_shared
+from vitscope.cli.common import add_shared, parse_seeds
 from vitscope.cli.study_registers import add_registers_parser
 
 
@@ -42,18 +42,6 @@ def run_locality_study(**options) -> Path:
     study = LocalityStudy(**options)
     run(study)
     return build_report(study.out)
-
-
-def parse_seeds(seeds: str | None, seed: int | None) -> list[int]:
-    """The study's seeds from ``--seeds 0,1,2`` or ``--seed N`` (not both); [0] when neither is given."""
-    if seeds is not None and seed is not None:
-        raise ValueError(f"--seeds {seeds} and --seed {seed} both given; use one (--seed N is --seeds N)")
-    if seeds is None:
-        return [0 if seed is None else seed]
-    try:
-        return [int(s) for s in seeds.split(",") if s.strip()]
-    except ValueError:
-        raise ValueError(f"--seeds {seeds!r} must be comma-separated integers, e.g. 0,1,2") from None
 
 
 def run_locality(args: argparse.Namespace) -> int:

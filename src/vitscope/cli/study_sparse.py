@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitscope.cli.common import add_shared
+from vitscope.cli.common import add_shared, parse_seeds
 
 
 def register(studies) -> None:
@@ -63,7 +63,6 @@ def run_sparse_study(**options) -> Path:
 
 
 def run_sparse(args: argparse.Namespace) -> int:
-    from vitscope.cli.study import parse_seeds
     from vitscope.studies.models import parse_model_entries
 
     conditions = None if args.conditions is None else [c for c in args.conditions.split(",") if c.strip()]
