@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-widt
 
 
 def fmt(value: Any) -> str:
-    """A cell: 4 significant figures for floats (n/a for NaN and None), lists joined, text escaped."""
+    """A cell: 4 significant figures for floats (1e-05, not 0.0000; n/a for NaN and None), lists joined, mappings
+    as JSON, text escaped."""
     if value is None:
         return "n/a"
     if isinstance(value, bool):
@@ -23,7 +25,9 @@ def fmt(value: Any) -> str:
     if isinstance(value, float):
         return "n/a" if value != value else f"{value:.4g}"
     if isinstance(value, list | tuple):
-        return html.escape(", ".join(map(str, value)))
+        return ", ".join(fmt(v) for v in value)
+    if isinstance(value, dict):
+        return html.escape(json.dumps(value))
     return html.escape(str(value))
 
 

@@ -7,7 +7,6 @@ draws the uniform-attention reference on every MAD and entropy axis, and lists e
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 from pathlib import Path
@@ -20,6 +19,7 @@ from vitscope.analyze.locality import DEFINITIONS
 from vitscope.files import atomic_write_bytes
 from vitscope.metrics import early_layers
 from vitscope.report import figures
+from vitscope.report.html import image, table
 from vitscope.studies.locality_results import PAPER
 from vitscope.studies.locality_verdicts import distinct, judge
 from vitscope.train.protocols import parse_protocol
@@ -30,33 +30,6 @@ th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-widt
 .note{background:#fff8e1;border-left:4px solid #f0b400;padding:.6em 1em}code{background:#f3f3f3;padding:0 3px}
 .reproduced{color:#1b7a1b}.not-reproduced{color:#b00020}.inconclusive{color:#8a6d00}li{margin:.5em 0}"""
 EXAMPLE_IMAGES = 2  # example images per condition in the report
-
-
-def _fmt(value: Any) -> str:
-    """A table cell: 4 significant digits (1e-05, not 0.0000), '-' for a missing value, lists joined."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return "n/a" if value != value else f"{value:.4g}"
-    if isinstance(value, list | tuple):
-        return ", ".join(_fmt(v) for v in value)
-    if isinstance(value, dict):
-        return html.escape(json.dumps(value))
-    return html.escape(str(value))
-
-
-def _table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    if not rows:
-        return "<p>(none)</p>"
-    columns = columns or list(rows[0])
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in columns) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
 def _stack(runs: list[dict[str, Any]], metric: str) -> np.ndarray:
@@ -197,8 +170,8 @@ def _settings(results: dict[str, Any]) -> str:
     per_run = [{"run": f"{r['condition']} seed {r['seed']}", **{k: r["train_config"].get(k) for k in varying}}
                for r in results["runs"]]
     return (f"<h3>Shared by all {len(configs)} runs</h3>"
-            + _table([{"setting": k, "value": configs[0].get(k)} for k in shared])
-            + "<h3>Per run</h3>" + _table(per_run, ["run", *varying]))
+            + table([{"setting": k, "value": configs[0].get(k)} for k in shared])
+            + "<h3>Per run</h3>" + table(per_run, ["run", *varying]))
 
 
 def _subset(run: dict[str, Any]) -> str:
@@ -239,7 +212,7 @@ def build_report(out: str | Path) -> Path:
                 "min early MAD": float(np.nanmin(np.asarray(r["mad"], dtype=float)[early])),
                 "skipped (image, head)": int(np.sum(r["skipped"])), "evaluation images": _subset(r)}
                for r in results["runs"]]
-    examples = "".join(_img(p, k) for k, p in paths.items() if k.startswith("examples:"))
+    examples = "".join(image(p, k) for k, p in paths.items() if k.startswith("examples:"))
     sections = [
         "<h1>Locality study: does the training protocol make early layers attend locally?</h1>",
         f'<p class="note">{_scale_note(results)}</p>',
@@ -247,22 +220,22 @@ def build_report(out: str | Path) -> Path:
         f"<p>Paper (arXiv 2605.16390): {html.escape(PAPER['cutmix_min_early_mad'])}; "
         f"{html.escape(PAPER['accuracy'])}.</p>",
         "<h2>Claims checked</h2><p>Each comparison once; differences are (with) - (without); 95% bootstrap "
-        "intervals resample seeds and, for MAD, the heads of the early layers.</p>", _table(claims),
+        "intervals resample seeds and, for MAD, the heads of the early layers.</p>", table(claims),
         "<h2>Summary per condition</h2>",
-        _table(summary, ["condition", "seeds", "accuracy_mean", "accuracy_std", "min_early_mad_mean",
+        table(summary, ["condition", "seeds", "accuracy_mean", "accuracy_std", "min_early_mad_mean",
                          "min_early_mad_std", "early_entropy_mean"]),
-        "<h2>Runs</h2>", _table(per_run),
+        "<h2>Runs</h2>", table(per_run),
         "<h2>MAD-entropy behaviour space</h2><p>Dashed lines: uniform attention (MAD "
-        f"{_uniform(results):.4f} normalised, entropy 1).</p>", _img(paths["behaviour"], "behaviour space"),
-        "<h2>Per layer</h2>", _img(paths["mad"], "MAD per layer"), _img(paths["entropy"], "entropy per layer"),
+        f"{_uniform(results):.4f} normalised, entropy 1).</p>", image(paths["behaviour"], "behaviour space"),
+        "<h2>Per layer</h2>", image(paths["mad"], "MAD per layer"), image(paths["entropy"], "entropy per layer"),
     ]
     if "accuracy" in paths:
-        sections += ["<h2>Accuracy against early-layer locality</h2>", _img(paths["accuracy"], "accuracy vs MAD")]
+        sections += ["<h2>Accuracy against early-layer locality</h2>", image(paths["accuracy"], "accuracy vs MAD")]
     sections += ["<h2>Attention in layers 1-2 (CLS and the centre patch, per head)</h2><p>One colour scale for "
                  "every map of every condition.</p>", examples or "<p>(none)</p>",
-                 "<h2>Definitions</h2>", _table([{"quantity": k, "definition": v} for k, v in DEFINITIONS.items()]),
+                 "<h2>Definitions</h2>", table([{"quantity": k, "definition": v} for k, v in DEFINITIONS.items()]),
                  "<h2>Settings</h2>", _settings(results),
-                 "<h2>Provenance</h2>", _table(_provenance(results))]
+                 "<h2>Provenance</h2>", table(_provenance(results))]
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>vitscope locality study</title>"
             f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>")
     return atomic_write_bytes(out / "report.html", page.encode())

@@ -22,6 +22,9 @@ def layer_curves(curves: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray,
             dashed = "(random init)" in name or name.startswith("chance")
             line = ax.plot(layers, mean, marker="o", ms=3, label=name, ls="--" if dashed else "-")[0]
             ax.fill_between(layers, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+        if ax.lines:  # zero always on the axis, so small differences are not zoomed into effects
+            low, high = ax.get_ylim()
+            ax.set_ylim(min(low, 0.0), max(high, 0.0))
         attention = "attention" in ylabel or "Point-in-Box" in ylabel  # measured inside block l
         ax.set_xlabel("attention layer (block)" if attention else "token layer (0 = embedding)")
         ax.set_ylabel(ylabel)
