@@ -86,3 +86,13 @@ def test_mlp_read_out_fits_what_a_linear_map_cannot():
     t = x[:, :1] ** 2  # variance 2, no linear component
     assert fit_regressor(x, t).mse(x, t) > 1.5
     assert fit_mlp_regressor(x, t, hidden=64, epochs=300).mse(x, t) < 0.1
+
+
+def test_chance_level_on_an_empty_split_is_a_clear_error():
+    import torch
+
+    from vitscope.probes.baselines import majority_top1
+
+    assert majority_top1(torch.tensor([1, 1, 0]), torch.tensor([1, 0])) == 0.5
+    with pytest.raises(ValueError, match="more images"):
+        majority_top1(torch.tensor([], dtype=torch.long), torch.tensor([1, 0]))

@@ -31,7 +31,11 @@ def random_twin(model: nn.Module, seed: int = 0) -> nn.Module:
 
 
 def majority_top1(train_labels: Tensor, eval_labels: Tensor) -> float:
-    """Top-1 in [0, 1] of always predicting the most frequent training class."""
+    """Top-1 in [0, 1] of always predicting the most frequent training class; a ValueError when either side is
+    empty (a token group too small to split into fitting and held-out tokens)."""
+    if len(train_labels) == 0 or len(eval_labels) == 0:
+        raise ValueError(f"a chance level needs examples on both sides (got {len(train_labels)} to fit and "
+                         f"{len(eval_labels)} held out); use more images, or a larger minimum group size")
     majority = torch.as_tensor(train_labels).long().bincount().argmax()
     return float((torch.as_tensor(eval_labels).long() == majority).float().mean())
 
