@@ -102,7 +102,8 @@ def _scale_note(results: dict[str, Any]) -> str:
     epochs = sorted({r["train_config"]["epochs"] for r in runs})
     early = [i + 1 for i in _early(results)]
     return (f"Measured on <b>{html.escape(results['provenance']['dataset'])}</b> with model "
-            f"<code>{html.escape(train['model'])}</code> {html.escape(json.dumps(train['model_options']))}, "
+            f"<code>{html.escape(train['model'])}</code>"
+            f"{' ' + html.escape(json.dumps(train['model_options'])) if train['model_options'] else ''}, "
             f"{' or '.join(_count(e, 'epoch') for e in epochs)}, batch {train['batch_size']}, {len(runs)} runs "
             f"({_count(len({r['condition'] for r in runs}), 'condition')} x "
             f"{_count(len({r['seed'] for r in runs}), 'seed')}), "
