@@ -23,6 +23,7 @@
 #include <cstring>
 
 #include "parallel.h"
+#include "row_tiles.h"
 #include "vector_math.h"
 
 namespace {
@@ -36,99 +37,6 @@ enum Kind {
 };
 #undef VITSCOPE_KIND
 constexpr Kind SPARSEMAX = KIND_sparsemax, ENTMAX15 = KIND_entmax15, ALPHA = KIND_alpha;
-
-// Input element types: float32, or bfloat16 (the high half of a float32)
-enum DType { F32 = 0, BF16 = 1 };
-
-inline float to_float(float v) { return v; }
-inline float to_float(uint16_t v) {
-    const uint32_t bits = uint32_t(v) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-// 16 consecutive elements as a float vector
-inline vf load16(const float *p) {
-    vf v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-inline vf load16(const uint16_t *p) {
-    typedef uint16_t vh __attribute__((vector_size(2 * L)));
-    typedef uint32_t vu __attribute__((vector_size(4 * L)));
-    vh h;
-    std::memcpy(&h, p, sizeof h);
-    return (vf)(__builtin_convertvector(h, vu) << 16);
-}
-
-// One stage of a 16 x 16 transpose: swap the off-diagonal h x h blocks of every 2h x 2h block.
-#define STAGE(h, ...) \
-    for (int i = 0; i < L; ++i) if (!(i & h)) { \
-        vf a = t[i], b = t[i + h]; \
-        t[i] = __builtin_shufflevector(a, b, __VA_ARGS__); \
-        t[i + h] = __builtin_shufflevector(a, b, STAGE_HI_##h); \
-    }
-#define STAGE_HI_8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
-#define STAGE_HI_4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
-#define STAGE_HI_2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
-#define STAGE_HI_1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
-
-inline void transpose16(vf *t) {
-    STAGE(8, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
-    STAGE(4, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
-    STAGE(2, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
-    STAGE(1, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
-}
-
-// The rows of one block into buf (n x 16) as z = scale * (x - max), shifted before scaling so that a large
-// common offset loses no digits. Per lane: the maximum of x, the sum and count of the finite z (masked keys, -inf,
-// left out, so a masked row starts from the same bound as the same row without its masked keys), and whether the
-// row can be solved at all (no NaN, no +inf, something above -inf).
-struct BlockStats {
-    vf max, sum, count;
-    vi live;
-};
-
-template <typename T>
-BlockStats load_block(const T *x, int rows, int64_t n, vf scale, vf *buf) {
-    const T *row[L];
-    for (int l = 0; l < L; ++l) row[l] = x + (l < rows ? l : 0) * n;  // idle lanes repeat row 0
-    const vf inf = splat(INFINITY);
-    vf max = -inf;
-    int64_t i0 = 0;
-    for (; i0 + L <= n; i0 += L) {
-        vf t[L];
-        for (int l = 0; l < L; ++l) {
-            t[l] = load16(row[l] + i0);
-            __builtin_prefetch(row[l] + i0 + L * n, 0, 1);  // the same tile of the next block
-        }
-        transpose16(t);
-        for (int c = 0; c < L; ++c) {
-            buf[i0 + c] = t[c];
-            max = t[c] > max ? t[c] : max;
-        }
-    }
-    for (int64_t i = i0; i < n; ++i) {
-        vf v;
-        for (int l = 0; l < L; ++l) v[l] = to_float(row[l][i]);
-        buf[i] = v;
-        max = v > max ? v : max;
-    }
-    vf sum{}, count{};
-    vi nan{};
-    for (int64_t i = 0; i < n; ++i) {  // still in cache
-        const vf z = scale * (buf[i] - max);
-        const vi finite = (z > -inf);
-        buf[i] = z;
-        sum += finite ? z : vf{};
-        count += finite ? splat(1.0f) : vf{};
-        nan |= z != z;
-    }
-    vi live = ~nan & (max > -inf) & (max < inf);
-    for (int l = rows; l < L; ++l) live[l] = 0;
-    return {max, sum, count, live};
-}
 
 template <Kind kind, typename T>
 void solve_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf) {
