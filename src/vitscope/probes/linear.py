@@ -48,6 +48,12 @@ def _as_float(x: Tensor, device: torch.device | str, dtype: torch.dtype = torch.
     return torch.as_tensor(x).to(device=device, dtype=dtype)
 
 
+def _standardised_chunks(features: Tensor, mean: Tensor, std: Tensor, dtype: torch.dtype = torch.float32):
+    """``(features - mean) / std`` in chunks of ``_CHUNK`` rows, on ``mean``'s device in ``dtype``."""
+    for start in range(0, len(features), _CHUNK):
+        yield (_as_float(features[start : start + _CHUNK], mean.device, dtype) - mean) / std
+
+
 def _check_rows(features: Tensor, targets: Tensor, what: str) -> None:
     if features.ndim != 2:
         raise ValueError(f"features must be (N, D), got {tuple(features.shape)}; flatten tokens to rows first")
@@ -102,10 +108,7 @@ class LinearClassifier:
 
     def logits(self, features: Tensor) -> Tensor:
         """Class scores (N, C) for features (N, D), computed in chunks on the weights' device."""
-        out = []
-        for start in range(0, len(features), _CHUNK):
-            x = _as_float(features[start : start + _CHUNK], self.weight.device)
-            out.append(((x - self.mean) / self.std) @ self.weight.T + self.bias)
+        out = [x @ self.weight.T + self.bias for x in _standardised_chunks(features, self.mean, self.std)]
         return torch.cat(out) if out else self.weight.new_zeros(0, len(self.bias))
 
     def predict(self, features: Tensor) -> Tensor:
@@ -196,10 +199,8 @@ class LinearRegressor:
 
     def predict(self, features: Tensor) -> Tensor:
         """Predicted targets (N, K) in float32."""
-        out = []
-        for start in range(0, len(features), _CHUNK):
-            x = _as_float(features[start : start + _CHUNK], self.weight.device, self.weight.dtype)
-            out.append((((x - self.mean) / self.std) @ self.weight + self.bias).float())
+        out = [(x @ self.weight + self.bias).float()
+               for x in _standardised_chunks(features, self.mean, self.std, self.weight.dtype)]
         return torch.cat(out) if out else self.weight.new_zeros(0, self.weight.shape[1]).float()
 
     def mse(self, features: Tensor, targets: Tensor) -> float:
