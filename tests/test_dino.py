@@ -4,7 +4,6 @@ end to end (kill/resume exactness, 2 gloo ranks == 1 process, run folder, sparse
 import json
 import math
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 from torchvision.transforms.v2 import functional as TF
 
+from test_train import kill_and_resume, launch, wait_for_checkpoint
 from vitscope.data.multicrop import MultiCropSpec, color_jitter, gaussian_blur, multicrop, shift_hue
 from vitscope.train import TrainConfig, train
 from vitscope.train.checkpoint import latest_checkpoint, load_state
@@ -170,13 +170,6 @@ def test_multicrop_shapes_and_per_image_randomness():
 
 # ---- the objective end to end ----
 
-def launch(cfg: TrainConfig, tmp_path: Path) -> subprocess.Popen:
-    path = tmp_path / f"{Path(cfg.out).name}.json"
-    path.write_text(json.dumps(cfg.to_dict()))
-    return subprocess.Popen([sys.executable, "-m", "vitscope.cli", "train", "--config", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 def test_dino_run_folder_snapshots_and_frozen_last_layer(tmp_path):
     cfg = dino_config(tmp_path, "run", keep_every=1, model_options={"depth": 2, "embed_dim": 32, "num_heads": 2,
                                                                     "num_registers": 2, "attention": "entmax15"})
@@ -231,21 +224,8 @@ def test_dino_resumes_bit_exactly_after_sigkill(tmp_path):
     train(reference)
     victim = dino_config(tmp_path, "victim", **common)
     proc = launch(victim, tmp_path)
-    import time
-
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        ckpt = latest_checkpoint(Path(victim.out))
-        if ckpt is not None and int(ckpt.name.split("-")[1]) >= 2:
-            break
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert not (Path(victim.out) / "summary.json").exists(), "the run finished before it was killed"
-    resumed = subprocess.run([sys.executable, "-m", "vitscope.cli", "train", "--resume", victim.out],
-                             capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
+    wait_for_checkpoint(Path(victim.out), proc, min_step=2, timeout=180)
+    resumed = kill_and_resume(Path(victim.out), proc)
     assert "kNN top-1" in resumed.stdout and "at initialisation" in resumed.stdout
     ours, theirs = load_file(str(Path(victim.out) / "model.safetensors")), load_file(
         str(Path(reference.out) / "model.safetensors"))

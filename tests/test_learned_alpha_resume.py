@@ -1,13 +1,10 @@
 """Kill/resume stays bit-exact with learnable per-head alpha (its parameters and optimizer state are checkpointed)."""
 
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-from test_train import config, launch, wait_for_checkpoint, weights
+from test_train import config, kill_and_resume, launch, wait_for_checkpoint, weights
 from vitscope.train import train
 from vitscope.train.checkpoint import latest_checkpoint
 
@@ -20,12 +17,7 @@ def test_learned_alpha_run_resumes_to_identical_weights(tmp_path):
     victim = config(tmp_path, "victim", **common)
     proc = launch(victim, tmp_path)
     wait_for_checkpoint(Path(victim.out), proc, min_step=3)  # of 8
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert not (Path(victim.out) / "summary.json").exists(), "the run finished before it was killed"
-    resumed = subprocess.run([sys.executable, "-m", "vitscope.cli", "train", "--resume", victim.out],
-                             capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
+    kill_and_resume(Path(victim.out), proc)
     ours, theirs = weights(Path(victim.out)), weights(Path(reference.out))
     alphas = [k for k in ours if k.endswith("normalizer.alpha_logit")]
     assert len(alphas) == 2 and all(not torch.all(ours[k] == 0) for k in alphas)  # learned, then saved

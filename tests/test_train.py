@@ -47,6 +47,17 @@ def wait_for_checkpoint(run: Path, proc: subprocess.Popen, min_step: int, timeou
     raise AssertionError("no checkpoint appeared")
 
 
+def kill_and_resume(run: Path, proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    """SIGKILL a training run that has not finished, then `vitscope train --resume` it to the end."""
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert not (run / "summary.json").exists(), "the run finished before it was killed"
+    resumed = subprocess.run([sys.executable, "-m", "vitscope.cli", "train", "--resume", str(run)],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    return resumed
+
+
 def test_learns_and_writes_a_complete_run_folder(tmp_path):
     cfg = config(tmp_path, "learn", epochs=5, protocol="baseline", lr=2e-3, model_options={}, batch_size=64,
                  dataset_options={"num_images": 2048, "num_classes": 2}, eval_images=256, log_every_steps=32)
