@@ -169,7 +169,7 @@ def test_demo_runs_the_named_demos_and_writes_an_index(tmp_path, monkeypatch, ca
 
 
 def test_doctor_reports_and_fails_when_native_kernels_do_not_load(tmp_path, monkeypatch, capsys):
-    from vitscope.attention import native
+    from vitscope.attention import fast_paths, native
     from vitscope.cli.doctor import compiler
 
     assert main(["doctor", "--device", "cpu"]) in (0, 1)
@@ -181,6 +181,6 @@ def test_doctor_reports_and_fails_when_native_kernels_do_not_load(tmp_path, monk
     monkeypatch.setenv("VITSCOPE_NATIVE", "1")
     monkeypatch.setenv("VITSCOPE_FUSED", "1")
     missing = native.NativeKernels(sources=(*native.SOURCES, tmp_path / "missing.h"))  # a wheel without a file
-    monkeypatch.setattr(native, "kernels", lambda: missing)
-    assert main(["doctor", "--device", "cpu"]) == 1
+    with fast_paths(kernels=missing):
+        assert main(["doctor", "--device", "cpu"]) == 1
     assert "problem: native CPU kernels failed to load although a C++ compiler is present" in capsys.readouterr().out

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adversarial import adversarial_rows
+from kernel_spies import CountingKernels
 from vitscope.attention import entmax, entmax15, fast_paths, native, sparsemax
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no working C++ compiler on this machine")
@@ -45,22 +46,11 @@ EXACT = ["entmax15", "sparsemax"]  # closed-form thresholds; alpha-entmax stops 
 
 
 @pytest.fixture
-def native_calls(monkeypatch):
+def native_calls():
     """Records the calls that reached the native kernels, as "kind direction"."""
-    calls = []
-
-    def spy(direction):
-        original = getattr(native, direction)
-
-        def recorded(kind, *args, **kwargs):
-            calls.append(f"{kind} {direction}")
-            return original(kind, *args, **kwargs)
-
-        return recorded
-
-    for direction in ("forward", "backward"):
-        monkeypatch.setattr(native, direction, spy(direction))
-    return calls
+    spy = CountingKernels()
+    with fast_paths(kernels=spy):
+        yield spy.calls
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -115,13 +105,13 @@ def test_attention_like_rows_finish_within_the_pass_budget(name, n, scale):
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_unproven_rows_are_flagged_and_finished_exactly(name, monkeypatch):
+def test_unproven_rows_are_flagged_and_finished_exactly(name):
     case = CASES[name]
     x = adversarial_rows(50, 197, 0.5, seed=3)
     _, converged = case.native(x, max_passes=1)
     assert not bool(converged.all())
-    monkeypatch.setattr(native, "MAX_PASSES", 1)
-    torch.testing.assert_close(case.ours(x).double(), case.theirs(x.double()), atol=1e-6, rtol=0)
+    with fast_paths(kernels=native.NativeKernels(max_passes=1)):
+        torch.testing.assert_close(case.ours(x).double(), case.theirs(x.double()), atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -180,9 +170,8 @@ def test_without_a_compiler_falls_back_with_a_warning(monkeypatch, tmp_path):
     monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     kernels = native.NativeKernels()
-    monkeypatch.setattr(native, "kernels", lambda: kernels)
     x = adversarial_rows(600, 65, 2.0)
-    with pytest.warns(UserWarning, match="native CPU kernels unavailable"):
+    with pytest.warns(UserWarning, match="native CPU kernels unavailable"), fast_paths(kernels=kernels):
         y = entmax15(x)
     assert kernels.library() is None and "no-such-compiler" in kernels.error
     torch.testing.assert_close(y.double(), reference.entmax15(x.double(), dim=-1), atol=1e-5, rtol=0)
@@ -206,27 +195,6 @@ def test_a_failed_build_is_not_sticky(monkeypatch, tmp_path):
     kernels.reset()
     assert kernels.library() is not None and kernels.error is None
     assert Path(kernels.library()._name) == built
-
-
-@pytest.mark.parametrize("prefix,t", [(1, 65), (5, 69), (0, 16), (1, 197), (2, 3)])
-def test_softmax_locality_equals_row_sums_of_the_probabilities(prefix, t):
-    from vitscope.metrics.locality import locality_row_sums
-
-    torch.manual_seed(t)
-    logits = torch.randn(3, 4, t, t) * 3
-    logits[0, 1, :, prefix] = float("-inf")  # a masked key
-    distances = torch.rand(t - prefix, t - prefix) * 7
-    probs = logits.double().softmax(-1)[..., prefix:, prefix:]
-    expected = locality_row_sums(probs, distances.double())
-    got = native.softmax_locality(logits, distances, prefix)
-    for ours, exact in zip(got, expected, strict=True):
-        assert ours.shape == exact.shape
-        torch.testing.assert_close(ours.double(), exact, atol=2e-6, rtol=1e-5)
-
-
-def test_softmax_locality_rejects_mismatched_distances():
-    with pytest.raises(ValueError, match="do not match distances"):
-        native.softmax_locality(torch.zeros(2, 65, 65), torch.zeros(65, 65), prefix=1)
 
 
 def test_the_build_without_openmp_threads_gives_the_same_results(monkeypatch, tmp_path):

@@ -84,7 +84,7 @@ def test_stats_count_and_skip_heads_without_patch_mass():
     def all_on_cls(event):
         probs = torch.zeros_like(event.probs)
         probs[..., 0] = 1.0
-        return AttentionEvent(event.scaled_q, event.k, event.attn_mask, event.normalizer, probs)
+        return AttentionEvent(event.q, event.k, event.scale, event.attn_mask, event.normalizer, probs)
 
     stats_rec = vitscope.record_attention(model, layers=[0], keep="stats")
     with torch.no_grad(), stats_rec as rec:

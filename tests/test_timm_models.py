@@ -4,16 +4,18 @@ import math
 
 import numpy as np
 import pytest
+import timm
 import torch
 from PIL import Image
 from safetensors.torch import save_file
 from timm.layers.attention import Attention as TimmAttention
 
 import vitscope
-from vitscope.attention import Attention
+from kernel_spies import CountingKernels
+from vitscope.attention import Attention, fast_paths, native
 from vitscope.cli import main
 from vitscope.metrics import attention_entropy, mean_attention_distance
-from vitscope.models import load
+from vitscope.models import attention_sites, load
 from vitscope.models.hierarchical import PvtReducedKeys, SwinWindows
 from vitscope.models.token_map import token_map
 from vitscope.record import record_tokens
@@ -129,6 +131,72 @@ def test_pvt_reduced_keys_geometry_known_answer():
     expected = np.mean([[math.dist(p, c) for c in k] for p in q])
     mad = mean_attention_distance(probs, num_prefix_tokens=0, distances=layout.distances, unit="pixel", patch_size=1)
     assert mad.item() == pytest.approx(expected, rel=1e-5)
+
+
+def tiny_hierarchical(family):
+    """Random-init Swin (padded, shifted windows) and PVT-v2 (reduced keys), small enough to run twice a test."""
+    torch.manual_seed(0)
+    if family == "swin":
+        model = timm.create_model("swin_tiny_patch4_window7_224", img_size=40, depths=(2, 2), embed_dim=16,
+                                  num_heads=(1, 2), window_size=4)
+        return model.eval(), torch.randn(2, 3, 40, 40)
+    return load("timm:pvt_v2_b0").eval(), torch.randn(2, 3, 64, 64)
+
+
+def manual_path_maps(model, images):
+    """Each attention layer's own probabilities on timm's manual path, in canonical form."""
+    modules, raw = attention_modules(model), []
+    before = [m.fused_attn for m in modules]
+    hooks = [m.attn_drop.register_forward_hook(lambda _m, inputs, _out: raw.append(inputs[0])) for m in modules]
+    for m in modules:
+        m.fused_attn = False
+    with torch.no_grad():
+        model(images)
+    for m, fused, hook in zip(modules, before, hooks, strict=True):
+        m.fused_attn = fused
+        hook.remove()
+    # Swin's windows become canonical rows; PVT's probabilities are canonical as they are
+    return [site.canonical(probs)[0] if isinstance(site.canonical, SwinWindows) else probs
+            for site, probs in zip(attention_sites(model), raw, strict=True)]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("family", ["swin", "pvt-v2"])
+def test_hierarchical_outputs_bit_identical_and_maps_equal_the_manual_path(family, fused):
+    model, images = tiny_hierarchical(family)
+    for m in attention_modules(model):
+        m.fused_attn = fused  # Swin's default is the manual path (timm's fused path is experimental there)
+    with torch.no_grad(), fast_paths(compiled=False):  # Swin's statistics come from its maps: no compiler run
+        plain = model(images)
+        for keep in ("maps", "stats"):
+            with vitscope.record_attention(model, keep=keep) as rec:
+                assert torch.equal(model(images), plain)
+            if keep == "maps":
+                maps = rec.maps
+    assert all(m.fused_attn == fused for m in attention_modules(model))
+    want = manual_path_maps(model, images)
+    assert len(maps) == len(want) == len(attention_modules(model))
+    for got, expected in zip(maps, want, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+
+
+def test_pvt_statistics_from_queries_and_keys_equal_those_of_its_maps():
+    model, images = tiny_hierarchical("pvt-v2")
+    spy = CountingKernels()
+    with torch.no_grad(), fast_paths(kernels=spy):
+        with vitscope.record_attention(model, keep="maps") as maps_rec:
+            model(images)
+        with vitscope.record_attention(model, keep="stats", unit="pixel") as rec:
+            model(images)
+    if native.library() is not None:
+        assert spy.calls == ["softmax_locality"] * len(maps_rec.maps)  # rectangular q/k kernel, no maps formed
+    for layer, (probs, layout) in enumerate(zip(maps_rec.maps, maps_rec.layouts, strict=True)):
+        heads = probs.shape[1]
+        mad = mean_attention_distance(probs, num_prefix_tokens=0, distances=layout.distances, unit="pixel",
+                                      patch_size=1)
+        torch.testing.assert_close(rec.stats.mad[layer, :heads], mad.mean(0), atol=1e-4, rtol=1e-5)
+        ent = attention_entropy(probs, num_prefix_tokens=0)
+        torch.testing.assert_close(rec.stats.entropy[layer, :heads], ent.mean(0), atol=2e-6, rtol=0)
 
 
 def test_everything_restored_after_an_error():

@@ -9,8 +9,9 @@
 ``vitscope.metrics.LocalityAccumulator`` (MAD and entropy) and keeps nothing else. Further streamed metrics
 are accumulators from ``vitscope.metrics`` (or your own object with ``update(layer, batch)``) handed over
 as ``accumulators=[...]``; each receives every recorded layer's ``AttentionBatch``. Recording leaves the
-model's outputs unchanged (the fused attention path keeps running; probabilities are recomputed from the
-captured queries and keys, and only when something asks for them).
+model's outputs bit-identical (no module changes path; probabilities are recomputed from the captured
+queries and keys, and only when something asks for them; an unmasked softmax's statistics are computed from
+q and k directly, without forming the maps).
 
 Layers are 0-based Python indices into the model's attention sites (block order).
 """
@@ -63,7 +64,7 @@ class AttentionRecording:
             if not self.accumulators:
                 return
             layout = capture.layout
-            device = capture.softmax_qk[1].device if capture.softmax_qk is not None else capture.probs().device
+            device = capture.softmax_qk.k.device if capture.softmax_qk is not None else capture.probs().device
             batch = AttentionBatch(prefix=layout.num_prefix_tokens, distances=self._distances_on(layout, device),
                                    patch_size=layout.patch_size, geometry=(id(layout), device),
                                    load_probs=capture.probs, softmax_qk=capture.softmax_qk)

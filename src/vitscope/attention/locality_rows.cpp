@@ -1,15 +1,22 @@
-// Streaming locality statistics of softmax attention, without materialising the probabilities.
+// Streaming locality statistics of softmax attention straight from queries and keys: neither the logits nor the
+// probabilities are ever materialised beyond one row group in L1.
 //
-// For each query row i of logits s (T keys, the first `prefix` of them CLS/register tokens) with
-// p = softmax(s), restricted to the patch keys j >= prefix and patch queries i >= prefix:
+// For each (image, head) map, each patch query row i >= prefix of s = scale q k^T (Tq x Tk, the first `prefix`
+// queries and keys CLS/register tokens) with p = softmax(s), restricted to the patch keys j >= prefix:
 //   mass_i = sum_j p_ij,  weighted_i = sum_j p_ij d_ij,  plogp_i = sum_j p_ij log p_ij.
 // With e_j = exp(s_j - max) and Z = sum over all keys of e_j, p_j = e_j / Z and log p_j = s_j - max - log Z, so
 // two in-cache passes over a row give all three: its maximum, then the sums of e_j, e_j d_ij and e_j (s_j - max).
 // These are the row sums of vitscope.metrics.locality.locality_row_sums, which turns them into MAD and entropy.
+//
+// Per map the keys are transposed once into a scaled (head_dim x Tk) panel, and each group of G query rows into a
+// (head_dim x G) block; the group's logits are then formed one panel vector and G fused multiply-adds (each with
+// its query element broadcast from the block) at a time. q and k are read with their strides (the head dim
+// contiguous), so the views PyTorch's attention takes of its qkv projection need no copy.
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "parallel.h"
 #include "vector_math.h"
@@ -18,59 +25,84 @@ namespace {
 
 using namespace vitscope;
 
-// The 16 floats at p, or the first `width` of them and `fill` after them (the tail of a row).
-inline vf load(const float *p, int64_t width, float fill) {
-    vf v = splat(fill);
-    if (width >= L) {
-        std::memcpy(&v, p, sizeof(vf));
-    } else {
-        for (int64_t l = 0; l < width; ++l) v[l] = p[l];
-    }
-    return v;
-}
+constexpr int G = 8;  // query rows whose logits are formed together (8 accumulators + 1 panel vector in registers)
 
-// rows [first, last) of the (batch x heads x patches) output; s is (batch x heads x T x T), dist (patches x patches).
-// Four rows at a time: their chains (maximum, then sums, then the scalar tail) are independent and overlap.
-void locality_rows(const float *s, const float *dist, float *mass, float *weighted, float *plogp, int64_t first,
-                   int64_t last, int64_t t, int64_t prefix) {
-    constexpr int R = 4;
-    const int64_t patches = t - prefix;
-    for (int64_t r0 = first; r0 < last; r0 += R) {
-        const int count = last - r0 < R ? int(last - r0) : R;
-        const float *row[R], *d[R];
-        for (int q = 0; q < R; ++q) {
-            const int64_t r = r0 + (q < count ? q : 0), map = r / patches, query = r % patches;
-            row[q] = s + (map * t + prefix + query) * t;
-            d[q] = dist + query * patches;
+// x in every lane: x - 0 is x for every x, so this is one broadcast (splat's 0 + x is not x for x = -0, so it
+// costs a scalar add per use in the logits loop)
+inline vf broadcast(float x) { return x - vf{}; }
+
+struct Shape {
+    int64_t tq, tk, dim, prefix;
+    int64_t q_row, k_row;  // row strides (floats) of one map's queries and keys
+    int64_t padded;        // keys rounded up to whole vectors
+};
+
+// The row sums of one map. dist: (tq - prefix) x padded, zero on prefix and padding keys. Scratch: panel
+// (dim x padded), block (dim x G), rows (G x padded).
+void locality_map(const float *q, const float *k, const float *dist, float scale, const Shape &n, float *panel,
+                  float *block, float *rows, float *mass, float *weighted, float *plogp) {
+    const int64_t padded = n.padded;
+    for (int64_t c = 0; c < n.dim; ++c) {
+        float *line = panel + c * padded;
+        for (int64_t j = 0; j < n.tk; ++j) line[j] = k[j * n.k_row + c] * scale;
+        for (int64_t j = n.tk; j < padded; ++j) line[j] = 0.0f;
+    }
+    vf lane{};
+    for (int l = 0; l < L; ++l) lane[l] = float(l);
+    for (int64_t i0 = n.prefix; i0 < n.tq; i0 += G) {
+        const int count = n.tq - i0 < G ? int(n.tq - i0) : G;
+        for (int g = 0; g < G; ++g) {
+            const float *query = q + (i0 + (g < count ? g : 0)) * n.q_row;
+            for (int64_t c = 0; c < n.dim; ++c) block[c * G + g] = query[c];
         }
-        vf top[R];
-        for (int q = 0; q < R; ++q) top[q] = splat(-INFINITY);
-        for (int64_t j = 0; j < t; j += L)
-            for (int q = 0; q < R; ++q) {
-                const vf v = load(row[q] + j, t - j, -INFINITY);
-                top[q] = v > top[q] ? v : top[q];
+        // logits of the group's rows, -inf on padding keys, and each row's maximum
+        vf top[G];
+        for (int g = 0; g < G; ++g) top[g] = splat(-INFINITY);
+        for (int64_t j = 0; j < padded; j += L) {
+            vf acc[G];
+            for (int g = 0; g < G; ++g) acc[g] = vf{};
+            const float *column = block;
+            for (int64_t c = 0; c < n.dim; ++c, column += G) {
+                vf keys;
+                std::memcpy(&keys, panel + c * padded + j, sizeof(vf));
+                for (int g = 0; g < G; ++g) acc[g] += broadcast(column[g]) * keys;
             }
-        vf mv[R], ev[R], wv[R], sv[R];
-        for (int q = 0; q < R; ++q) {
-            mv[q] = splat(hmax(top[q]));
-            ev[q] = wv[q] = sv[q] = vf{};
+            const vi real = lane < broadcast(float(n.tk - j));
+            for (int g = 0; g < G; ++g) {
+                const vf live = real ? acc[g] : splat(-INFINITY);
+                std::memcpy(rows + g * padded + j, &live, sizeof(vf));
+                top[g] = live > top[g] ? live : top[g];
+            }
         }
-        for (int64_t j = 0; j < patches; j += L)
-            for (int q = 0; q < R; ++q) {
-                const vf shifted = load(row[q] + prefix + j, patches - j, -INFINITY) - mv[q];  // tail: e = 0
-                const vf e = vexp(shifted);
-                ev[q] += e;
-                wv[q] += e * load(d[q] + j, patches - j, 0.0f);
-                sv[q] += e > splat(0.0f) ? e * shifted : splat(0.0f);  // 0 where s = -inf, not 0 * -inf
+        // per row: Z = sum e over all keys; over patch keys sum e, sum e d and sum e (s - max)
+        float z[G], patch[G], dist_sum[G], shifted_sum[G];
+        for (int g = 0; g < count; ++g) {
+            const float *row = rows + g * padded, *d = dist + (i0 + g - n.prefix) * padded;
+            const vf mv = broadcast(hmax(top[g]));
+            vf zv{}, ev{}, wv{}, sv{};
+            for (int64_t j = 0; j < padded; j += L) {
+                vf shifted, distances;
+                std::memcpy(&shifted, row + j, sizeof(vf));
+                std::memcpy(&distances, d + j, sizeof(vf));
+                shifted -= mv;
+                vf e = vexp(shifted);  // 0 on padding keys
+                zv += e;
+                if (j < n.prefix) e = lane + broadcast(float(j)) >= broadcast(float(n.prefix)) ? e : splat(0.0f);
+                ev += e;
+                wv += e * distances;
+                sv += e > splat(0.0f) ? e * shifted : splat(0.0f);  // 0 where e underflows, not 0 * -inf
             }
-        for (int q = 0; q < count; ++q) {
-            const float m = mv[q][0], patch_sum = hsum(ev[q]);
-            float z = patch_sum;
-            for (int64_t j = 0; j < prefix; ++j) z += std::exp(row[q][j] - m);
-            const int64_t r = r0 + q;
-            mass[r] = patch_sum / z;
-            weighted[r] = hsum(wv[q]) / z;
-            plogp[r] = hsum(sv[q]) / z - mass[r] * std::log(z);
+            z[g] = hsum(zv), patch[g] = hsum(ev), dist_sum[g] = hsum(wv), shifted_sum[g] = hsum(sv);
+        }
+        // p = e / Z and log p = (s - max) - log Z; Z >= 1 (the maximum's own e), so log Z is finite
+        vf zs = splat(1.0f);
+        for (int g = 0; g < count; ++g) zs[g] = z[g];
+        const vf log_z = vlog(zs);
+        for (int g = 0; g < count; ++g) {
+            const int64_t r = i0 + g - n.prefix;
+            mass[r] = patch[g] / z[g];
+            weighted[r] = dist_sum[g] / z[g];
+            plogp[r] = shifted_sum[g] / z[g] - mass[r] * log_z[g];
         }
     }
 }
@@ -79,13 +111,26 @@ void locality_rows(const float *s, const float *dist, float *mass, float *weight
 
 extern "C" {
 
-// s: (maps x T x T) float32 logits, maps = batch x heads; dist: (T - prefix) x (T - prefix); outputs:
-// (maps x (T - prefix)) each.
-void vitscope_softmax_locality(const float *s, const float *dist, float *mass, float *weighted, float *plogp,
-                               int64_t maps, int64_t t, int64_t prefix, int threads) {
-    const int64_t rows = maps * (t - prefix);
-    in_parallel(rows, 1, threads, [&](int64_t first, int64_t last) {
-        locality_rows(s, dist, mass, weighted, plogp, first, last, t, prefix);
+// q: (batch, heads, tq, dim) and k: (batch, heads, tk, dim) float32 with unit stride along dim and the given
+// strides (floats) along batch, heads and tokens; dist: (tq - prefix) x (tk - prefix); outputs: (batch x heads x
+// (tq - prefix)) each. The logits are scale * q k^T.
+void vitscope_softmax_locality(const float *q, const float *k, const float *dist, float *mass, float *weighted,
+                               float *plogp, const int64_t *q_strides, const int64_t *k_strides, int64_t batch,
+                               int64_t heads, int64_t tq, int64_t tk, int64_t dim, int64_t prefix, float scale,
+                               int threads) {
+    const int64_t padded = (tk + L - 1) / L * L, out_rows = tq - prefix, patches = tk - prefix;
+    const Shape shape{tq, tk, dim, prefix, q_strides[2], k_strides[2], padded};
+    std::vector<float> aligned(out_rows * padded, 0.0f);  // each query's distances at its keys' positions
+    for (int64_t i = 0; i < out_rows; ++i)
+        std::memcpy(aligned.data() + i * padded + prefix, dist + i * patches, patches * sizeof(float));
+    in_parallel(batch * heads, 1, threads, [&](int64_t first, int64_t last) {
+        std::vector<float> panel(dim * padded), block(dim * G), rows(G * padded);
+        for (int64_t map = first; map < last; ++map) {
+            const int64_t b = map / heads, h = map % heads;
+            locality_map(q + b * q_strides[0] + h * q_strides[1], k + b * k_strides[0] + h * k_strides[1],
+                         aligned.data(), scale, shape, panel.data(), block.data(), rows.data(), mass + map * out_rows,
+                         weighted + map * out_rows, plogp + map * out_rows);
+        }
     });
 }
 

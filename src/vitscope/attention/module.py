@@ -22,18 +22,23 @@ from vitscope.attention.normalizers import Normalizer
 class AttentionEvent:
     """One forward pass of one attention layer, as an observer sees it.
 
-    ``scaled_q`` (B, heads, Tq, head_dim) are the queries times the softmax scale (after any q-norm), ``k``
-    (B, heads, Tk, head_dim) the keys, ``attn_mask`` None, boolean (True = attend) or additive, broadcastable
-    to (B, heads, Tq, Tk). ``probs`` (B, heads, Tq, Tk) are the probabilities: the layer's own when it
-    computed them (manual path), else computed once, on first access, from q and k (the fused path keeps
-    running for the layer's output, so observing never changes it).
+    ``q`` (B, heads, Tq, head_dim) are the queries (after any q-norm), ``k`` (B, heads, Tk, head_dim) the keys,
+    ``scale`` the factor on q k^T, ``attn_mask`` None, boolean (True = attend) or additive, broadcastable to
+    (B, heads, Tq, Tk). ``probs`` (B, heads, Tq, Tk) are the probabilities: the layer's own when it computed
+    them (manual path), else computed once, on first access, from q and k (the fused path keeps running for
+    the layer's output, so observing never changes it).
     """
 
-    scaled_q: Tensor | None
-    k: Tensor | None
+    q: Tensor
+    k: Tensor
+    scale: float
     attn_mask: Tensor | None
     normalizer: Normalizer
     _probs: Tensor | None = None
+
+    @property
+    def scaled_q(self) -> Tensor:
+        return self.q * self.scale
 
     @property
     def probs(self) -> Tensor:
@@ -115,14 +120,14 @@ class Attention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         if self.fused and self.normalizer.is_softmax:
             if self.observer is not None:
-                self.observer(AttentionEvent(q * self.scale, k, attn_mask, self.normalizer))
+                self.observer(AttentionEvent(q, k, self.scale, attn_mask, self.normalizer))
             drop = self.attn_drop.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
         else:
             scaled_q = q * self.scale
             probs = self.normalizer(masked_logits(scaled_q, k, attn_mask))
             if self.observer is not None:
-                self.observer(AttentionEvent(scaled_q, k, attn_mask, self.normalizer, probs))
+                self.observer(AttentionEvent(q, k, self.scale, attn_mask, self.normalizer, probs))
             out = self.attn_drop(probs) @ v
         out = self.norm(out.transpose(1, 2).reshape(B, T, C))
         if gate is not None:

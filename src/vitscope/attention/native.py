@@ -91,10 +91,11 @@ def build(compiler: str, sources=SOURCES, flag_sets=FLAG_SETS, headers=HEADERS) 
 
 
 class NativeKernels:
-    """One build of the native kernels, loaded on first use; ``error`` says why it is unavailable, if it is."""
+    """One build of the native kernels, loaded on first use; ``error`` says why it is unavailable, if it is.
+    ``max_passes``: the threshold passes a row gets before it is left to the eager solver."""
 
-    def __init__(self, sources=SOURCES, flag_sets=FLAG_SETS):
-        self.sources, self.flag_sets = tuple(sources), tuple(flag_sets)
+    def __init__(self, sources=SOURCES, flag_sets=FLAG_SETS, max_passes: int = MAX_PASSES):
+        self.sources, self.flag_sets, self.max_passes = tuple(sources), tuple(flag_sets), max_passes
         self.error: str | None = None
         self._library: ctypes.CDLL | None = None
         self._lock = threading.Lock()
@@ -125,7 +126,7 @@ class NativeKernels:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.vitscope_forward.argtypes = [i32, i32, p, p, p, p, i64, i64, i32, i32]
         lib.vitscope_backward.argtypes = [i32, i32, p, p, p, p, p, i64, i64, i32]
-        lib.vitscope_softmax_locality.argtypes = [p] * 5 + [i64] * 3 + [i32]
+        lib.vitscope_softmax_locality.argtypes = [p] * 8 + [i64] * 6 + [ctypes.c_float, i32]
         lib.vitscope_softmax_locality.restype = None
         return lib
 
@@ -137,7 +138,7 @@ class NativeKernels:
     def forward(self, kind: str, x: Tensor, alpha: Tensor | float | None = None,
                 max_passes: int | None = None) -> tuple[Tensor, Tensor]:
         """Probabilities (float32, shape of ``x``) along the last dim and per-row ``converged`` flags
-        (x.shape[:-1]); a row not proven exact within ``max_passes`` (default MAX_PASSES) threshold passes is
+        (x.shape[:-1]); a row not proven exact within ``max_passes`` (default: the object's) threshold passes is
         flagged False for the caller to finish, as is every row of kind "alpha" whose alpha lies outside (1, 2].
         ``alpha`` (kind "alpha" only): a float or one value per row, broadcastable to x.shape[:-1]."""
         lib = self._loaded()
@@ -149,7 +150,7 @@ class NativeKernels:
         alphas = _row_alphas(alpha, x.shape[:-1]) if kind == "alpha" else None
         _check(lib.vitscope_forward(kind_named(kind).code, _DTYPES[rows_in.dtype], _pointer(alphas),
                                     rows_in.data_ptr(), y.data_ptr(), passes.data_ptr(), rows, n, _threads(y),
-                                    MAX_PASSES if max_passes is None else max_passes))
+                                    self.max_passes if max_passes is None else max_passes))
         return y, passes > 0
 
     def backward(self, kind: str, grad: Tensor, y: Tensor, alpha: Tensor | float | None = None,
@@ -167,21 +168,30 @@ class NativeKernels:
                                      y.shape[-1], _threads(y)))
         return out, d_alpha
 
-    def softmax_locality(self, logits: Tensor, distances: Tensor, prefix: int) -> tuple[Tensor, Tensor, Tensor]:
-        """``locality_row_sums`` of softmax(logits) over the patch block, computed from the logits (B, H, T, T)
-        and patch distances (T - prefix, T - prefix) without the probabilities: mass, weighted, plogp, each
-        (B, H, T - prefix)."""
+    def softmax_locality(self, q: Tensor, k: Tensor, scale: float, distances: Tensor,
+                         prefix: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``locality_row_sums`` of softmax(scale q k^T) over the patch block, from queries (B, H, Tq, dim), keys
+        (B, H, Tk, dim) and patch distances (Tq - prefix, Tk - prefix), forming neither logits nor probabilities:
+        mass, weighted, plogp, each (B, H, Tq - prefix) float32. Strided q and k (views of a qkv projection) are
+        read in place when float32 with a contiguous last dim."""
         lib = self._loaded()
-        logits = logits.detach().to(torch.float32).contiguous()
-        t = logits.shape[-1]
-        if logits.shape[-2] != t or tuple(distances.shape) != (t - prefix, t - prefix):
-            raise ValueError(f"logits {tuple(logits.shape)} with {prefix} prefix tokens do not match distances "
-                             f"{tuple(distances.shape)}; expected square logits and (T - prefix)^2 distances")
-        distances = distances.to(torch.float32).contiguous()
-        mass, weighted, plogp = (torch.empty((*logits.shape[:-2], t - prefix)) for _ in range(3))
-        lib.vitscope_softmax_locality(logits.data_ptr(), distances.data_ptr(), mass.data_ptr(), weighted.data_ptr(),
-                                      plogp.data_ptr(), logits.numel() // (t * t), t, prefix, _threads(logits))
-        return mass, weighted, plogp
+        q, k = (_strided_rows(t) for t in (q, k))
+        if q.dim() != 4 or k.dim() != 4 or k.shape[:2] != q.shape[:2] or k.shape[-1] != q.shape[-1]:
+            raise ValueError(f"queries {tuple(q.shape)} and keys {tuple(k.shape)} must be (batch, heads, tokens, "
+                             "head_dim) with equal batch, heads and head_dim")
+        b, h, tq, dim = q.shape
+        tk = k.shape[-2]
+        if not 0 <= prefix < min(tq, tk) or tuple(distances.shape) != (tq - prefix, tk - prefix):
+            raise ValueError(f"queries {tuple(q.shape)} and keys {tuple(k.shape)} with {prefix} prefix tokens do not "
+                             f"match distances {tuple(distances.shape)}; expected (Tq - prefix, Tk - prefix)")
+        distances = distances.detach().to(torch.float32).contiguous()
+        sums = torch.empty(3, b, h, tq - prefix)
+        strides = [(ctypes.c_int64 * 3)(*t.stride()[:3]) for t in (q, k)]
+        threads = max(1, min(torch.get_num_threads(), b * h * tq * tk // _MIN_ELEMENTS_PER_THREAD))
+        lib.vitscope_softmax_locality(q.data_ptr(), k.data_ptr(), distances.data_ptr(), sums[0].data_ptr(),
+                                      sums[1].data_ptr(), sums[2].data_ptr(), *strides, b, h, tq, tk, dim, prefix,
+                                      float(scale), threads)
+        return sums[0], sums[1], sums[2]
 
     def _loaded(self) -> ctypes.CDLL:
         lib = self.library()
@@ -191,9 +201,14 @@ class NativeKernels:
 
 
 @cache
-def kernels() -> NativeKernels:
+def shared_kernels() -> NativeKernels:
     """The process's shared native kernels."""
     return NativeKernels()
+
+
+def kernels() -> NativeKernels:
+    """The native kernels in force here: those of the innermost ``fast_paths(kernels=...)``, else the shared ones."""
+    return current().kernels or shared_kernels()
 
 
 def library() -> ctypes.CDLL | None:
@@ -215,9 +230,16 @@ def backward(kind: str, grad: Tensor, y: Tensor, alpha: Tensor | float | None = 
     return kernels().backward(kind, grad, y, alpha, alpha_grad)
 
 
-def softmax_locality(logits: Tensor, distances: Tensor, prefix: int) -> tuple[Tensor, Tensor, Tensor]:
+def softmax_locality(q: Tensor, k: Tensor, scale: float, distances: Tensor,
+                     prefix: int) -> tuple[Tensor, Tensor, Tensor]:
     """See ``NativeKernels.softmax_locality``."""
-    return kernels().softmax_locality(logits, distances, prefix)
+    return kernels().softmax_locality(q, k, scale, distances, prefix)
+
+
+def _strided_rows(x: Tensor) -> Tensor:
+    """x in float32 with a contiguous last dim, without a copy where it already is."""
+    x = x.detach().to(torch.float32)
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _kernel_input(x: Tensor) -> Tensor:

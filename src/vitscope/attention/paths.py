@@ -3,7 +3,8 @@
 
 The environment variables ``VITSCOPE_NATIVE`` and ``VITSCOPE_FUSED`` (``0`` turns a path off) are read here and
 nowhere else, at each call that has no explicit setting, so a process can change them before first use.
-``fast_paths(native=False)`` overrides them for a ``with`` block (per thread and per asyncio task)."""
+``fast_paths(native=False)`` overrides them for a ``with`` block (per thread and per asyncio task), and
+``fast_paths(kernels=NativeKernels(...))`` runs another build of the native kernels there (a test's, say)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
 class FastPaths:
     """``native``: the C++ CPU kernels; ``compiled``: the ``torch.compile`` kernels (GPU, or CPUs without a
-    working native build). With both off, every normaliser runs its eager solver."""
+    working native build). With both off, every normaliser and streamed metric runs its eager twin.
+    ``kernels``: the ``native.NativeKernels`` to run, None for the process's shared build."""
 
     native: bool = True
     compiled: bool = True
+    kernels: Any = None
 
 
 def from_environment() -> FastPaths:
@@ -39,11 +43,12 @@ def current() -> FastPaths:
 
 
 @contextmanager
-def fast_paths(native: bool | None = None, compiled: bool | None = None) -> Iterator[FastPaths]:
-    """Choose the normalisers' fast paths inside a ``with`` block; None keeps the setting in force.
+def fast_paths(native: bool | None = None, compiled: bool | None = None, kernels: Any = None) -> Iterator[FastPaths]:
+    """Choose the fast paths inside a ``with`` block; None keeps the setting in force.
 
     ``with fast_paths(native=False, compiled=False): y = entmax15(x)`` runs the exact eager solver."""
-    changes = {name: value for name, value in (("native", native), ("compiled", compiled)) if value is not None}
+    changes = {name: value for name, value in (("native", native), ("compiled", compiled), ("kernels", kernels))
+               if value is not None}
     token = _chosen.set(replace(current(), **changes))
     try:
         yield _chosen.get()

@@ -7,11 +7,13 @@ from vitscope.metrics.streaming import (
     AttentionBatch,
     LocalityAccumulator,
     PerHeadMeans,
+    SoftmaxInputs,
     StreamingMetric,
     SupportAccumulator,
 )
 
 __all__ = [
-    "UNITS", "AttentionBatch", "AttentionStats", "LocalityAccumulator", "PerHeadMeans", "StreamingMetric",
-    "SupportAccumulator", "attention_entropy", "early_layers", "grid_distances", "mean_attention_distance",
+    "UNITS", "AttentionBatch", "AttentionStats", "LocalityAccumulator", "PerHeadMeans", "SoftmaxInputs",
+    "StreamingMetric", "SupportAccumulator", "attention_entropy", "early_layers", "grid_distances",
+    "mean_attention_distance",
 ]

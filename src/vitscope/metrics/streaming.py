@@ -2,9 +2,10 @@
 
 The recorder (``vitscope.record_attention``) captures attention and hands each layer's batch to every
 accumulator as an ``AttentionBatch``: the geometry as plain tensors (patch distances, prefix count) and the
-probabilities, computed on first use, or, for an unmasked softmax, the scaled queries and keys so that a
-metric can skip the probabilities. A new streamed metric is a new accumulator here (or in the caller's code),
-handed to ``record_attention(..., accumulators=[...])``; the recorder does not change.
+probabilities, computed on first use, or, for an unmasked softmax, its queries, keys and scale
+(``SoftmaxInputs``) so that a metric can skip the probabilities. A new streamed metric is a new accumulator
+here (or in the caller's code), handed to ``record_attention(..., accumulators=[...])``; the recorder does not
+change.
 
 An accumulator implements ``update(layer, batch)`` (``layer``: the 0-based block index). ``PerHeadMeans``
 keeps running per-layer, per-head means of per-(image, head) values, skipping and counting NaN entries;
@@ -15,15 +16,31 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from vitscope.attention import native
+from vitscope.attention.paths import current
 from vitscope.compiled import compiled
 from vitscope.metrics.locality import UNITS, locality_from_row_sums, locality_row_sums, softmax_row_sums, unit_scale
 from vitscope.metrics.stats import AttentionStats
+
+
+@dataclass(frozen=True)
+class SoftmaxInputs:
+    """What an unmasked softmax attention's probabilities come from: softmax(``scale`` q k^T), with queries ``q``
+    (B, heads, Tq, head_dim) and keys ``k`` (B, heads, Tk, head_dim), after any q/k norm."""
+
+    q: Tensor
+    k: Tensor
+    scale: float
+
+    @property
+    def scaled_q(self) -> Tensor:
+        return self.q * self.scale
 
 
 @dataclass
@@ -33,8 +50,9 @@ class AttentionBatch:
     ``prefix``: prefix tokens (CLS, registers) before the patches, in queries and keys. ``distances``
     (Nq, Nk): patch-query x patch-key distances in patch units, float32 on the attention's device.
     ``patch_size``: pixels per distance unit. ``geometry``: a key equal for batches with equal distances
-    (for caching). ``softmax_qk``: (scaled queries, keys), each (B, heads, T, head_dim), when the layer is an
-    unmasked softmax attention, else None. ``probs()``: the probabilities (B, heads, Tq, Tk), computed once.
+    (for caching). ``softmax_qk``: the ``SoftmaxInputs`` when the layer is an unmasked softmax attention whose
+    canonical probabilities are its raw ones, else None. ``probs()``: the probabilities (B, heads, Tq, Tk),
+    computed once.
     """
 
     prefix: int
@@ -42,7 +60,7 @@ class AttentionBatch:
     patch_size: int
     geometry: Hashable
     load_probs: Callable[[], Tensor]
-    softmax_qk: tuple[Tensor, Tensor] | None = None
+    softmax_qk: SoftmaxInputs | None = None
     _probs: Tensor | None = field(default=None, repr=False)
 
     def probs(self) -> Tensor:
@@ -107,7 +125,7 @@ class PerHeadMeans:
 class LocalityAccumulator:
     """Per-head mean attention distance and normalised entropy (definitions in ``vitscope.metrics.locality``),
     streamed. An unmasked softmax layer is measured from its queries and keys without keeping probabilities
-    (the native row-sum kernel on the CPU, a compiled one elsewhere)."""
+    (the native kernel on the CPU, a compiled one elsewhere, each only where ``fast_paths`` allows it)."""
 
     def __init__(self, renormalize: bool = True, unit: str = "normalized"):
         if unit not in UNITS:
@@ -124,12 +142,11 @@ class LocalityAccumulator:
     def update(self, layer: int, batch: AttentionBatch) -> None:
         with torch.no_grad():
             if batch.softmax_qk is not None:
-                scaled_q, k = (t.detach() for t in batch.softmax_qk)
-                sums = _softmax_sums(scaled_q, k, batch.distances, batch.prefix)
-                num_keys = k.shape[-2] - batch.prefix
+                sums = _softmax_sums(batch.softmax_qk, batch.distances, batch.prefix)
+                num_keys = batch.softmax_qk.k.shape[-2] - batch.prefix
             else:
                 block = batch.patch_probs()
-                sums = compiled(locality_row_sums)(block, batch.distances.to(block.dtype))
+                sums = fastest(locality_row_sums)(block, batch.distances.to(block.dtype))
                 num_keys = block.shape[-1]
             mad, ent = locality_from_row_sums(*sums, num_keys=num_keys, scale=self._scale(batch),
                                               renormalize=self.options["renormalize"])
@@ -168,13 +185,16 @@ class SupportAccumulator:
         return self.means.mean("zeros", layer)
 
 
-def _softmax_sums(scaled_q: Tensor, k: Tensor, distances: Tensor, prefix: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Row sums of softmax(q k^T) restricted to patches: the native kernel where it runs, else compiled."""
+def fastest(fn: Callable, **constants) -> Callable:
+    """``fn`` with ``constants`` bound: its compiled kernel where the fast paths in force allow compiled kernels,
+    else the function itself."""
+    return compiled(fn, **constants) if current().compiled else partial(fn, **constants)
+
+
+def _softmax_sums(inputs: SoftmaxInputs, distances: Tensor, prefix: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Row sums of softmax(scale q k^T) restricted to patches: the native kernel where it runs (reading q and k in
+    place, forming no logits), else the compiled or eager twin."""
+    q, k = inputs.q.detach(), inputs.k.detach()
     if native.runs_on(k):
-        return native.softmax_locality(native_logits(scaled_q, k), distances, prefix)
-    return compiled(softmax_row_sums, prefix=prefix)(scaled_q, k, distances)
-
-
-def native_logits(scaled_q: Tensor, k: Tensor) -> Tensor:
-    """q k^T (B, heads, T, T) in float32, the native kernel's input."""
-    return scaled_q.float() @ k.float().transpose(-2, -1)
+        return native.softmax_locality(q, k, inputs.scale, distances, prefix)
+    return fastest(softmax_row_sums, prefix=prefix)(q * inputs.scale, k, distances)

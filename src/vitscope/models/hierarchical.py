@@ -8,6 +8,12 @@ distances are in the stage's own patch units (``patch_size`` is the stage stride
 PVT-v2: queries on the stage's full grid, keys on the reduced grid (strided convolution, or the 7x7
 pool of the linear variant); distances between query centres and key-cell centres are in pixels, so
 ``patch_size`` is 1 and the 'patch' and 'pixel' units both read pixels.
+
+Capture (``attach``): queries and keys are read at the outputs of the layer's own projections (Swin's ``qkv``,
+PVT's ``q`` and ``kv``) and its forward arguments (Swin's shift mask, PVT's feature size) at its input; nothing
+of the module changes, so whichever path it takes (``fused_attn``) its output is bit-identical with and
+without recording. The probabilities are recomputed on demand with the operations of timm's manual path
+(scaled q k^T, Swin's relative-position bias and shift mask, softmax).
 """
 
 from __future__ import annotations
@@ -18,17 +24,32 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from vitscope.metrics import SoftmaxInputs
 from vitscope.models.layout import TokenLayout
+
+# hands over a layer's raw probabilities (computed when called) and, where its canonical form is the raw one,
+# its softmax inputs
+Deliver = Callable[[Callable[[], Tensor], SoftmaxInputs | None], None]
 
 
 def _centres(starts: Tensor, ends: Tensor) -> Tensor:
     return (starts + ends).to(torch.float32) / 2
 
 
-class SwinWindows:
-    """Canonical form and layout of one Swin block's window attention."""
+def _hooks_removed(handles: list) -> Callable[[], None]:
+    def detach() -> None:
+        for handle in handles:
+            handle.remove()
 
-    def __init__(self, resolution: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], stride: int):
+    return detach
+
+
+class SwinWindows:
+    """Canonical form and layout of one Swin block's window attention (``module``: its ``WindowAttention``)."""
+
+    def __init__(self, resolution: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], stride: int,
+                 module: nn.Module | None = None):
+        self.module = module
         (h, w), (wh, ww), (sh, sw) = resolution, window, shift
         hp, wp = math.ceil(h / wh) * wh, math.ceil(w / ww) * ww
         self.num_windows, self.area = (hp // wh) * (wp // ww), wh * ww
@@ -42,6 +63,24 @@ class SwinWindows:
         key_valid = valid.view(self.num_windows, 1, self.area).expand(-1, self.area, -1).reshape(-1, self.area)
         self.key_valid = None if bool(valid.all()) else key_valid[self.query_index].float()
         self.layout = TokenLayout(0, (h, w), stride, distances=dist[self.query_index])
+
+    def attach(self, deliver: Deliver) -> Callable[[], None]:
+        """Deliver every forward pass's probabilities (raw: (windows x B, heads, area, area)) until detached."""
+        module, seen = self.module, {}
+
+        def inputs(_m, args, kwargs) -> None:
+            seen["mask"] = kwargs.get("mask", args[1] if len(args) > 1 else None)
+
+        def projections(_m, _inputs, qkv: Tensor) -> None:
+            b, n, _ = qkv.shape
+            seen["q"], seen["k"], _ = qkv.reshape(b, n, 3, module.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+
+        def outputs(_m, _inputs, _out) -> None:
+            q, k, mask = seen.pop("q"), seen.pop("k"), seen.pop("mask")
+            deliver(lambda: swin_probabilities(module, q, k, mask), None)
+
+        return _hooks_removed([module.register_forward_pre_hook(inputs, with_kwargs=True),
+                               module.qkv.register_forward_hook(projections), module.register_forward_hook(outputs)])
 
     def __call__(self, probs: Tensor) -> tuple[Tensor, TokenLayout]:
         windows, heads = self.num_windows, probs.shape[1]
@@ -61,9 +100,34 @@ class PvtReducedKeys:
         self.feat_size: tuple[int, int] | None = None
         self._cache: dict[tuple[int, int], TokenLayout] = {}
 
-    def install(self) -> Callable[[], None]:
-        handle = self.module.register_forward_pre_hook(lambda _m, args: setattr(self, "feat_size", tuple(args[1])))
-        return handle.remove
+    def attach(self, deliver: Deliver) -> Callable[[], None]:
+        """Deliver every forward pass's probabilities (B, heads, Nq, Nk) and softmax inputs until detached."""
+        module, seen = self.module, {}
+
+        def inputs(_m, args, kwargs) -> None:
+            self.feat_size = tuple(kwargs["feat_size"] if "feat_size" in kwargs else args[1])
+
+        def queries(_m, _inputs, q: Tensor) -> None:
+            b, n, _ = q.shape
+            seen["q"] = q.reshape(b, n, module.num_heads, -1).permute(0, 2, 1, 3)
+
+        def keys(_m, _inputs, kv: Tensor) -> None:
+            seen["k"] = kv.reshape(kv.shape[0], -1, 2, module.num_heads, module.head_dim).permute(2, 0, 3, 1, 4)[0]
+
+        def outputs(_m, _inputs, _out) -> None:
+            inputs_ = SoftmaxInputs(seen.pop("q"), seen.pop("k"), module.scale)
+            deliver(lambda: pvt_probabilities(inputs_), inputs_)
+
+        return _hooks_removed([module.register_forward_pre_hook(inputs, with_kwargs=True),
+                               module.q.register_forward_hook(queries), module.kv.register_forward_hook(keys),
+                               module.register_forward_hook(outputs)])
+
+    @property
+    def layout(self) -> TokenLayout:
+        """The layout of the latest forward pass."""
+        if self.feat_size is None:
+            raise RuntimeError("PVT attention ran without its feature size; record through vitscope.record_attention")
+        return self._layout(*self.feat_size)
 
     def _layout(self, h: int, w: int) -> TokenLayout:
         if (h, w) not in self._cache:
@@ -86,9 +150,26 @@ class PvtReducedKeys:
         return self._cache[(h, w)]
 
     def __call__(self, probs: Tensor) -> tuple[Tensor, TokenLayout]:
-        if self.feat_size is None:
-            raise RuntimeError("PVT attention ran without its feature size; record through vitscope.record_attention")
-        return probs, self._layout(*self.feat_size)
+        return probs, self.layout
+
+
+def swin_probabilities(module: nn.Module, q: Tensor, k: Tensor, mask: Tensor | None) -> Tensor:
+    """A Swin ``WindowAttention``'s probabilities (windows x B, heads, area, area) from its q and k, as timm's
+    manual path computes them: scaled q k^T, plus the relative-position bias, plus the shift mask, softmax."""
+    with torch.no_grad():
+        attn = (q * module.scale) @ k.transpose(-2, -1)
+        attn = attn + module._get_rel_pos_bias()
+        if mask is not None:
+            n, num_win = attn.shape[-1], mask.shape[0]
+            attn = attn.view(-1, num_win, module.num_heads, n, n) + mask.unsqueeze(1).unsqueeze(0)
+            attn = attn.view(-1, module.num_heads, n, n)
+        return module.softmax(attn)
+
+
+def pvt_probabilities(inputs: SoftmaxInputs) -> Tensor:
+    """A PVT-v2 attention's probabilities (B, heads, Nq, Nk), as timm's manual path computes them."""
+    with torch.no_grad():
+        return (inputs.scaled_q @ inputs.k.transpose(-2, -1)).softmax(dim=-1)
 
 
 Geometry = SwinWindows | PvtReducedKeys
@@ -105,7 +186,7 @@ def hierarchical_geometry(model: nn.Module) -> list[tuple[str, nn.Module, Geomet
             for b, block in enumerate(stage.blocks):
                 stride = img[0] // block.input_resolution[0]
                 geometry = SwinWindows(tuple(block.input_resolution), tuple(block.window_size),
-                                       tuple(block.shift_size), stride)
+                                       tuple(block.shift_size), stride, block.attn)
                 found.append((f"layers.{s}.blocks.{b}.attn", block.attn, geometry))
         return found
     if name == "PyramidVisionTransformerV2":

@@ -1,16 +1,16 @@
 """Attention sites: the places in a model where attention can be observed, and what they deliver.
 
 Every site delivers, once per forward pass, a ``Capture``: the layer's token layout, its probabilities in
-canonical form (B, heads, Tq, Tk), computed only when asked for, and, for an unmasked softmax attention of a
-plain ViT, its scaled queries and keys, from which statistics can be computed without the probabilities.
+canonical form (B, heads, Tq, Tk), computed only when asked for, and, for an unmasked softmax attention whose
+canonical form is its raw one (plain ViTs, PVT-v2), its queries, keys and scale, from which statistics can be
+computed without the probabilities. No site changes its module: outputs are bit-identical with and without
+recording, whichever path (fused or manual) the layer takes.
 
-- vitscope's ``Attention``: through its observer; the fused path stays on, so outputs do not change.
+- vitscope's ``Attention``: through its observer.
 - timm's ViT ``Attention`` (ViT, DeiT-III, DINO, DINOv2, CLIP; q/k-norm and gated variants): queries and
-  keys are read at the outputs of its ``q_norm`` / ``k_norm`` and the mask at its input; the fused path stays
-  on and outputs are bit-identical with and without recording.
-- timm's Swin and PVT-v2 attention (whose probabilities also hold a relative-position bias or reduced keys):
-  switched to their manual path for the duration (``fused_attn = False``) and read at the input of their
-  ``attn_drop``; every attribute changed is restored on detach.
+  keys are read at the outputs of its ``q_norm`` / ``k_norm`` and the mask at its input.
+- timm's Swin and PVT-v2 attention (a relative-position bias and shift mask, or reduced keys): queries and
+  keys at the outputs of their projections (``models.hierarchical``).
 """
 
 from __future__ import annotations
@@ -22,23 +22,22 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.attention import Attention, AttentionEvent, Softmax
-from vitscope.models.hierarchical import hierarchical_geometry
+from vitscope.metrics import SoftmaxInputs
+from vitscope.models.hierarchical import Geometry, hierarchical_geometry
 from vitscope.models.layout import TokenLayout
 
 
 @dataclass
 class Capture:
     """One layer's attention on one batch: ``layout``, ``probs()`` (B, heads, Tq, Tk) in canonical form, and
-    ``softmax_qk`` = (scaled queries, keys), each (B, heads, T, head_dim), for an unmasked softmax, else None."""
+    ``softmax_qk`` (``SoftmaxInputs``) for an unmasked softmax whose canonical form is its raw one, else None."""
 
     layout: TokenLayout
     probs: Callable[[], Tensor]
-    softmax_qk: tuple[Tensor, Tensor] | None = None
+    softmax_qk: SoftmaxInputs | None = None
 
 
 Observer = Callable[[Capture], None]
-# Turns a module's raw probabilities into canonical form and gives their layout.
-Canonical = Callable[[Tensor], tuple[Tensor, TokenLayout]]
 
 
 @dataclass(frozen=True)
@@ -53,12 +52,13 @@ class PlainLayout:
 
 @dataclass(frozen=True)
 class AttentionSite:
-    """One attention layer: its module path, 0-based index, and ``attach(observer) -> detach``."""
+    """One attention layer: its module path, 0-based index, how its probabilities become canonical (and its layout),
+    and ``attach(observer) -> detach``."""
 
     name: str
     index: int
     module: nn.Module
-    canonical: Canonical
+    canonical: PlainLayout | Geometry
 
     def attach(self, observer: Observer) -> Callable[[], None]:
         """Hand every forward pass's ``Capture`` to ``observer`` until the returned function is called."""
@@ -68,11 +68,11 @@ class AttentionSite:
             if isinstance(self.module, Attention):
                 return _attach_vitscope(self.module, deliver)
             return _attach_timm_vit(self.module, deliver)
-        return _attach_manual(self.module, self.canonical, observer)
+        return _attach_hierarchical(self.canonical, observer)
 
 
 def _plain_capture(event: AttentionEvent, layout: TokenLayout) -> Capture:
-    qk = (event.scaled_q, event.k) if event.is_softmax and event.attn_mask is None else None
+    qk = SoftmaxInputs(event.q, event.k, event.scale) if event.is_softmax and event.attn_mask is None else None
     return Capture(layout, lambda: event.probs, qk)
 
 
@@ -112,7 +112,7 @@ def _attach_timm_vit(module: nn.Module, deliver: Callable[[AttentionEvent], None
         seen["q"] = q
 
     def key(_m, _inputs, k: Tensor) -> None:
-        deliver(AttentionEvent(seen.pop("q") * module.scale, k, seen.get("mask"), softmax))
+        deliver(AttentionEvent(seen.pop("q"), k, module.scale, seen.get("mask"), softmax))
 
     handles = [module.register_forward_pre_hook(inputs, with_kwargs=True),
                module.q_norm.register_forward_hook(query), module.k_norm.register_forward_hook(key)]
@@ -124,27 +124,21 @@ def _attach_timm_vit(module: nn.Module, deliver: Callable[[AttentionEvent], None
     return detach
 
 
-def _attach_manual(module: nn.Module, canonical: Canonical, observer: Observer) -> Callable[[], None]:
-    if not hasattr(module, "attn_drop") or not hasattr(module, "fused_attn"):
-        raise ValueError(f"{type(module).__name__} has no manual attention path to record; vitscope supports "
-                         "timm's ViT, DeiT, DINO, DINOv2, CLIP, Swin and PVT-v2 attention")
+def _attach_hierarchical(geometry: Geometry, observer: Observer) -> Callable[[], None]:
+    """Swin and PVT-v2: q and k from the layer's projections (``Geometry.attach``), probabilities recomputed as
+    timm's manual path does, once, when first asked for."""
 
-    def deliver(probs: Tensor) -> None:
-        canon, layout = canonical(probs)
-        observer(Capture(layout, lambda: canon))
+    def deliver(raw: Callable[[], Tensor], softmax: SoftmaxInputs | None) -> None:
+        kept: list[Tensor] = []
 
-    previous = module.fused_attn
-    module.fused_attn = False
-    handle = module.attn_drop.register_forward_hook(lambda _m, inputs, _out: deliver(inputs[0]))
-    install = getattr(canonical, "install", None)  # geometry read at forward time (PVT)
-    uninstall = install() if install is not None else (lambda: None)
+        def probs() -> Tensor:
+            if not kept:
+                kept.append(geometry(raw())[0])
+            return kept[0]
 
-    def detach() -> None:
-        handle.remove()
-        uninstall()
-        module.fused_attn = previous
+        observer(Capture(geometry.layout, probs, softmax))
 
-    return detach
+    return geometry.attach(deliver)
 
 
 def token_layout(model: nn.Module) -> TokenLayout:
