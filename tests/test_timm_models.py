@@ -51,9 +51,10 @@ def test_records_every_family_with_fused_attention_left_on(family):
             out = model(images)
         with vitscope.record_attention(model, keep="stats") as stats_rec:
             model(images)
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out, expected)  # no family changes its attention path while recorded
     assert [m.fused_attn for m in modules] == fused_before
-    assert all(not m.attn_drop._forward_hooks and not m._forward_pre_hooks for m in modules)
+    assert all(not m.attn_drop._forward_hooks and not m._forward_pre_hooks and not m._forward_hooks
+               for m in modules)
     stats = stats_rec.stats
     assert len(maps_rec.maps) == len(stats.layers) == len(modules)
     for probs, layout, heads in zip(maps_rec.maps, maps_rec.layouts, stats.heads, strict=True):
@@ -209,7 +210,8 @@ def test_everything_restored_after_an_error():
         model(images)
         raise RuntimeError("boom")
     assert [m.fused_attn for m in modules] == before
-    assert all(not m._forward_pre_hooks and not m.attn_drop._forward_hooks for m in modules)
+    assert all(not m._forward_pre_hooks and not m._forward_hooks and not m.q._forward_hooks
+               and not m.kv._forward_hooks for m in modules)
 
 
 def test_swap_normaliser_keeps_weights_and_registers_and_image_size():

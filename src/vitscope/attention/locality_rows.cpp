@@ -2,17 +2,19 @@
 // probabilities are ever materialised beyond one row group in L1.
 //
 // For each (image, head) map, each patch query row i >= prefix of s = scale q k^T (Tq x Tk, the first `prefix`
-// queries and keys CLS/register tokens) with p = softmax(s), restricted to the patch keys j >= prefix:
-//   mass_i = sum_j p_ij,  weighted_i = sum_j p_ij d_ij,  plogp_i = sum_j p_ij log p_ij.
-// With e_j = exp(s_j - max) and Z = sum over all keys of e_j, p_j = e_j / Z and log p_j = s_j - max - log Z, so
-// two in-cache passes over a row give all three: its maximum, then the sums of e_j, e_j d_ij and e_j (s_j - max).
-// These are the row sums of vitscope.metrics.locality.locality_row_sums, which turns them into MAD and entropy.
+// queries and keys CLS/register tokens) with p = softmax(s), over the patch keys j >= prefix:
+//   P_i = sum_j e_ij,  W_i = sum_j e_ij d_ij,  S_i = sum_j e_ij (s_ij - max_i),  with e_ij = exp(s_ij - max_i),
+// and Z_i the sum of e over all keys. Then the patch mass is m_i = P_i / Z_i, the renormalised distance
+// sum_j p d / m = W_i / P_i, the raw one W_i / Z_i, and the renormalised entropy
+// -sum_j (p/m) log(p/m) = log P_i - S_i / P_i (Z cancels). Summed over the rows with patch mass, with their
+// count, these are vitscope.metrics.locality.map_sums, which locality_from_map_sums turns into MAD and entropy.
 //
 // Per map the keys are transposed once into a scaled (head_dim x Tk) panel, and each group of G query rows into a
 // (head_dim x G) block; the group's logits are then formed one panel vector and G fused multiply-adds (each with
 // its query element broadcast from the block) at a time. q and k are read with their strides (the head dim
 // contiguous), so the views PyTorch's attention takes of its qkv projection need no copy.
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -37,10 +39,11 @@ struct Shape {
     int64_t padded;        // keys rounded up to whole vectors
 };
 
-// The row sums of one map. dist: (tq - prefix) x padded, zero on prefix and padding keys. Scratch: panel
-// (dim x padded), block (dim x G), rows (G x padded).
+// The map sums (rows with patch mass, sum of renormalised distances, of raw distances, of entropies) of one map.
+// dist: (tq - prefix) x padded, zero on prefix and padding keys. Scratch: panel (dim x padded), block (dim x G),
+// rows (G x padded).
 void locality_map(const float *q, const float *k, const float *dist, float scale, const Shape &n, float *panel,
-                  float *block, float *rows, float *mass, float *weighted, float *plogp) {
+                  float *block, float *rows, double *sums) {
     const int64_t padded = n.padded;
     for (int64_t c = 0; c < n.dim; ++c) {
         float *line = panel + c * padded;
@@ -49,6 +52,7 @@ void locality_map(const float *q, const float *k, const float *dist, float scale
     }
     vf lane{};
     for (int l = 0; l < L; ++l) lane[l] = float(l);
+    for (int i = 0; i < 4; ++i) sums[i] = 0.0;
     for (int64_t i0 = n.prefix; i0 < n.tq; i0 += G) {
         const int count = n.tq - i0 < G ? int(n.tq - i0) : G;
         for (int g = 0; g < G; ++g) {
@@ -74,7 +78,7 @@ void locality_map(const float *q, const float *k, const float *dist, float scale
                 top[g] = live > top[g] ? live : top[g];
             }
         }
-        // per row: Z = sum e over all keys; over patch keys sum e, sum e d and sum e (s - max)
+        // per row: Z over all keys; P, W and S over patch keys
         float z[G], patch[G], dist_sum[G], shifted_sum[G];
         for (int g = 0; g < count; ++g) {
             const float *row = rows + g * padded, *d = dist + (i0 + g - n.prefix) * padded;
@@ -94,15 +98,16 @@ void locality_map(const float *q, const float *k, const float *dist, float scale
             }
             z[g] = hsum(zv), patch[g] = hsum(ev), dist_sum[g] = hsum(wv), shifted_sum[g] = hsum(sv);
         }
-        // p = e / Z and log p = (s - max) - log Z; Z >= 1 (the maximum's own e), so log Z is finite
-        vf zs = splat(1.0f);
-        for (int g = 0; g < count; ++g) zs[g] = z[g];
-        const vf log_z = vlog(zs);
+        vf normal = splat(1.0f);  // vlog takes normal numbers; other rows are left out or logged one by one
+        for (int g = 0; g < count; ++g) normal[g] = patch[g] >= FLT_MIN ? patch[g] : 1.0f;
+        const vf log_patch = vlog(normal);
         for (int g = 0; g < count; ++g) {
-            const int64_t r = i0 + g - n.prefix;
-            mass[r] = patch[g] / z[g];
-            weighted[r] = dist_sum[g] / z[g];
-            plogp[r] = shifted_sum[g] / z[g] - mass[r] * log_z[g];
+            if (!(patch[g] > 0.0f)) continue;  // no patch mass: left out of every mean
+            const double p = patch[g];
+            sums[0] += 1.0;
+            sums[1] += dist_sum[g] / p;
+            sums[2] += double(dist_sum[g]) / z[g];
+            sums[3] += (patch[g] >= FLT_MIN ? log_patch[g] : std::log(p)) - shifted_sum[g] / p;
         }
     }
 }
@@ -112,12 +117,11 @@ void locality_map(const float *q, const float *k, const float *dist, float scale
 extern "C" {
 
 // q: (batch, heads, tq, dim) and k: (batch, heads, tk, dim) float32 with unit stride along dim and the given
-// strides (floats) along batch, heads and tokens; dist: (tq - prefix) x (tk - prefix); outputs: (batch x heads x
-// (tq - prefix)) each. The logits are scale * q k^T.
-void vitscope_softmax_locality(const float *q, const float *k, const float *dist, float *mass, float *weighted,
-                               float *plogp, const int64_t *q_strides, const int64_t *k_strides, int64_t batch,
-                               int64_t heads, int64_t tq, int64_t tk, int64_t dim, int64_t prefix, float scale,
-                               int threads) {
+// strides (floats) along batch, heads and tokens; dist: (tq - prefix) x (tk - prefix); sums: (batch x heads x 4)
+// float64, the map sums. The logits are scale * q k^T.
+void vitscope_softmax_locality(const float *q, const float *k, const float *dist, double *sums,
+                               const int64_t *q_strides, const int64_t *k_strides, int64_t batch, int64_t heads,
+                               int64_t tq, int64_t tk, int64_t dim, int64_t prefix, float scale, int threads) {
     const int64_t padded = (tk + L - 1) / L * L, out_rows = tq - prefix, patches = tk - prefix;
     const Shape shape{tq, tk, dim, prefix, q_strides[2], k_strides[2], padded};
     std::vector<float> aligned(out_rows * padded, 0.0f);  // each query's distances at its keys' positions
@@ -128,8 +132,7 @@ void vitscope_softmax_locality(const float *q, const float *k, const float *dist
         for (int64_t map = first; map < last; ++map) {
             const int64_t b = map / heads, h = map % heads;
             locality_map(q + b * q_strides[0] + h * q_strides[1], k + b * k_strides[0] + h * k_strides[1],
-                         aligned.data(), scale, shape, panel.data(), block.data(), rows.data(), mass + map * out_rows,
-                         weighted + map * out_rows, plogp + map * out_rows);
+                         aligned.data(), scale, shape, panel.data(), block.data(), rows.data(), sums + map * 4);
         }
     });
 }

@@ -126,7 +126,7 @@ class NativeKernels:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.vitscope_forward.argtypes = [i32, i32, p, p, p, p, i64, i64, i32, i32]
         lib.vitscope_backward.argtypes = [i32, i32, p, p, p, p, p, i64, i64, i32]
-        lib.vitscope_softmax_locality.argtypes = [p] * 8 + [i64] * 6 + [ctypes.c_float, i32]
+        lib.vitscope_softmax_locality.argtypes = [p] * 6 + [i64] * 6 + [ctypes.c_float, i32]
         lib.vitscope_softmax_locality.restype = None
         return lib
 
@@ -168,12 +168,11 @@ class NativeKernels:
                                      y.shape[-1], _threads(y)))
         return out, d_alpha
 
-    def softmax_locality(self, q: Tensor, k: Tensor, scale: float, distances: Tensor,
-                         prefix: int) -> tuple[Tensor, Tensor, Tensor]:
-        """``locality_row_sums`` of softmax(scale q k^T) over the patch block, from queries (B, H, Tq, dim), keys
-        (B, H, Tk, dim) and patch distances (Tq - prefix, Tk - prefix), forming neither logits nor probabilities:
-        mass, weighted, plogp, each (B, H, Tq - prefix) float32. Strided q and k (views of a qkv projection) are
-        read in place when float32 with a contiguous last dim."""
+    def softmax_locality(self, q: Tensor, k: Tensor, scale: float, distances: Tensor, prefix: int) -> Tensor:
+        """``vitscope.metrics.locality.map_sums`` (B, H, 4) float64 of softmax(scale q k^T) over the patch block,
+        from queries (B, H, Tq, dim), keys (B, H, Tk, dim) and patch distances (Tq - prefix, Tk - prefix), forming
+        neither logits nor probabilities. q and k are read in place when float32 with a contiguous last dim (the
+        views of a qkv projection)."""
         lib = self._loaded()
         q, k = (_strided_rows(t) for t in (q, k))
         if q.dim() != 4 or k.dim() != 4 or k.shape[:2] != q.shape[:2] or k.shape[-1] != q.shape[-1]:
@@ -185,13 +184,12 @@ class NativeKernels:
             raise ValueError(f"queries {tuple(q.shape)} and keys {tuple(k.shape)} with {prefix} prefix tokens do not "
                              f"match distances {tuple(distances.shape)}; expected (Tq - prefix, Tk - prefix)")
         distances = distances.detach().to(torch.float32).contiguous()
-        sums = torch.empty(3, b, h, tq - prefix)
-        strides = [(ctypes.c_int64 * 3)(*t.stride()[:3]) for t in (q, k)]
+        sums = torch.empty(b, h, 4, dtype=torch.float64)
         threads = max(1, min(torch.get_num_threads(), b * h * tq * tk // _MIN_ELEMENTS_PER_THREAD))
-        lib.vitscope_softmax_locality(q.data_ptr(), k.data_ptr(), distances.data_ptr(), sums[0].data_ptr(),
-                                      sums[1].data_ptr(), sums[2].data_ptr(), *strides, b, h, tq, tk, dim, prefix,
-                                      float(scale), threads)
-        return sums[0], sums[1], sums[2]
+        lib.vitscope_softmax_locality(q.data_ptr(), k.data_ptr(), distances.data_ptr(), sums.data_ptr(),
+                                      (ctypes.c_int64 * 3)(*q.stride()[:3]), (ctypes.c_int64 * 3)(*k.stride()[:3]),
+                                      b, h, tq, tk, dim, prefix, float(scale), threads)
+        return sums
 
     def _loaded(self) -> ctypes.CDLL:
         lib = self.library()
@@ -230,8 +228,7 @@ def backward(kind: str, grad: Tensor, y: Tensor, alpha: Tensor | float | None = 
     return kernels().backward(kind, grad, y, alpha, alpha_grad)
 
 
-def softmax_locality(q: Tensor, k: Tensor, scale: float, distances: Tensor,
-                     prefix: int) -> tuple[Tensor, Tensor, Tensor]:
+def softmax_locality(q: Tensor, k: Tensor, scale: float, distances: Tensor, prefix: int) -> Tensor:
     """See ``NativeKernels.softmax_locality``."""
     return kernels().softmax_locality(q, k, scale, distances, prefix)
 

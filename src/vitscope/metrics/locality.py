@@ -120,30 +120,44 @@ def attention_entropy(attn: Tensor, *, num_prefix_tokens: int, normalized: bool 
 def locality_row_sums(block: Tensor, distances: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per query row of patch-to-patch attention (B, H, Nq, Nk): patch mass, sum_j A d and sum_j A log A.
 
-    MAD and entropy follow from these (``locality_from_row_sums``); one pass over ``block``, so it fuses
-    well under ``torch.compile``."""
+    MAD and entropy follow from these (``map_sums``, then ``locality_from_map_sums``)."""
     mass = block.sum(dim=-1)
     weighted = (block * distances).sum(dim=-1)
     plogp = torch.special.xlogy(block, block).sum(dim=-1)
     return mass, weighted, plogp
 
 
-def softmax_row_sums(scaled_q: Tensor, k: Tensor, distances: Tensor, *, prefix: int
-                     ) -> tuple[Tensor, Tensor, Tensor]:
-    """``locality_row_sums`` of softmax(q k^T) restricted to patches, from scaled queries and keys
-    (B, heads, T, head_dim), without keeping the probabilities."""
-    probs = (scaled_q.float() @ k.float().transpose(-2, -1)).softmax(dim=-1)
-    return locality_row_sums(probs[..., prefix:, prefix:], distances)
+MAP_SUMS = ("rows", "mad", "weighted", "entropy")
 
 
-def locality_from_row_sums(mass: Tensor, weighted: Tensor, plogp: Tensor, *, num_keys: int, scale: float,
-                           renormalize: bool = True) -> tuple[Tensor, Tensor]:
-    """(MAD, normalised entropy), each (B, heads), from row sums; ``scale`` converts distances to the unit.
-
-    The renormalised row entropy is -sum (A/m) log(A/m) = log m - (sum A log A) / m."""
+def map_sums(mass: Tensor, weighted: Tensor, plogp: Tensor) -> Tensor:
+    """Per (image, head), over the query rows with patch mass (row sums (B, H, N) as ``locality_row_sums``
+    gives them): (B, H, 4) = the number of such rows, and the sums of their renormalised distance
+    (sum_j A d / m), raw distance (sum_j A d) and renormalised entropy in nats (log m - (sum_j A log A) / m,
+    which is -sum_j (A/m) log(A/m)); the names are ``MAP_SUMS``."""
     valid = mass > 0
     safe = mass.clamp(min=torch.finfo(mass.dtype).tiny)
-    rows_mad = weighted / safe if renormalize else weighted
-    rows_ent = safe.log() - plogp / safe
-    rows_ent = rows_ent / math.log(num_keys) if num_keys > 1 else torch.zeros_like(rows_ent)
-    return _row_mean(rows_mad, valid) * scale, _row_mean(rows_ent, valid)
+    rows = torch.stack([valid.to(mass.dtype), weighted / safe, weighted, safe.log() - plogp / safe], dim=-1)
+    return torch.where(valid.unsqueeze(-1), rows, 0.0).sum(dim=-2)
+
+
+def patch_map_sums(block: Tensor, distances: Tensor) -> Tensor:
+    """``map_sums`` of patch-to-patch attention (B, H, Nq, Nk); one pass over ``block`` under ``torch.compile``."""
+    return map_sums(*locality_row_sums(block, distances))
+
+
+def softmax_map_sums(scaled_q: Tensor, k: Tensor, distances: Tensor, *, prefix: int) -> Tensor:
+    """``map_sums`` of softmax(q k^T) restricted to patches, from scaled queries (B, heads, Tq, head_dim) and keys
+    (B, heads, Tk, head_dim), without keeping the probabilities."""
+    probs = (scaled_q.float() @ k.float().transpose(-2, -1)).softmax(dim=-1)
+    return patch_map_sums(probs[..., prefix:, prefix:], distances)
+
+
+def locality_from_map_sums(sums: Tensor, *, num_keys: int, scale: float, renormalize: bool = True
+                           ) -> tuple[Tensor, Tensor]:
+    """(MAD, normalised entropy), each (B, heads), from ``map_sums`` (B, heads, 4); ``scale`` converts distances to
+    the unit, ``num_keys`` is the number of patch keys per row. NaN where no row has patch mass (0 / 0)."""
+    rows = sums[..., 0]
+    mad = sums[..., 1 if renormalize else 2] / rows * scale
+    entropy = sums[..., 3] / (rows * math.log(num_keys)) if num_keys > 1 else sums[..., 3] * 0 / rows
+    return mad, entropy

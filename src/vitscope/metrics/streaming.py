@@ -25,7 +25,13 @@ from torch import Tensor
 from vitscope.attention import native
 from vitscope.attention.paths import current
 from vitscope.compiled import compiled
-from vitscope.metrics.locality import UNITS, locality_from_row_sums, locality_row_sums, softmax_row_sums, unit_scale
+from vitscope.metrics.locality import (
+    UNITS,
+    locality_from_map_sums,
+    patch_map_sums,
+    softmax_map_sums,
+    unit_scale,
+)
 from vitscope.metrics.stats import AttentionStats
 
 
@@ -146,9 +152,9 @@ class LocalityAccumulator:
                 num_keys = batch.softmax_qk.k.shape[-2] - batch.prefix
             else:
                 block = batch.patch_probs()
-                sums = fastest(locality_row_sums)(block, batch.distances.to(block.dtype))
+                sums = fastest(patch_map_sums)(block, batch.distances.to(block.dtype))
                 num_keys = block.shape[-1]
-            mad, ent = locality_from_row_sums(*sums, num_keys=num_keys, scale=self._scale(batch),
+            mad, ent = locality_from_map_sums(sums, num_keys=num_keys, scale=self._scale(batch),
                                               renormalize=self.options["renormalize"])
             self.means.add(layer, {"mad": mad, "entropy": ent})
 
@@ -191,10 +197,10 @@ def fastest(fn: Callable, **constants) -> Callable:
     return compiled(fn, **constants) if current().compiled else partial(fn, **constants)
 
 
-def _softmax_sums(inputs: SoftmaxInputs, distances: Tensor, prefix: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Row sums of softmax(scale q k^T) restricted to patches: the native kernel where it runs (reading q and k in
+def _softmax_sums(inputs: SoftmaxInputs, distances: Tensor, prefix: int) -> Tensor:
+    """Map sums of softmax(scale q k^T) restricted to patches: the native kernel where it runs (reading q and k in
     place, forming no logits), else the compiled or eager twin."""
     q, k = inputs.q.detach(), inputs.k.detach()
     if native.runs_on(k):
         return native.softmax_locality(q, k, inputs.scale, distances, prefix)
-    return fastest(softmax_row_sums, prefix=prefix)(q * inputs.scale, k, distances)
+    return fastest(softmax_map_sums, prefix=prefix)(q * inputs.scale, k, distances)
