@@ -9,7 +9,7 @@
 // -sum_j (p/m) log(p/m) = log P_i - S_i / P_i (Z cancels). Summed over the rows with patch mass, with their
 // count, these are vitscope.metrics.locality.map_sums, which locality_from_map_sums turns into MAD and entropy.
 //
-// Per map the keys are transposed once into a scaled (head_dim x Tk) panel, and each group of G query rows into a
+// Per map the keys are transposed once into a scaled (head_dim x Tk) panel, patch keys first, and each group of G query rows into a
 // (head_dim x G) block; the group's logits are then formed one panel vector and G fused multiply-adds (each with
 // its query element broadcast from the block) at a time. q and k are read with their strides (the head dim
 // contiguous), so the views PyTorch's attention takes of its qkv projection need no copy.
@@ -33,21 +33,46 @@ constexpr int G = 8;  // query rows whose logits are formed together (8 accumula
 // costs a scalar add per use in the logits loop)
 inline vf broadcast(float x) { return x - vf{}; }
 
+// exp(x) for x <= 0 (x - max of a row), 0 below about -87.3 and for -inf: vitscope's vexp without the overflow
+// guard, rounding by the 1.5 * 2^23 shift (whose low mantissa bits then hold k) instead of a floor.
+inline vf exp_nonpositive(vf x) {
+    const vf lo = splat(-87.3365447f), shift = splat(12582912.0f);
+    const vi under = x < lo;
+    x = under ? lo : x;
+    const vf t = x * splat(1.44269504088896341f) + shift;  // k = round(x / ln 2), in t's low bits
+    const vf k = t - shift;
+    x = x - k * splat(0.693359375f) - k * splat(-2.12194440e-4f);  // x - k ln 2, in two parts
+    const vf z = x * x;
+    vf p = splat(1.9875691500e-4f);
+    p = p * x + splat(1.3981999507e-3f);
+    p = p * x + splat(8.3334519073e-3f);
+    p = p * x + splat(4.1665795894e-2f);
+    p = p * x + splat(1.6666665459e-1f);
+    p = p * x + splat(5.0000001201e-1f);
+    p = p * z + x + splat(1.0f);
+    const vi bits = ((vi)t - (vi)shift + 127) << 23;  // 2^k
+    const vf r = p * (vf)bits;
+    return under ? splat(0.0f) : r;
+}
+
 struct Shape {
     int64_t tq, tk, dim, prefix;
     int64_t q_row, k_row;  // row strides (floats) of one map's queries and keys
     int64_t padded;        // keys rounded up to whole vectors
+    int64_t patches;       // patch keys (tk - prefix)
 };
 
 // The map sums (rows with patch mass, sum of renormalised distances, of raw distances, of entropies) of one map.
-// dist: (tq - prefix) x padded, zero on prefix and padding keys. Scratch: panel (dim x padded), block (dim x G),
-// rows (G x padded).
+// Keys sit in panel order: the patch keys first (so that they fill whole vectors), then the prefix keys, then
+// padding. dist: (tq - prefix) x padded in that order, zero after the patch keys. Scratch: panel (dim x padded),
+// block (dim x G), rows (G x padded).
 void locality_map(const float *q, const float *k, const float *dist, float scale, const Shape &n, float *panel,
                   float *block, float *rows, double *sums) {
-    const int64_t padded = n.padded;
+    const int64_t padded = n.padded, patches = n.patches;
     for (int64_t c = 0; c < n.dim; ++c) {
         float *line = panel + c * padded;
-        for (int64_t j = 0; j < n.tk; ++j) line[j] = k[j * n.k_row + c] * scale;
+        for (int64_t j = 0; j < patches; ++j) line[j] = k[(n.prefix + j) * n.k_row + c] * scale;
+        for (int64_t j = 0; j < n.prefix; ++j) line[patches + j] = k[j * n.k_row + c] * scale;
         for (int64_t j = n.tk; j < padded; ++j) line[j] = 0.0f;
     }
     vf lane{};
@@ -78,35 +103,42 @@ void locality_map(const float *q, const float *k, const float *dist, float scale
                 top[g] = live > top[g] ? live : top[g];
             }
         }
-        // per row: Z over all keys; P, W and S over patch keys
-        float z[G], patch[G], dist_sum[G], shifted_sum[G];
+        // the prefix keys' share of Z, one lane per row of the group
+        vf maxima = splat(0.0f), prefix_z{};
+        for (int g = 0; g < count; ++g) maxima[g] = hmax(top[g]);
+        for (int64_t j = 0; j < n.prefix; ++j) {
+            vf logits = maxima;
+            for (int g = 0; g < count; ++g) logits[g] = rows[g * padded + patches + j];
+            prefix_z += exp_nonpositive(logits - maxima);
+        }
+        // per row over the patch keys: P, W and S
+        float patch[G], dist_sum[G], shifted_sum[G];
         for (int g = 0; g < count; ++g) {
             const float *row = rows + g * padded, *d = dist + (i0 + g - n.prefix) * padded;
-            const vf mv = broadcast(hmax(top[g]));
-            vf zv{}, ev{}, wv{}, sv{};
-            for (int64_t j = 0; j < padded; j += L) {
+            const vf mv = broadcast(maxima[g]);
+            vf ev{}, wv{}, sv{};
+            for (int64_t j = 0; j < patches; j += L) {
                 vf shifted, distances;
                 std::memcpy(&shifted, row + j, sizeof(vf));
                 std::memcpy(&distances, d + j, sizeof(vf));
                 shifted -= mv;
-                vf e = vexp(shifted);  // 0 on padding keys
-                zv += e;
-                if (j < n.prefix) e = lane + broadcast(float(j)) >= broadcast(float(n.prefix)) ? e : splat(0.0f);
+                vf e = exp_nonpositive(shifted);
+                if (patches - j < L) e = lane < broadcast(float(patches - j)) ? e : splat(0.0f);  // prefix keys
                 ev += e;
                 wv += e * distances;
                 sv += e > splat(0.0f) ? e * shifted : splat(0.0f);  // 0 where e underflows, not 0 * -inf
             }
-            z[g] = hsum(zv), patch[g] = hsum(ev), dist_sum[g] = hsum(wv), shifted_sum[g] = hsum(sv);
+            patch[g] = hsum(ev), dist_sum[g] = hsum(wv), shifted_sum[g] = hsum(sv);
         }
         vf normal = splat(1.0f);  // vlog takes normal numbers; other rows are left out or logged one by one
         for (int g = 0; g < count; ++g) normal[g] = patch[g] >= FLT_MIN ? patch[g] : 1.0f;
         const vf log_patch = vlog(normal);
         for (int g = 0; g < count; ++g) {
             if (!(patch[g] > 0.0f)) continue;  // no patch mass: left out of every mean
-            const double p = patch[g];
+            const double p = patch[g], z = p + prefix_z[g];
             sums[0] += 1.0;
             sums[1] += dist_sum[g] / p;
-            sums[2] += double(dist_sum[g]) / z[g];
+            sums[2] += dist_sum[g] / z;
             sums[3] += (patch[g] >= FLT_MIN ? log_patch[g] : std::log(p)) - shifted_sum[g] / p;
         }
     }
@@ -123,10 +155,10 @@ void vitscope_softmax_locality(const float *q, const float *k, const float *dist
                                const int64_t *q_strides, const int64_t *k_strides, int64_t batch, int64_t heads,
                                int64_t tq, int64_t tk, int64_t dim, int64_t prefix, float scale, int threads) {
     const int64_t padded = (tk + L - 1) / L * L, out_rows = tq - prefix, patches = tk - prefix;
-    const Shape shape{tq, tk, dim, prefix, q_strides[2], k_strides[2], padded};
-    std::vector<float> aligned(out_rows * padded, 0.0f);  // each query's distances at its keys' positions
+    const Shape shape{tq, tk, dim, prefix, q_strides[2], k_strides[2], padded, patches};
+    std::vector<float> aligned(out_rows * padded, 0.0f);  // each query's distances in panel order
     for (int64_t i = 0; i < out_rows; ++i)
-        std::memcpy(aligned.data() + i * padded + prefix, dist + i * patches, patches * sizeof(float));
+        std::memcpy(aligned.data() + i * padded, dist + i * patches, patches * sizeof(float));
     in_parallel(batch * heads, 1, threads, [&](int64_t first, int64_t last) {
         std::vector<float> panel(dim * padded), block(dim * G), rows(G * padded);
         for (int64_t map = first; map < last; ++map) {
