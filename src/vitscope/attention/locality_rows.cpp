@@ -28,6 +28,7 @@ namespace {
 using namespace vitscope;
 
 constexpr int G = 8;  // query rows whose logits are formed together (8 accumulators + 1 panel vector in registers)
+typedef float rows_g __attribute__((vector_size(4 * G)));  // one value per row of a group
 
 // x in every lane: x - 0 is x for every x, so this is one broadcast (splat's 0 + x is not x for x = -0, so it
 // costs a scalar add per use in the logits loop)
@@ -69,6 +70,7 @@ struct Shape {
 void locality_map(const float *q, const float *k, const float *dist, float scale, const Shape &n, float *panel,
                   float *block, float *rows, double *sums) {
     const int64_t padded = n.padded, patches = n.patches;
+    const int64_t blocked = n.tk % L != 0 && n.tk % L <= 4 ? n.tk / L * L : padded;  // keys taken a vector at a time
     for (int64_t c = 0; c < n.dim; ++c) {
         float *line = panel + c * padded;
         for (int64_t j = 0; j < patches; ++j) line[j] = k[(n.prefix + j) * n.k_row + c] * scale;
@@ -87,7 +89,7 @@ void locality_map(const float *q, const float *k, const float *dist, float scale
         // logits of the group's rows, -inf on padding keys, and each row's maximum
         vf top[G];
         for (int g = 0; g < G; ++g) top[g] = splat(-INFINITY);
-        for (int64_t j = 0; j < padded; j += L) {
+        for (int64_t j = 0; j < blocked; j += L) {
             vf acc[G];
             for (int g = 0; g < G; ++g) acc[g] = vf{};
             const float *column = block;
@@ -103,9 +105,26 @@ void locality_map(const float *q, const float *k, const float *dist, float scale
                 top[g] = live > top[g] ? live : top[g];
             }
         }
+        // a few keys past the last whole vector (vit-compact's CLS): one column of G rows at a time, G times fewer
+        // multiply-adds than a mostly empty vector of keys per row
+        rows_g column_top = -INFINITY - rows_g{};
+        if (blocked < padded) {
+            for (int g = 0; g < G; ++g)
+                for (int64_t j = blocked; j < padded; ++j) rows[g * padded + j] = -INFINITY;
+            for (int64_t j = blocked; j < n.tk; ++j) {
+                rows_g acc{};
+                for (int64_t c = 0; c < n.dim; ++c) {
+                    rows_g queries;
+                    std::memcpy(&queries, block + c * G, sizeof(rows_g));
+                    acc += queries * (panel[c * padded + j] - rows_g{});
+                }
+                for (int g = 0; g < G; ++g) rows[g * padded + j] = acc[g];
+                column_top = acc > column_top ? acc : column_top;
+            }
+        }
         // the prefix keys' share of Z, one lane per row of the group
         vf maxima = splat(0.0f), prefix_z{};
-        for (int g = 0; g < count; ++g) maxima[g] = hmax(top[g]);
+        for (int g = 0; g < count; ++g) maxima[g] = std::fmax(hmax(top[g]), column_top[g]);
         for (int64_t j = 0; j < n.prefix; ++j) {
             vf logits = maxima;
             for (int g = 0; g < count; ++g) logits[g] = rows[g * padded + patches + j];
