@@ -1,9 +1,11 @@
 """Cost of streaming attention statistics (MAD + entropy per head) against a plain evaluation forward.
 
 Usage: python benchmarks/bench_record.py [--device cpu|cuda] [--repeats 5] [--batches 16,32,64,128]
-Models: vitscope's vit-compact (32 px) at every batch size given (target: <= 1.3x from 16 up) and timm's
-vit_small_patch16_224 (batch 16, 224 px), random weights. Also checks that recording leaves the output
-bit-identical and that memory does not grow with the number of batches recorded.
+Models: vitscope's vit-compact (32 px) at every batch size given (target: <= 1.3x from 16 up), timm's
+vit_small_patch16_224 and pvt_v2_b0 (batch 16, 224 px; PVT-v2's reduced keys take the same q/k kernel),
+random weights. Also checks that recording leaves the output bit-identical and that memory does not grow with
+the number of batches recorded. Timing: run at normal priority on an otherwise idle machine, and quote the
+load average (``cat /proc/loadavg``) with the figures.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batches", default="16,32,64,128", help="vit-compact batch sizes")
     args = parser.parse_args()
-    runs = [("vit-compact", int(b), 32) for b in args.batches.split(",")] + [("timm:vit_small_patch16_224", 16, 224)]
+    runs = [("vit-compact", int(b), 32) for b in args.batches.split(",")]
+    runs += [("timm:vit_small_patch16_224", 16, 224), ("timm:pvt_v2_b0", 16, 224)]
     rows = [measure(spec, batch, size, args.device, args.repeats) for spec, batch, size in runs]
     print(f"machine: {machine()}")
     print(table(rows, ["model", "batch", "plain forward ms", "with streaming stats ms", "ratio",
