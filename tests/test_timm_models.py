@@ -200,6 +200,15 @@ def test_pvt_statistics_from_queries_and_keys_equal_those_of_its_maps():
         torch.testing.assert_close(rec.stats.entropy[layer, :heads], ent.mean(0), atol=2e-6, rtol=0)
 
 
+def test_an_attention_whose_projections_are_not_timms_is_refused_clearly():
+    model, images = tiny_hierarchical("pvt-v2")
+    del model.stages[0].blocks[0].attn.kv  # as if a timm version had renamed it
+    with pytest.raises(ValueError, match="cannot record this PVT-v2 attention .* lacks kv"):
+        with vitscope.record_attention(model):
+            pass
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in attention_modules(model))
+
+
 def test_everything_restored_after_an_error():
     model, images = build("pvt-v2")
     modules = attention_modules(model)

@@ -36,6 +36,16 @@ def _centres(starts: Tensor, ends: Tensor) -> Tensor:
     return (starts + ends).to(torch.float32) / 2
 
 
+def _require(module: nn.Module | None, names: tuple[str, ...], family: str) -> nn.Module:
+    """``module``, checked to have what its capture reads (a timm version that renamed them is refused clearly)."""
+    missing = [name for name in names if not hasattr(module, name)]
+    if module is None or missing:
+        raise ValueError(f"cannot record this {family} attention ({type(module).__name__}): it lacks "
+                         f"{', '.join(missing) or 'a module'}; vitscope reads timm's {family} attention as of timm "
+                         "1.0 (projections and scale as there)")
+    return module
+
+
 def _hooks_removed(handles: list) -> Callable[[], None]:
     def detach() -> None:
         for handle in handles:
@@ -66,7 +76,8 @@ class SwinWindows:
 
     def attach(self, deliver: Deliver) -> Callable[[], None]:
         """Deliver every forward pass's probabilities (raw: (windows x B, heads, area, area)) until detached."""
-        module, seen = self.module, {}
+        module = _require(self.module, ("qkv", "scale", "num_heads", "softmax", "_get_rel_pos_bias"), "Swin")
+        seen: dict[str, Tensor | None] = {}
 
         def inputs(_m, args, kwargs) -> None:
             seen["mask"] = kwargs.get("mask", args[1] if len(args) > 1 else None)
@@ -102,7 +113,8 @@ class PvtReducedKeys:
 
     def attach(self, deliver: Deliver) -> Callable[[], None]:
         """Deliver every forward pass's probabilities (B, heads, Nq, Nk) and softmax inputs until detached."""
-        module, seen = self.module, {}
+        module = _require(self.module, ("q", "kv", "scale", "num_heads", "head_dim"), "PVT-v2")
+        seen: dict[str, Tensor] = {}
 
         def inputs(_m, args, kwargs) -> None:
             self.feat_size = tuple(kwargs["feat_size"] if "feat_size" in kwargs else args[1])
