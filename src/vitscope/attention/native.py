@@ -1,5 +1,6 @@
 """Native CPU kernels, built at first use: sparsemax, entmax-1.5 and alpha-entmax forward and backward
-(``sparse_rows.cpp``), and softmax attention's locality row sums without its probabilities (``locality_rows.cpp``).
+(``sparse_rows.cpp``), and softmax attention's locality statistics straight from its queries and keys, forming
+neither logits nor probabilities (``locality_rows.cpp``).
 
 ``NativeKernels`` owns one build of the C++ sources: compiled once per machine (about a second) with the system's
 C++ compiler (``$CXX``, else ``c++``), ``-O3 -march=native`` and OpenMP where available (so the kernels share
@@ -7,8 +8,9 @@ PyTorch's thread pool), into ``$VITSCOPE_CACHE/native`` (default ``~/.cache/vits
 and keyed by the sources, the flags, the compiler and the CPU, then loaded with ctypes (which releases the GIL
 while a kernel runs). A failed build is remembered by that object only, never on disk, so a fixed compiler is
 picked up by the next process (or by ``reset()``). Where no compiler works, a warning says so once and the
-normalisers take their compiled-PyTorch or eager paths. ``kernels()`` is the process's shared instance; the
-module-level functions below call it. Whether the normalisers use it at all is chosen in ``paths.py``.
+normalisers take their compiled-PyTorch or eager paths. ``kernels()`` is the instance in force (that of
+``fast_paths(kernels=...)``, else the process's shared one); the module-level functions below call it. Whether
+the normalisers and streamed metrics use it at all is chosen in ``paths.py``.
 """
 
 from __future__ import annotations
