@@ -11,6 +11,7 @@ import datetime as dt
 import importlib
 import math
 import signal
+import sys
 import time
 from collections.abc import Callable
 from contextlib import closing
@@ -22,10 +23,12 @@ from timm.optim import create_optimizer_v2
 from torch import nn
 from tqdm.auto import tqdm
 
-from vitscope.data import ImageDataset, load_dataset
+from vitscope.data import load_dataset
+from vitscope.data.choice import open_for_training
 from vitscope.files import write_json
 from vitscope.models import save_model
 from vitscope.provenance import provenance
+from vitscope.train.batches import batch_source
 from vitscope.train.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from vitscope.train.config import TrainConfig
 from vitscope.train.distributed import DistContext
@@ -140,14 +143,22 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     if cfg.download and ctx.is_main:  # one rank fetches; the others wait for it
         load_dataset(cfg.dataset, cfg.data_dir, "train", download=True)
     ctx.barrier()
-    train_set: ImageDataset = load_dataset(cfg.dataset, cfg.data_dir, "train", **cfg.dataset_options
-                                           ).subset(cfg.train_images)
-    eval_set = load_dataset(cfg.dataset, cfg.data_dir, "eval", **cfg.dataset_options).subset(cfg.eval_images)
+    data_choice = {}
+    for split in ("train", "eval"):
+        data_choice[split] = open_for_training(cfg.dataset, cfg.data_dir, split, stream=cfg.stream,
+                                               memory_budget_gb=cfg.memory_budget_gb, **cfg.dataset_options)
+    train_set = data_choice["train"][0].subset(cfg.train_images)
+    eval_set = data_choice["eval"][0].subset(cfg.eval_images)
+    data_choice = {split: decision for split, (_, decision) in data_choice.items()}
+    if ctx.is_main and cfg.progress:
+        print("vitscope: data " + "; ".join(f"{split} {'streamed' if d['stream'] else 'in memory'} ({d['reason']})"
+                                            for split, d in data_choice.items()), file=sys.stderr)
     if cfg.batch_size % ctx.world_size or cfg.batch_size > len(train_set):
         raise ValueError(f"batch_size={cfg.batch_size} must divide by {ctx.world_size} ranks and not exceed the "
                          f"{len(train_set)} training images; lower --set batch_size")
     subsets = {"train": train_set.selection, "eval": eval_set.selection}
     objective.setup(train_set, eval_set, ctx)
+    batches = batch_source(train_set, objective, cfg, ctx)
     model = objective.trainable
     base_lr = cfg.lr * objective.lr_scale()
     optimizer = create_optimizer_v2(model, opt="adamw", lr=base_lr, weight_decay=cfg.weight_decay)
@@ -173,9 +184,9 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     if ctx.is_main:
         meta = provenance(config=cfg.to_dict(), seed=cfg.seed, dataset=cfg.dataset, dataset_root=cfg.data_dir,
                           device=ctx.device, started=started, subsets=subsets)
-        write_json(run_dir / "config.json", meta | {"world_size": ctx.world_size, "steps_per_epoch": steps_per_epoch})
+        write_json(run_dir / "config.json", meta | {"world_size": ctx.world_size, "steps_per_epoch": steps_per_epoch,
+                                                    "data": data_choice})
     log = MetricsLog(run_dir, global_step if state is not None else None, enabled=ctx.is_main)
-    images_dev, labels_dev = train_set.images.to(ctx.device), train_set.labels.to(ctx.device)
     local_batch = cfg.batch_size // ctx.world_size
     bar = tqdm(total=total_steps * cfg.batch_size, initial=global_step * cfg.batch_size, unit="img",
                desc=f"train {cfg.protocol if cfg.objective == 'supervised' else cfg.objective}",
@@ -217,10 +228,11 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     with _StopFlag() as stop, bar, closing(log):
         while global_step < total_steps:
             epoch, in_epoch = divmod(global_step, steps_per_epoch)
-            order = epoch_order(len(train_set), cfg.seed, epoch).to(ctx.device)
-            for step_in_epoch in range(in_epoch, steps_per_epoch):
-                batch = order[step_in_epoch * cfg.batch_size : (step_in_epoch + 1) * cfg.batch_size]
-                batch = batch[ctx.rank * local_batch : (ctx.rank + 1) * local_batch]
+            order = epoch_order(len(train_set), cfg.seed, epoch).to(batches.index_device)
+            steps = range(in_epoch, steps_per_epoch)
+            rank_part = slice(ctx.rank * local_batch, (ctx.rank + 1) * local_batch)
+            local = [order[s * cfg.batch_size : (s + 1) * cfg.batch_size][rank_part] for s in steps]
+            for step_in_epoch, batch, (images, labels) in zip(steps, local, batches.fetch(epoch, local), strict=True):
                 seed = step_seed(cfg.seed, epoch, step_in_epoch, ctx.rank)
                 generator = torch.Generator(device=ctx.device).manual_seed(seed)
                 torch.manual_seed(seed)
@@ -228,7 +240,7 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
                     for group in (g for g in optimizer.param_groups if g["scheduled_decay"]):
                         progress = global_step / total_steps
                         group["weight_decay"] = cosine(cfg.weight_decay, cfg.weight_decay_end, progress)
-                loss = objective.loss(step_model, images_dev[batch], labels_dev[batch], batch, epoch, generator)
+                loss = objective.loss(step_model, images, labels, batch, epoch, generator)
                 loss.backward()
                 if cfg.grad_clip > 0:
                     clip_gradients(model.parameters(), cfg.grad_clip, clip_mode)
