@@ -216,3 +216,25 @@ def test_streamed_dino_resumes_after_sigkill_to_the_uninterrupted_weights(tmp_pa
     kill_and_resume(Path(victim.out), proc)
     ours, theirs = (load_file(str(Path(run.out) / "model.safetensors")) for run in (victim, reference))
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_streamed_supervised_run_and_objectives_that_need_whole_images(tmp_path):
+    from vitscope.train.batches import batch_source
+    from vitscope.train.distributed import DistContext
+    from vitscope.train.objective import Objective
+
+    root = make_imagenet(tmp_path / "imagenet")
+    cfg = TrainConfig.from_dict({"model": "vit-micro", "model_options": {"depth": 1, "embed_dim": 32, "num_heads": 2},
+                                 "dataset": "imagenet", "data_dir": str(root), "dataset_options": {"image_size": 32},
+                                 "stream": "true", "data_workers": 0, "batch_size": 4, "epochs": 1,
+                                 "warmup_epochs": 0, "progress": False, "device": "cpu", "out": str(tmp_path / "run")})
+    summary = train(cfg)
+    assert summary["steps"] == 2 and summary["train_images"] == 8 and 0 <= summary["eval"]["top1"] <= 1
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["data"]["eval"]["stream"]
+
+    class WholeImages(Objective):  # the base class cuts nothing in workers
+        setup = trainable = exported = loss = evaluate = restore = None
+
+    streamed = open_streamed("imagenet", root, "train")
+    with pytest.raises(ValueError, match="needs whole images.*stream: false"):
+        batch_source(streamed, WholeImages(cfg), cfg, DistContext(0, 1, torch.device("cpu"), False))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import math
 import warnings
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -116,8 +115,6 @@ class StreamedDataset:
         if self.image_size < 1:
             raise ValueError(f"image_size={self.image_size} must be >= 1 (pixels)")
 
-    streamed = True
-
     def __len__(self) -> int:
         return len(self.labels)
 
@@ -187,8 +184,3 @@ class StreamedDataset:
         stacked = torch.stack(images) if images else torch.zeros(0, 3, size or 0, size or 0, dtype=torch.uint8)
         return ImageDataset(self.name, self.split, stacked, self.labels, self.classes, self.mean, self.std,
                             self.root, extras, self.selection)
-
-
-def class_index(names: Sequence[str]) -> dict[str, int]:
-    """Class name -> label for sorted unique names."""
-    return {name: i for i, name in enumerate(sorted(set(names)))}
