@@ -149,13 +149,14 @@ def main() -> None:
             for label, cutter in cutters.items():
                 for count in workers:
                     rate = throughput(dataset, cutter, count, args.repeats)
-                    rows.append([name, label, str(count), f"{rate:,.0f}", f"{rate / count:,.0f}"])
+                    rows.append([f"{name} ({len(dataset)})", label, str(count), f"{rate:,.0f}",
+                                 f"{rate / count:,.0f}"])
                     print(" | ".join(rows[-1]), file=sys.stderr)
     rates = consumption(torch.device(args.device), args.repeats)
     with open("/proc/loadavg") as handle:
         load = handle.read().split()[:3]
-    print(f"machine: {machine()}; load average {' '.join(load)}; {len(dataset)} images per set pass")
-    print(table(rows, ["images", "crops", "workers", "images/s", "images/s per worker"]))
+    print(f"machine: {machine()}; load average {' '.join(load)}")
+    print(table(rows, ["images (per pass)", "crops", "workers", "images/s", "images/s per worker"]))
     print()
     print(table([["vit-compact supervised step (32 px, batch 64)", f"{rates['supervised']:,.1f}"],
                  ["vit-compact DINO step (2x32 + 8x16 px, batch 32)", f"{rates['dino']:,.1f}"]],

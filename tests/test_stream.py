@@ -17,7 +17,15 @@ from test_train import kill_and_resume, launch, wait_for_checkpoint
 from vitscope.data import ImageDataset, load_dataset
 from vitscope.data.augment import image_uniforms
 from vitscope.data.choice import open_for_training
-from vitscope.data.multicrop import MultiCropSpec, cut_views, multicrop, photometric_views, view_uniforms
+from vitscope.data.multicrop import (
+    MultiCropSpec,
+    crop_and_resize,
+    cut_views,
+    multicrop,
+    photometric_views,
+    resized_crop_boxes,
+    view_uniforms,
+)
 from vitscope.data.stream import StreamedDataset
 from vitscope.data.stream_sources import open_streamed
 from vitscope.data.worker_crops import MultiCropCutter, PadCropCutter, cropped_batches
@@ -155,7 +163,12 @@ def test_worker_crops_equal_the_in_memory_path_and_ignore_worker_count(tmp_path)
     for (crops, labels, index), batch in zip(runs[0], batches, strict=True):
         assert torch.equal(index, batch) and labels.tolist() == [[0, 1, 2, 0, 1, 2][i] for i in batch]
         u = view_uniforms(7, 3, batch, spec)
-        reference = cut_views(full[batch].float() / 255, u, spec)  # the in-memory path's crop boxes
+        x = full[batch].float() / 255
+        reference = [crop_and_resize(x, resized_crop_boxes(u[:, 16 * v : 16 * v + 4], 40, 40, spec.global_scale
+                                                           if v < 2 else spec.local_scale),
+                                     spec.global_size if v < 2 else spec.local_size).clamp(0, 1)
+                     for v in range(spec.num_views)]  # one view at a time, as the in-memory path cut them before
+        assert all(torch.equal(a, b) for a, b in zip(cut_views(x, u, spec), reference, strict=True))
         for crop, ref in zip(crops, reference, strict=True):
             assert (crop.float() / 255 - ref).abs().max() <= 0.5 / 255 + 1e-6
         views = photometric_views([c.float() / 255 for c in crops], u, spec, (0.5,) * 3, (0.25,) * 3)
