@@ -215,18 +215,20 @@ def test_auto_keeps_small_sets_in_memory_and_streams_large_ones(tmp_path):
 def test_streamed_dino_resumes_after_sigkill_to_the_uninterrupted_weights(tmp_path):
     root = make_imagenet(tmp_path / "imagenet", per_class=8)
     common = {**TINY_DINO, "dataset": "imagenet", "data_dir": str(root), "dataset_options": {"image_size": 32},
-              "stream": True, "batch_size": 8, "eval_images": None, "deterministic": True,
+              "stream": True, "batch_size": 4, "eval_images": None, "deterministic": True,
               "checkpoint_every_steps": 1, "epochs": 2,
               "objective_options": {**TINY_DINO["objective_options"], "knn_bank": 16}}
     reference = TrainConfig.from_dict({**common, "out": str(tmp_path / "reference"), "data_workers": 0})
     train(reference)
     meta = json.loads((Path(reference.out) / "config.json").read_text())
     assert meta["data"]["train"]["stream"] and meta["config"]["stream"] == "true"
-    # the victim decodes in 2 worker processes: same crops, so the same weights
+    # the victim decodes in 2 worker processes (same crops, so the same weights) and is killed mid-epoch: its
+    # checkpoints come every step and an epoch has 4, so it resumes from step 2 or 3 of 8
     victim = TrainConfig.from_dict({**common, "out": str(tmp_path / "victim"), "data_workers": 2})
     proc = launch(victim, tmp_path)
     wait_for_checkpoint(Path(victim.out), proc, min_step=2, timeout=180)
     kill_and_resume(Path(victim.out), proc)
+    assert json.loads((Path(victim.out) / "summary.json").read_text())["steps"] == 8
     ours, theirs = (load_file(str(Path(run.out) / "model.safetensors")) for run in (victim, reference))
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
