@@ -87,6 +87,9 @@ def test_imagenet_layout_labels_and_boxes(tmp_path):
     train_set = open_streamed("imagenet", root, "train")
     assert train_set.classes == list(WNIDS) and train_set.labels.tolist() == [0] * 4 + [1] * 4
     assert train_set.decode(1).shape == (3, 44, 56)  # each image keeps its own size
+    half = train_set.subset(4, seed=1)  # class-stratified, sharing the reader
+    assert half.labels.tolist() == [0, 0, 1, 1] and half.selection["count"] == 4
+    assert all(torch.equal(half.decode(i), train_set.decode(int(half.items[i]))) for i in range(4))
     val = open_streamed("imagenet", root, "eval", image_size=24)
     assert val.labels.tolist() == [1, 0, 1, 0]  # the first wnid of each CSV row
     boxes = val.extras["boxes"]
