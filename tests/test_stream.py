@@ -26,7 +26,7 @@ from vitscope.data.multicrop import (
     resized_crop_boxes,
     view_uniforms,
 )
-from vitscope.data.stream import StreamedDataset
+from vitscope.data.stream import StreamedDataset, eval_view
 from vitscope.data.stream_sources import open_streamed
 from vitscope.data.worker_crops import MultiCropCutter, PadCropCutter, cropped_batches
 from vitscope.train import TrainConfig, train
@@ -97,7 +97,12 @@ def test_imagenet_layout_labels_and_boxes(tmp_path):
     assert boxes[0, 0].tolist() == [10, 11, 30, 33] and boxes[0, 1].isnan().all()
     assert boxes[1].tolist() == [[0, 0, 10, 10], [1, 2, 40, 30]]
     assert boxes[2].tolist() == [[4, 5, 20, 30], [0, 0, 8, 8]]
-    assert val.images_at(torch.arange(4)).shape == (4, 3, 24, 24)
+    views = val.images_at(torch.arange(4))  # 36 x 44 -> shorter side 24 / 0.875 = 27 -> centre 24 x 24
+    resized = torch.nn.functional.interpolate(val.decode(2)[None].float(), size=(27, 33), mode="bilinear",
+                                              antialias=True, align_corners=False)[0]
+    assert views.shape == (4, 3, 24, 24) and (views[2].float() - resized[:, 2:26, 4:28]).abs().max() <= 1
+    square = random_image(5, 24, 24)  # an image already at the side is evaluated as it is, like in memory
+    assert torch.equal(eval_view(square, 24), square)
     # val sorted into class folders gives the same labels
     for image, label in zip(sorted((root / "val").glob("*.JPEG")), val.labels.tolist(), strict=True):
         (root / "val" / WNIDS[label]).mkdir(exist_ok=True)

@@ -9,6 +9,7 @@ run visits images in the order an in-memory run would, and resumes mid-epoch at 
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from PIL import Image
 from torch import Tensor
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import center_crop, resize
@@ -66,17 +68,16 @@ def decode_rgb(data: bytes, where: str) -> Tensor:
 
 def image_header_size(data: bytes) -> tuple[int, int]:
     """(height, width) of encoded image bytes, read from the header only."""
-    import io
-
-    from PIL import Image
-
     with Image.open(io.BytesIO(data)) as handle:
         return handle.height, handle.width
 
 
 def eval_view(image: Tensor, size: int) -> Tensor:
-    """uint8 (3, H, W) -> (3, size, size): shorter side resized to ``size / 0.875`` (antialiased), centre
-    crop (the usual ImageNet evaluation transform, e.g. 256 -> 224)."""
+    """uint8 (3, H, W) -> (3, size, size): an image of that size as it is (as the in-memory path evaluates it),
+    any other with its shorter side resized to ``size / 0.875`` (antialiased) and a centre crop (the usual
+    ImageNet evaluation transform, e.g. 256 -> 224)."""
+    if tuple(image.shape[-2:]) == (size, size):
+        return image
     short = round(size / EVAL_CROP_FRACTION)
     if min(image.shape[-2:]) != short:
         image = resize(image, [short], antialias=True)
