@@ -37,16 +37,16 @@ from vitscope.provenance import provenance, resolve_device
 from vitscope.train.checkpoint import checkpoint_root, load_state, save_checkpoint
 from vitscope.train.config import TrainConfig
 from vitscope.train.distributed import DistContext
-from vitscope.train.engine import (
+from vitscope.train.logging import MetricsLog
+from vitscope.train.loop import (
     EpochHook,
+    StopFlag,
     TrainingDiverged,
     TrainingInterrupted,
-    _StopFlag,
     hook_scalars,
     prepare_run,
     resolve_hook,
 )
-from vitscope.train.logging import MetricsLog
 from vitscope.train.objective import autocast
 from vitscope.train.pack_state import (
     clip_member_gradients,
@@ -282,7 +282,7 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
                 save_model(member.model, member.run_dir / "snapshots" / f"epoch-{epoch + 1:04d}.safetensors")
 
     packed.train()
-    with _StopFlag() as stop, bar, ExitStack() as logs:
+    with StopFlag() as stop, bar, ExitStack() as logs:
         for member in members:
             member.log = MetricsLog(member.run_dir, global_step if step is not None else None)
             logs.callback(member.log.close)
