@@ -119,7 +119,7 @@ class Member:
         them for the member's solo run; also seeds torch's global generator as the engine does."""
         epoch, step_in_epoch = divmod(self.global_step, self.steps_per_epoch)
         if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, epoch_order(num_images, self.cfg.seed, epoch).to(device))
+            self._order = (epoch, epoch_order(num_images, self.cfg.seed, epoch).to(device, non_blocking=True))
         b = self.cfg.batch_size
         seed = step_seed(self.cfg.seed, epoch, step_in_epoch, 0)
         torch.manual_seed(seed)
