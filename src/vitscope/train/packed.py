@@ -114,17 +114,17 @@ class Member:
     def finished(self) -> bool:
         return self.global_step >= self.total_steps
 
-    def batch(self, num_images: int, device: torch.device) -> tuple[torch.Tensor, torch.Generator, int]:
-        """This step's image indices (on the device), augmentation generator and epoch, as the engine draws
-        them for the member's solo run; also seeds torch's global generator as the engine does."""
+    def batch(self, num_images: int, device: torch.device) -> tuple[torch.Tensor, torch.Generator]:
+        """This step's image indices (on the device) and augmentation generator, as the engine draws them for
+        the member's solo run; also seeds torch's global generator as the engine does."""
         epoch, step_in_epoch = divmod(self.global_step, self.steps_per_epoch)
         if self._order is None or self._order[0] != epoch:
             self._order = (epoch, epoch_order(num_images, self.cfg.seed, epoch).to(device, non_blocking=True))
         b = self.cfg.batch_size
         seed = step_seed(self.cfg.seed, epoch, step_in_epoch, 0)
         torch.manual_seed(seed)
-        return self._order[1][step_in_epoch * b: (step_in_epoch + 1) * b], torch.Generator(device=device).manual_seed(
-            seed), epoch
+        generator = torch.Generator(device=device).manual_seed(seed)
+        return self._order[1][step_in_epoch * b: (step_in_epoch + 1) * b], generator
 
     def rng_state(self) -> torch.Tensor:
         """The global generator's state a solo run checkpoints after this step (seeded by the step's seed)."""
@@ -162,7 +162,6 @@ class Pack:
 
     def __init__(self, members: Sequence[Member], images: torch.Tensor, labels: torch.Tensor,
                  compile_model: bool = False, amp: str = "auto"):
-        check_packable([m.model for m in members])
         self.members, self.images, self.labels, self.amp = list(members), images, labels, amp
         self.device = images.device
         self.model = PackedViT([m.model for m in members]).to(self.device)
@@ -193,7 +192,7 @@ class Pack:
         inputs (K, B, C, H, W) and soft targets (K, B, classes)."""
         inputs, targets = [], []
         for member in self.members:
-            indices, generator, _ = member.batch(len(self.images), self.device)
+            indices, generator = member.batch(len(self.images), self.device)
             x, t = member.protocol(self.images[indices], self.labels[indices], generator)
             inputs.append(x)
             targets.append(t)
