@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vitscope.data import ImageDataset, load_dataset
+from vitscope.data.choice import open_for_training
 from vitscope.models import VisionTransformer, load_weights
 from vitscope.models.packed import PackedViT, check_packable
 from vitscope.provenance import resolve_device
@@ -280,9 +281,15 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
         raise ValueError("packed training runs in one process on one device; launch it without torchrun")
     device = resolve_device(cfg.device)
     ctx = DistContext(0, 1, device, False)
-    train_set: ImageDataset = load_dataset(cfg.dataset, cfg.data_dir, "train", **cfg.dataset_options
-                                           ).subset(cfg.train_images)
-    eval_set = load_dataset(cfg.dataset, cfg.data_dir, "eval", **cfg.dataset_options).subset(cfg.eval_images)
+    opened = {split: open_for_training(cfg.dataset, cfg.data_dir, split, stream=cfg.stream,
+                                       memory_budget_gb=cfg.memory_budget_gb, **cfg.dataset_options)
+              for split in ("train", "eval")}
+    data_choice = {split: decision for split, (_, decision) in opened.items()}
+    if any(d["stream"] for d in data_choice.values()):
+        raise ValueError(f"packed training keeps its data in memory, but {cfg.dataset} from {cfg.data_dir} would be "
+                         "streamed; set stream: false (with a larger memory_budget_gb) or train these runs unpacked")
+    train_set: ImageDataset = opened["train"][0].subset(cfg.train_images)
+    eval_set = opened["eval"][0].subset(cfg.eval_images)
     if cfg.batch_size > len(train_set):
         raise ValueError(f"batch_size={cfg.batch_size} exceeds the {len(train_set)} training images; "
                          "lower --set batch_size")
@@ -292,7 +299,7 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
     check_packable([m.model for m in members])
     batch = cfg.batch_size
     for m in members:
-        write_run_config(m.run_dir, m.cfg, device, started, subsets, 1, m.steps_per_epoch)
+        write_run_config(m.run_dir, m.cfg, device, started, subsets, 1, m.steps_per_epoch, data=data_choice)
     images_dev, labels_dev = train_set.images.to(device), train_set.labels.to(device)
     bar = tqdm(total=sum(m.total_steps for m in members) * batch, initial=sum(m.global_step for m in members) * batch,
                unit="img", desc=f"train pack of {len(members)}", disable=not cfg.progress, dynamic_ncols=True)
