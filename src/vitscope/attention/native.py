@@ -35,13 +35,14 @@ from vitscope.files import cache_root
 MAX_PASSES = 32  # a row still open after this many passes is left to the exact eager solver
 HERE = Path(__file__).parent
 SOURCES = (HERE / "sparse_rows.cpp", HERE / "locality_rows.cpp")
-HEADERS = (HERE / "vector_math.h", HERE / "parallel.h", HERE / "row_tiles.h", HERE / "kinds.def")
+HEADERS = (HERE / "vector_math.h", HERE / "parallel.h", HERE / "row_tiles.h", HERE / "alpha_rows.h",
+           HERE / "kinds.def")
 # tried in order: OpenMP (PyTorch's thread pool) where the compiler has it, else std::thread with OpenMP's
 # vectorisation pragmas only; -march=native on x86 and most compilers, -mcpu=native where that is the spelling
 FLAG_SETS = (("-march=native", "-fopenmp"), ("-mcpu=native", "-fopenmp"), ("-march=native", "-fopenmp-simd"),
              ("-mcpu=native", "-fopenmp-simd"), ("-fopenmp-simd",), ())
 _COMMON_FLAGS = ("-O3", "-fno-math-errno", "-shared", "-fPIC", "-pthread", "-std=c++17")
-_ABI_VERSION = 4
+_ABI_VERSION = 5
 _MIN_ELEMENTS_PER_THREAD = 1 << 15
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # read by the kernels as they load; float16 is converted first
 
@@ -241,6 +242,8 @@ def _pointer(t: Tensor | None) -> int | None:
 
 
 def _check(status: int) -> None:
+    if status == -3:
+        raise RuntimeError("native kernel could not allocate its work buffer (out of memory)")
     if status != 0:  # kinds.def and the built library disagree: a stale build
         raise RuntimeError(f"native kernel returned {status}: delete {cache_dir()} to rebuild")
 
