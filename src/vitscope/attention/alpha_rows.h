@@ -31,13 +31,14 @@ struct AlphaScratch {
     vf *lanes = nullptr;       // width: the survivors' z, one row per lane, then the output
     vf *powers = nullptr;      // width: q = gap ** (p - 1) at the current tau
     float *packed = nullptr;   // L x width: each row's survivors, row-major
-    uint32_t *kept = nullptr;  // L x chunks: which keys of each 16 survived, as bits
+    uint32_t *kept = nullptr;  // which keys of each 16 survived, as bits: L x chunks, then from L (chunks + 1)
+                               // on, L x (chunks + 1) for the second level (over the first level's survivors)
 
     explicit AlphaScratch(int64_t n) : width((n + L - 1) / L * L + L), chunks((n + L - 1) / L) {
         lanes = static_cast<vf *>(std::aligned_alloc(sizeof(vf), size_t(width) * sizeof(vf)));
         powers = static_cast<vf *>(std::aligned_alloc(sizeof(vf), size_t(width) * sizeof(vf)));
         packed = static_cast<float *>(std::aligned_alloc(sizeof(vf), size_t(width) * L * sizeof(float)));
-        kept = static_cast<uint32_t *>(std::malloc(size_t(chunks) * L * sizeof(uint32_t)));
+        kept = static_cast<uint32_t *>(std::malloc(size_t(chunks + 1) * 2 * L * sizeof(uint32_t)));
     }
     ~AlphaScratch() {
         std::free(lanes);
@@ -60,25 +61,25 @@ void solve_alpha_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, i
     const vi valid = (a > one) & (a <= splat(2.0f));
     const vf scale = valid ? a - one : splat(0.5f), power = one / scale, power_m1 = power - one;
 
-    // Row-major, each row: its maximum, then its survivors z > -1 packed, NaN, and the largest pruned z (the
-    // final tau must not fall below it). Rows with NaN, +inf, nothing above -inf or alpha outside (1, 2] stay
-    // open (passes 0): the caller's solver decides those.
+    // Row-major, each row: its maximum, then its survivors z > -1 packed (with their sum), NaN, and the largest
+    // pruned z (the final tau must not fall below it). Rows with NaN, +inf, nothing above -inf or alpha outside
+    // (1, 2] stay open (passes 0): the caller's solver decides those.
     vi live{};
-    vf pruned_top = ninf, count{};
-    int most = 0;
+    vf pruned_top = ninf, count{}, sum{};
     for (int l = 0; l < rows; ++l) {
         const T *xr = x + l * n;
         vf top = ninf;
         for (int64_t i = 0; i < n; i += L) {
             const vf v = load_chunk(xr, i, n, -inf);
             top = v > top ? v : top;
+            __builtin_prefetch(xr + L * n + i, 0, 1);  // the same row of the next block
         }
         const float max = hmax(top);
         if (!(valid[l] && max > -inf && max < inf)) continue;
         float *packed = work.packed + l * work.width;
         uint32_t *kept = work.kept + l * work.chunks;
         const vf m = splat(max), s = splat(scale[l]);
-        vf out = ninf;
+        vf out = ninf, total{};
         vi nan{};
         int survivors = 0;
         for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
@@ -86,6 +87,7 @@ void solve_alpha_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, i
             const vi in = z > -one;
             nan |= z != z;
             out = in ? out : (z > out ? z : out);
+            total += in ? z : zero;
             kept[c] = lane_bits(in);
             compress_store(packed + survivors, z, kept[c]);
             survivors += count_bits(kept[c]);
@@ -94,6 +96,53 @@ void solve_alpha_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, i
         live[l] = -1;
         pruned_top[l] = hmax(out);
         count[l] = float(survivors);
+        sum[l] = hsum(total);
+    }
+
+    // The first Newton pass, row by row on the packed survivors, from the lower bound mean(z) - k**(-1/p) over
+    // the k survivors (Jensen: their mass alone is 1 there), or -1. Its result is a tighter lower bound.
+    vi lane;
+    for (int l = 0; l < L; ++l) lane[l] = l;
+    vf tau = sum / count - vexp2(-scale * vlog2(count));
+    tau = tau > -one ? tau : -one;
+    vf totals{}, slopes{};
+    for (int l = 0; l < rows; ++l) {
+        if (!live[l]) continue;
+        const float *packed = work.packed + l * work.width;
+        const vf t = splat(tau[l]), e = splat(power_m1[l]);
+        vf total{}, slope{};
+        for (int64_t i = 0; i < int64_t(count[l]); i += L) {
+            const vf gap = (lane < int(count[l] - i) ? load16(packed + i) : ninf) - t;
+            const vf q = vpow_gap(gap, e);
+            total += q * (gap > zero ? gap : zero);
+            slope += q;
+        }
+        totals[l] = hsum(total);
+        slopes[l] = hsum(slope);
+    }
+    tau = live ? tau + (totals - vexp2((one - scale) * vlog2(totals))) / slopes : tau;
+
+    // Prune again at that tau, in place: the second-level survivors, with their bits over the first level's
+    int level2[L] = {}, most = 0;
+    for (int l = 0; l < rows; ++l) {
+        if (!live[l]) continue;
+        float *packed = work.packed + l * work.width;
+        uint32_t *again = work.kept + (L + l) * (work.chunks + 1);
+        const vf t = splat(tau[l]);
+        vf out = ninf;
+        int survivors = 0;
+        for (int64_t i = 0, c = 0; i < int64_t(count[l]); i += L, ++c) {
+            const vf z = lane < int(count[l] - i) ? load16(packed + i) : ninf;
+            const vi in = z > t;
+            out = in ? out : (z > out ? z : out);
+            again[c] = lane_bits(in);
+            compress_store(packed + survivors, z, again[c]);
+            survivors += count_bits(again[c]);
+            again[c + 1] = 0;  // read past the last chunk's bits, as zeros
+        }
+        const float pruned = hmax(out);
+        pruned_top[l] = pruned > pruned_top[l] ? pruned : pruned_top[l];
+        level2[l] = survivors;
         most = survivors > most ? survivors : most;
     }
 
@@ -101,25 +150,19 @@ void solve_alpha_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, i
     const int64_t span = (most + L - 1) / L * L;  // whole tiles
     for (int l = 0; l < L; ++l) {
         float *packed = work.packed + l * work.width;
-        for (int64_t i = live[l] ? int64_t(count[l]) : 0; i < span; ++i) packed[i] = -inf;
+        for (int64_t i = level2[l]; i < span; ++i) packed[i] = -inf;
     }
     vf *lanes = work.lanes, *powers = work.powers;
-    vf sum{};
     for (int64_t i0 = 0; i0 < span; i0 += L) {
         vf t[L];
         for (int l = 0; l < L; ++l) t[l] = load16(work.packed + l * work.width + i0);
         transpose16(t);
-        for (int c = 0; c < L; ++c) {
-            lanes[i0 + c] = t[c];
-            sum += t[c] > ninf ? t[c] : zero;
-        }
+        for (int c = 0; c < L; ++c) lanes[i0 + c] = t[c];
     }
-    vf tau = sum / count - vexp2(-scale * vlog2(count));  // mean(z) - k**(-1/p) over the survivors
-    tau = tau > -one ? tau : -one;
 
     vf step{};
     vi passes{};
-    for (int pass = 1; pass <= max_iter && most > 0; ++pass) {
+    for (int pass = 2; pass <= max_iter && most > 0; ++pass) {
         vf total{}, slope{};  // sum of gap**p and of gap**(p - 1) over the support
         for (int64_t i = 0; i < most; ++i) {
             const vf gap = lanes[i] - tau;
@@ -141,7 +184,8 @@ void solve_alpha_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, i
     }
     passes = (pruned_top <= tau + step) ? passes : vi{};  // a pruned key would be in the support: not exact
 
-    // y at tau + step from the last pass's powers, renormalised, back to the rows through the transposes
+    // y at tau + step from the last pass's powers, renormalised, back to the rows through the transposes and the
+    // two levels of expansion
     vf total{};
     const vf shift = power * step;
     for (int64_t i = 0; i < span; ++i) {
@@ -159,13 +203,18 @@ void solve_alpha_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, i
     for (int l = 0; l < rows; ++l) {
         ok[l] = uint8_t(passes[l] > 255 ? 255 : passes[l]);
         if (!ok[l]) continue;  // the caller's solver writes this row
-        float *yr = y + l * n;
         const float *packed = work.packed + l * work.width;
-        const uint32_t *kept = work.kept + l * work.chunks;
-        int used = 0;
+        const uint32_t *kept = work.kept + l * work.chunks, *again = work.kept + (L + l) * (work.chunks + 1);
+        float *yr = y + l * n;
+        int first = 0, used = 0;  // entries of the first level and of the second seen so far
         for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
-            store_chunk(yr, i, n, expand_load(packed + used, kept[c]));
-            used += count_bits(kept[c]);
+            // the second level's bits for this chunk's first-level survivors, put in their places in the row
+            const int word = first >> 4, count = count_bits(kept[c]);
+            const uint32_t window = count ? (again[word] | (again[word + 1] << 16)) >> (first & 15) : 0;
+            const uint32_t bits = deposit_bits(window & ((1u << count) - 1), kept[c]);
+            store_chunk(yr, i, n, expand_load(packed + used, bits));
+            first += count;
+            used += count_bits(bits);
         }
     }
 }
@@ -173,33 +222,35 @@ void solve_alpha_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, i
 // The backward of one row on its support only (packed by vector compaction): w = y ** (2 - alpha),
 // grad_x = w g - w sum(w g) / sum(w); with d_alpha, also (Correia et al., 2019, as in the entmax package)
 // (sum g y - m) / (a - 1)**2 - (sum g y log y - m sum y log y) / (a - 1), m = sum(w g) / sum(w).
-// `packed` holds 3 x width floats (width as AlphaScratch's).
+// `packed` holds 3 x width floats and then `chunks` uint32 (width and chunks as AlphaScratch's).
 template <typename T>
 void alpha_backward_row(const T *g, const float *yr, float *o, float *d_alpha, int64_t n, float a, float *packed,
                         int64_t width) {
     float *py = packed, *pg = packed + width, *pw = packed + 2 * width;
+    uint32_t *bits = reinterpret_cast<uint32_t *>(packed + 3 * width);
     const vf zero{};
     int kept = 0;
-    for (int64_t i = 0; i < n; i += L) {
-        const vf yv = load_chunk(yr, i, n, 0.0f), gv = load_chunk(g, i, n, 0.0f);
-        const uint32_t in = lane_bits(yv > zero);
-        compress_store(pg + kept, gv, in);
-        compress_store(py + kept, yv, in);
-        kept += count_bits(in);
+    for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
+        const vf yv = load_chunk(yr, i, n, 0.0f);
+        bits[c] = lane_bits(yv > zero);
+        compress_store(pg + kept, load_chunk(g, i, n, 0.0f), bits[c]);
+        compress_store(py + kept, yv, bits[c]);
+        kept += count_bits(bits[c]);
     }
-    for (int64_t i = kept; i < (kept + L - 1) / L * L; ++i) py[i] = pg[i] = 0.0f;
     const vf exponent = splat(2.0f - a), ln2 = splat(0.693147180559945309f);
+    vi lane;
+    for (int l = 0; l < L; ++l) lane[l] = l;
     vf wgv{}, wv{}, gyv{}, gsv{}, sv{};
     for (int64_t i = 0; i < kept; i += L) {
-        const vf yv = load16(py + i), gv = load16(pg + i);
-        const vi inside = yv > zero;
+        const vi inside = lane < int(kept - i);  // the packed entries: all of them have y > 0
+        const vf yv = inside ? load16(py + i) : zero, gv = inside ? load16(pg + i) : zero;
         const vf log2y = vlog2(inside ? yv : splat(1.0f));
         const vf weight = inside ? vexp2(exponent * log2y) : zero;
         std::memcpy(pw + i, &weight, sizeof weight);
         wgv += weight * gv;
         wv += weight;
         if (d_alpha) {
-            const vf ylogy = inside ? yv * log2y * ln2 : zero;
+            const vf ylogy = yv * log2y * ln2;
             gyv += gv * yv;
             gsv += gv * ylogy;
             sv += ylogy;
@@ -207,10 +258,9 @@ void alpha_backward_row(const T *g, const float *yr, float *o, float *d_alpha, i
     }
     const float mean = hsum(wgv) / hsum(wv);
     int used = 0;
-    for (int64_t i = 0; i < n; i += L) {
-        const uint32_t in = lane_bits(load_chunk(yr, i, n, 0.0f) > zero);
-        const vf weight = expand_load(pw + used, in);
-        used += count_bits(in);
+    for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
+        const vf weight = expand_load(pw + used, bits[c]);
+        used += count_bits(bits[c]);
         store_chunk(o, i, n, weight * (load_chunk(g, i, n, 0.0f) - splat(mean)));
     }
     if (d_alpha) {

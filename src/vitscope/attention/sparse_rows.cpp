@@ -165,8 +165,8 @@ template <Kind kind, typename T>
 bool backward_rows(const T *grad, const float *y, float *out, float *d_alpha, int64_t first, int64_t last,
                    int64_t n, const float *alpha) {
     if constexpr (kind == ALPHA) {
-        const int64_t width = (n + L - 1) / L * L + L;
-        float *packed = static_cast<float *>(std::aligned_alloc(sizeof(vf), size_t(3 * width) * sizeof(float)));
+        const int64_t width = (n + L - 1) / L * L + L, chunks = (n + L - 1) / L;
+        float *packed = static_cast<float *>(std::aligned_alloc(sizeof(vf), size_t(3 * width + chunks) * 4));
         if (!packed) return false;
         for (int64_t r = first; r < last; ++r)
             alpha_backward_row(grad + r * n, y + r * n, out + r * n, d_alpha ? d_alpha + r : nullptr, n, alpha[r],

@@ -6,7 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__BMI2__)
 #include <immintrin.h>
 #endif
 
@@ -189,5 +189,16 @@ inline vf expand_load(const float *src, uint32_t bits) {
 #endif
 
 inline int count_bits(uint32_t bits) { return __builtin_popcount(bits); }
+
+// The low bits of `bits`, in order, into the set positions of `mask` (pdep with BMI2, a loop elsewhere)
+inline uint32_t deposit_bits(uint32_t bits, uint32_t mask) {
+#if defined(__BMI2__)
+    return _pdep_u32(bits, mask);
+#else
+    uint32_t out = 0;
+    for (uint32_t m = mask; m; m &= m - 1, bits >>= 1) out |= (bits & 1u) ? (m & -m) : 0u;
+    return out;
+#endif
+}
 
 }  // namespace vitscope
