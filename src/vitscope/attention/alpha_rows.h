@@ -52,7 +52,7 @@ struct AlphaScratch {
 };
 
 template <typename T>
-void solve_alpha_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, int max_iter, AlphaScratch &work,
+void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int max_iter, AlphaScratch &work,
                        const float *alpha) {
     const float tol = 16.0f * 1.1920929e-7f, inf = INFINITY;
     const vf zero{}, one = splat(1.0f), ninf = splat(-inf);
@@ -205,7 +205,7 @@ void solve_alpha_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, i
         if (!ok[l]) continue;  // the caller's solver writes this row
         const float *packed = work.packed + l * work.width;
         const uint32_t *kept = work.kept + l * work.chunks, *again = work.kept + (L + l) * (work.chunks + 1);
-        float *yr = y + l * n;
+        T *yr = y + l * n;
         int first = 0, used = 0;  // entries of the first level and of the second seen so far
         for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
             // the second level's bits for this chunk's first-level survivors, put in their places in the row
@@ -224,7 +224,7 @@ void solve_alpha_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, i
 // (sum g y - m) / (a - 1)**2 - (sum g y log y - m sum y log y) / (a - 1), m = sum(w g) / sum(w).
 // `packed` holds 3 x width floats and then `chunks` uint32 (width and chunks as AlphaScratch's).
 template <typename T>
-void alpha_backward_row(const T *g, const float *yr, float *o, float *d_alpha, int64_t n, float a, float *packed,
+void alpha_backward_row(const T *g, const T *yr, T *o, float *d_alpha, int64_t n, float a, float *packed,
                         int64_t width) {
     float *py = packed, *pg = packed + width, *pw = packed + 2 * width;
     uint32_t *bits = reinterpret_cast<uint32_t *>(packed + 3 * width);

@@ -68,14 +68,33 @@ inline vf load_part(const uint16_t *p, int width, float fill) {
 }
 #endif
 
+// Float vectors as bfloat16, rounded to nearest even as PyTorch does it (NaN stays a quiet NaN), and stored
+typedef uint16_t vh __attribute__((vector_size(2 * L)));
+inline vh to_bf16(vf v) {
+    typedef uint32_t vu __attribute__((vector_size(4 * L)));
+    const vu bits = (vu)v;
+    const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    return __builtin_convertvector((v != v) ? ((bits >> 16) | 0x40u) : rounded, vh);
+}
+inline void store16(float *p, vf v) { std::memcpy(p, &v, sizeof v); }
+inline void store16(uint16_t *p, vf v) {
+    const vh h = to_bf16(v);
+    std::memcpy(p, &h, sizeof h);
+}
+inline void store_part(uint16_t *p, int width, vf v) {
+    const vh h = to_bf16(v);
+    for (int l = 0; l < width; ++l) p[l] = h[l];
+}
+
 // Elements [i, i + L) of a row of n as a float vector, `fill` past its end; and the store of such a chunk
 template <typename T>
 inline vf load_chunk(const T *row, int64_t i, int64_t n, float fill) {
     return i + L <= n ? load16(row + i) : load_part(row + i, int(n - i), fill);
 }
 
-inline void store_chunk(float *row, int64_t i, int64_t n, vf v) {
-    if (i + L <= n) std::memcpy(row + i, &v, sizeof v);
+template <typename T>
+inline void store_chunk(T *row, int64_t i, int64_t n, vf v) {
+    if (i + L <= n) store16(row + i, v);
     else store_part(row + i, int(n - i), v);
 }
 

@@ -1,6 +1,6 @@
 // Exact sparsemax, entmax-1.5 and alpha-entmax (per-row alpha in (1, 2]) on the CPU: forward, and the
-// closed-form backward (with the gradient with respect to alpha). Rows are float32 or bfloat16 (converted as they
-// are loaded: no separate conversion pass); outputs are float32.
+// closed-form backward (with the gradient with respect to alpha). Rows are float32 or bfloat16, and so are the
+// outputs (converted as they are loaded and stored: no separate conversion pass; the arithmetic is float32).
 //
 // Built at first use by vitscope/attention/native.py (c++ -O3 -march=native) and called through ctypes.
 // Same algorithm as the readable solvers in normalizers.py, laid out for a CPU:
@@ -41,7 +41,7 @@ enum Kind {
 constexpr Kind SPARSEMAX = KIND_sparsemax, ENTMAX15 = KIND_entmax15, ALPHA = KIND_alpha;
 
 template <Kind kind, typename T>
-void solve_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf) {
+void solve_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf) {
     const float scale = kind == ENTMAX15 ? 0.5f : 1.0f;
     const vf zero{}, one = splat(1.0f), inf = splat(INFINITY);
     const BlockStats stats = load_block(x, rows, n, splat(scale), buf);
@@ -125,18 +125,19 @@ void solve_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, int max
 
     for (int l = 0; l < rows; ++l) {
         const T *xr = x + l * n;
-        float *yr = y + l * n;
-        const float top = max[l], c = threshold[l];
-        for (int64_t i = 0; i < n; ++i) {
-            const float g = scale * (to_float(xr[i]) - top) - c;
-            yr[i] = g > 0.0f ? (kind == ENTMAX15 ? g * g : g) : 0.0f;
+        T *yr = y + l * n;
+        const vf top = splat(max[l]), c = splat(threshold[l]), s = splat(scale);
+        for (int64_t i = 0; i < n; i += L) {
+            vf g = s * (load_chunk(xr, i, n, 0.0f) - top) - c;
+            g = g > zero ? g : zero;
+            store_chunk(yr, i, n, kind == ENTMAX15 ? g * g : g);
         }
         ok[l] = uint8_t(passes[l] > 255 ? 255 : passes[l]);
     }
 }
 
 template <Kind kind, typename T>
-void solve_rows(const T *x, float *y, uint8_t *ok, int64_t first, int64_t last, int64_t n, int max_iter,
+void solve_rows(const T *x, T *y, uint8_t *ok, int64_t first, int64_t last, int64_t n, int max_iter,
                 const float *alpha) {
     if constexpr (kind == ALPHA) {
         AlphaScratch work(n);
@@ -162,40 +163,36 @@ void solve_rows(const T *x, float *y, uint8_t *ok, int64_t first, int64_t last, 
 // alpha-entmax (and its alpha gradient) works on each row's support only: alpha_backward_row. Returns false where
 // its buffer cannot be had.
 template <Kind kind, typename T>
-bool backward_rows(const T *grad, const float *y, float *out, float *d_alpha, int64_t first, int64_t last,
-                   int64_t n, const float *alpha) {
-    if constexpr (kind == ALPHA) {
-        const int64_t width = (n + L - 1) / L * L + L, chunks = (n + L - 1) / L;
-        float *packed = static_cast<float *>(std::aligned_alloc(sizeof(vf), size_t(3 * width + chunks) * 4));
-        if (!packed) return false;
-        for (int64_t r = first; r < last; ++r)
-            alpha_backward_row(grad + r * n, y + r * n, out + r * n, d_alpha ? d_alpha + r : nullptr, n, alpha[r],
-                               packed, width);
-        std::free(packed);
-        return true;
-    }
+bool backward_rows(const T *grad, const T *y, T *out, float *d_alpha, int64_t first, int64_t last, int64_t n,
+                   const float *alpha) {
+    const int64_t width = (n + L - 1) / L * L + L, chunks = (n + L - 1) / L;
+    float *packed = static_cast<float *>(std::aligned_alloc(sizeof(vf), size_t(3 * width + chunks) * 4));
+    if (!packed) return false;
     for (int64_t r = first; r < last; ++r) {
-        const T *g = grad + r * n;
-        const float *yr = y + r * n;
-        float *o = out + r * n;
-        float wg = 0.0f, w = 0.0f;
-        #pragma omp simd reduction(+ : wg, w)
-        for (int64_t i = 0; i < n; ++i) {
-            const float wi = kind == ENTMAX15 ? std::sqrt(yr[i]) : (yr[i] > 0.0f ? 1.0f : 0.0f);
-            const float gi = to_float(g[i]);
-            o[i] = wi;
-            wg += wi * gi;
-            w += wi;
+        const T *g = grad + r * n, *yr = y + r * n;
+        T *o = out + r * n;
+        if constexpr (kind == ALPHA) {
+            alpha_backward_row(g, yr, o, d_alpha ? d_alpha + r : nullptr, n, alpha[r], packed, width);
+        } else {  // the weights in float32 in `packed`, reused while the row is still in L1
+            vf wg{}, w{};
+            for (int64_t i = 0; i < n; i += L) {
+                const vf yv = load_chunk(yr, i, n, 0.0f);
+                const vf wi = kind == ENTMAX15 ? vsqrt(yv) : (yv > vf{} ? splat(1.0f) : vf{});
+                store16(packed + i, wi);
+                wg += wi * load_chunk(g, i, n, 0.0f);
+                w += wi;
+            }
+            const vf mean = splat(hsum(wg) / hsum(w));
+            for (int64_t i = 0; i < n; i += L)
+                store_chunk(o, i, n, load16(packed + i) * (load_chunk(g, i, n, 0.0f) - mean));
         }
-        const float mean = wg / w;
-        #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) o[i] *= to_float(g[i]) - mean;
     }
+    std::free(packed);
     return true;
 }
 
 template <Kind kind, typename T>
-void forward(const T *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads, int max_iter,
+void forward(const T *x, T *y, uint8_t *ok, int64_t rows, int64_t n, int threads, int max_iter,
              const float *alpha) {
     std::memset(ok, 0, size_t(rows));
     in_parallel(rows, L, threads, [&](int64_t first, int64_t last) {
@@ -204,7 +201,7 @@ void forward(const T *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int thr
 }
 
 template <Kind kind, typename T>
-int backward(const T *grad, const float *y, float *out, float *d_alpha, int64_t rows, int64_t n, int threads,
+int backward(const T *grad, const T *y, T *out, float *d_alpha, int64_t rows, int64_t n, int threads,
               const float *alpha) {
     int failed = 0;
     in_parallel(rows, 1, threads, [&](int64_t first, int64_t last) {
@@ -214,21 +211,30 @@ int backward(const T *grad, const float *y, float *out, float *d_alpha, int64_t 
 }
 
 template <Kind kind>
-int forward_typed(int dtype, const void *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads,
+int forward_typed(int dtype, const void *x, void *y, uint8_t *ok, int64_t rows, int64_t n, int threads,
                   int max_iter, const float *alpha) {
     switch (dtype) {
-        case F32: forward<kind>(static_cast<const float *>(x), y, ok, rows, n, threads, max_iter, alpha); return 0;
-        case BF16: forward<kind>(static_cast<const uint16_t *>(x), y, ok, rows, n, threads, max_iter, alpha); return 0;
+        case F32:
+            forward<kind>(static_cast<const float *>(x), static_cast<float *>(y), ok, rows, n, threads, max_iter, alpha);
+            return 0;
+        case BF16:
+            forward<kind>(static_cast<const uint16_t *>(x), static_cast<uint16_t *>(y), ok, rows, n, threads, max_iter,
+                          alpha);
+            return 0;
         default: return -2;
     }
 }
 
 template <Kind kind>
-int backward_typed(int dtype, const void *grad, const float *y, float *out, float *d_alpha, int64_t rows, int64_t n,
+int backward_typed(int dtype, const void *grad, const void *y, void *out, float *d_alpha, int64_t rows, int64_t n,
                    int threads, const float *alpha) {
     switch (dtype) {
-        case F32: return backward<kind>(static_cast<const float *>(grad), y, out, d_alpha, rows, n, threads, alpha);
-        case BF16: return backward<kind>(static_cast<const uint16_t *>(grad), y, out, d_alpha, rows, n, threads, alpha);
+        case F32:
+            return backward<kind>(static_cast<const float *>(grad), static_cast<const float *>(y),
+                                  static_cast<float *>(out), d_alpha, rows, n, threads, alpha);
+        case BF16:
+            return backward<kind>(static_cast<const uint16_t *>(grad), static_cast<const uint16_t *>(y),
+                                  static_cast<uint16_t *>(out), d_alpha, rows, n, threads, alpha);
         default: return -2;
     }
 }
@@ -237,11 +243,11 @@ int backward_typed(int dtype, const void *grad, const float *y, float *out, floa
 
 extern "C" {
 
-int vitscope_abi_version() { return 5; }
+int vitscope_abi_version() { return 6; }
 
-// kind: a code of kinds.def; dtype: 0 float32, 1 bfloat16 input x; alpha: one float per row (kind alpha only,
+// kind: a code of kinds.def; dtype: 0 float32, 1 bfloat16, of x and y; alpha: one float per row (kind alpha only,
 // else ignored and may be null). Returns 0, -1 for an unknown kind, -2 for an unknown dtype.
-int vitscope_forward(int kind, int dtype, const float *alpha, const void *x, float *y, uint8_t *ok, int64_t rows,
+int vitscope_forward(int kind, int dtype, const float *alpha, const void *x, void *y, uint8_t *ok, int64_t rows,
                      int64_t n, int threads, int max_iter) {
     switch (kind) {
         case SPARSEMAX: return forward_typed<SPARSEMAX>(dtype, x, y, ok, rows, n, threads, max_iter, alpha);
@@ -251,9 +257,9 @@ int vitscope_forward(int kind, int dtype, const float *alpha, const void *x, flo
     }
 }
 
-// grad (dtype as above), y float32 -> out float32; d_alpha (one float per row, kind alpha only) may be null.
+// grad, y -> out, all of dtype as above; d_alpha (float32, one per row, kind alpha only) may be null.
 // Returns 0, -1 or -2 as above, -3 when a work buffer could not be allocated (out is then incomplete).
-int vitscope_backward(int kind, int dtype, const float *alpha, const void *grad, const float *y, float *out,
+int vitscope_backward(int kind, int dtype, const float *alpha, const void *grad, const void *y, void *out,
                       float *d_alpha, int64_t rows, int64_t n, int threads) {
     switch (kind) {
         case SPARSEMAX: return backward_typed<SPARSEMAX>(dtype, grad, y, out, nullptr, rows, n, threads, alpha);
