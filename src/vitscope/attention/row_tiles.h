@@ -1,5 +1,6 @@
-// Loading 16 rows into one transposed tile buffer (one row per vector lane) for the sparse normalisers'
-// threshold passes: float32 or bfloat16 elements, a 16 x 16 in-register transpose, and per-lane row statistics.
+// Rows of float32 or bfloat16 elements as float vectors for the sparse normalisers: chunks of 16 (masked at a
+// row's end) loaded and stored, bfloat16 rounded as PyTorch rounds it, and 16 rows loaded into one transposed
+// tile buffer (one row per vector lane) with a 16 x 16 in-register transpose and per-lane row statistics.
 #pragma once
 
 #include <cmath>
