@@ -11,8 +11,10 @@ import torch
 
 
 def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: int = 2,
-                        sync: bool = False) -> dict[str, float]:
-    """Median seconds per function, running them in alternation so drift and noise hit all alike."""
+                        sync: bool = False, clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Median seconds per function, running them in alternation so drift and noise hit all alike. ``clock``:
+    wall time by default; ``time.process_time`` gives this process's CPU time (on one thread, it is far less
+    sensitive than wall time to other processes sharing the cores)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -21,11 +23,11 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 10,
         for name, fn in fns.items():
             if sync:
                 torch.cuda.synchronize()
-            start = time.perf_counter()
+            start = clock()
             fn()
             if sync:
                 torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
