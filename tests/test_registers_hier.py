@@ -12,10 +12,22 @@ from vitscope.data import synthetic_scenes
 from vitscope.metrics.visible_keys import reduced_high_keys, swin_window_keys, window_mass_on_high_norm
 from vitscope.models import load
 from vitscope.models.sites import token_blocks
+from vitscope.probes.stage_features import stage_last_layers
+from vitscope.probes.tokens import probe_tokens
 from vitscope.record import record_attention
 from vitscope.studies.registers_census import CensusSettings, run_census
+from vitscope.studies.registers_probes import ProbeSettings, probe_model
 
 SWIN = {"img_size": 24, "patch_size": 4, "window_size": 4, "depths": (2, 2), "embed_dim": 16, "num_heads": (2, 2)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and far faster than on two when the cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def tiny_swin():
@@ -143,3 +155,37 @@ def test_planted_outliers_in_a_stage_are_found_at_that_stage_and_uniform_mass_eq
     assert reader["value"] == pytest.approx(share["value"], rel=1e-4)  # uniform attention: mass = share
     for key in attention.values():
         assert key["keys"] == ("window" if family == "swin" else "reduced grid")
+
+
+def test_stage_probes_read_position_on_the_stage_grid_and_groups_per_stage():
+    model = tiny_pvt()
+    blocks = token_blocks(model)
+    torch.manual_seed(1)
+    code = torch.randn(64, blocks[3][1].norm1.normalized_shape[0]) * 10  # stage 2: 8x8 grid at 64 px
+
+    def positions_and_outliers(_module, _inputs, output):  # tokens that carry their position; a quarter outliers
+        out = 0.1 * output + code
+        out[:, ::4] *= 30.0
+        return out
+
+    handle = blocks[3][1].register_forward_hook(positions_and_outliers)  # the last block of stage 2 (layer 4)
+    data = synthetic_scenes("eval", num_images=24)
+    fit = {"lrs": (0.1,), "weight_decays": (0.0,), "epochs": 30}
+    try:
+        known = probe_tokens(model, data, [4], probes=["position", "pixels"], max_tokens=1024, baseline=False,
+                             img_size=64, cache=False, progress=False, fit_options=fit).rows
+        census = run_census(model, data, "pvt", CensusSettings(thresholds=["auto"], img_size=64, attention_images=4),
+                            progress=False)
+        settings = ProbeSettings(probes=["class"], max_tokens=64, min_group=4, fit_options=fit | {"epochs": 10})
+        rows = probe_model(model, data, "pvt", census.high_norm, settings, img_size=64, baseline=False)
+    finally:
+        handle.remove()
+    value = {(r["model"], r["group"], r["metric"]): r for r in known}
+    assert value[("model", "patch", "position_top1")]["value"] > 0.95  # the planted code, read on the 8x8 grid
+    assert value[("chance", "patch", "position_top1")]["value"] == pytest.approx(1 / 64)
+    assert value[("model", "patch", "pixels_mse")]["stage"] == 2  # pixel targets over the stage's 8 px stride
+    assert census.high_norm[4][:, ::4].all() and census.high_norm[4].sum() == 24 * 16
+    assert sorted({r["layer"] for r in rows}) == stage_last_layers(model) == [2, 4, 6, 8]
+    assert all(r["stage"] == {2: 1, 4: 2, 6: 3, 8: 4}[r["layer"]] for r in rows)
+    groups = {r["group"] for r in rows if r["layer"] == 4 and r["model"] == "pvt"}
+    assert groups == {"patch", "high-norm", "normal", "patch-mean"}  # no CLS in these models

@@ -179,10 +179,9 @@ def _measure(study: RegistersStudy, entry: ModelEntry, dataset, device: torch.de
     try:
         settings = dataclasses.replace(study.census, img_size=entry.options.get("img_size", study.census.img_size))
         census = run_census(model, dataset, label, settings, device, progress=study.progress)
-        rows = census.rows
-        if census.tokens["kind"] == "plain":
-            rows = rows + probe_model(model, dataset, label, census.high_norm, study.probes, device=device,
-                                      img_size=settings.img_size, baseline=plant is None, progress=study.progress)
+        rows = census.rows + probe_model(model, dataset, label, census.high_norm, study.probes, device=device,
+                                            img_size=settings.img_size, baseline=plant is None,
+                                            progress=study.progress)
     finally:
         if hooks is not None:
             hooks.remove()
