@@ -38,7 +38,10 @@ def tiny_study(out: Path, **changes) -> RegistersStudy:
                "census": {"thresholds": ["percentile:98", "auto"], "attention_images": 8, "example_images": 4},
                "models": [ModelEntry("timm-vit", "timm:vit_small_patch16_224",
                                      options={"img_size": 32, "patch_size": 4, "depth": 2, "embed_dim": 48,
-                                              "num_heads": 2})]}
+                                              "num_heads": 2}),
+                          ModelEntry("timm-swin", "timm:swin_tiny_patch4_window7_224",
+                                     options={"img_size": 32, "depths": (1, 1), "embed_dim": 16,
+                                              "num_heads": (1, 2)})]}
     return RegistersStudy(**{**options, **changes})
 
 
@@ -65,7 +68,10 @@ def test_results_follow_the_shared_schema(finished_study):
     assert set(saved) >= {"schema_version", "kind", "settings", "rows", "provenance"}
     assert saved["kind"] == "registers-study" and saved["provenance"]["dataset"] == "synthetic"
     assert [m["label"] for m in saved["models"]] == ["reg0", "reg2", "dino-reg0", "dino-reg2", "timm-vit",
-                                                     "reg0+planted"]
+                                                     "timm-swin", "reg0+planted"]
+    swin = [r for r in saved["rows"] if r["model"] == "timm-swin"]  # per stage, on the stage's own geometry
+    assert {r["stage"] for r in swin if r["metric"] == "attention_mass_on_high_norm"} == {1, 2}
+    assert {(r["layer"], r["stage"]) for r in swin if r["metric"] == "position_top1"} == {(1, 1), (2, 2)}
     for row in saved["rows"]:
         assert {"model", "group", "metric", "value", "n"} <= set(row)
         if row["metric"] == "high_norm_fraction":
@@ -117,7 +123,7 @@ def test_rerun_reuses_every_measurement(finished_study):
     out, _ = finished_study
     before = {p: p.stat().st_mtime_ns for p in out.glob("models/*/census.json")}
     run(tiny_study(out))
-    assert {p: p.stat().st_mtime_ns for p in out.glob("models/*/census.json")} == before and len(before) == 6
+    assert {p: p.stat().st_mtime_ns for p in out.glob("models/*/census.json")} == before and len(before) == 7
 
 
 def test_killed_dino_study_resumes_where_it_stopped(tmp_path):
@@ -161,7 +167,8 @@ def test_report_renders_in_headless_chromium(finished_study, tmp_path):
     assert dom.returncode == 0, dom.stderr[-500:]
     page = dom.stdout
     for heading in ("Published findings", "Detector and probes on planted outliers", "Registers comparison",
-                    "Token probes", "Attention maps with and without registers", "Terms, used once", "Provenance"):
+                    "Token probes", "Attention maps with and without registers", "Terms, used once", "Provenance",
+                    "per stage", "kNN top-1 (teacher)"):
         assert heading in page
     assert page.count("<img") >= 8 and "reg0+planted" in page and "not reproduced" in page
     shot = tmp_path / "report.png"
