@@ -181,6 +181,7 @@ def test_report_renders_in_headless_chromium(finished_study, tmp_path):
 @pytest.mark.parametrize(("argv", "message"), [
     (["--model", "nolabel"], "LABEL=SPEC"),
     (["--registers", "0,four"], "--registers"),
+    (["--objectives", "dino,byol"], "--objectives"),
     (["--plant", "reg0"], "LABEL:LAYER"),
     (["--thresholds", "median"], "percentile:Q"),
     (["--preset", "paper", "--dataset", "imagefolder", "--weights-dir", "/nonexistent"], "lacks the weights"),
