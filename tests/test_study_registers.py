@@ -72,6 +72,9 @@ def test_results_follow_the_shared_schema(finished_study):
     swin = [r for r in saved["rows"] if r["model"] == "timm-swin"]  # per stage, on the stage's own geometry
     assert {r["stage"] for r in swin if r["metric"] == "attention_mass_on_high_norm"} == {1, 2}
     assert {(r["layer"], r["stage"]) for r in swin if r["metric"] == "position_top1"} == {(1, 1), (2, 2)}
+    chance = {r["layer"]: r["value"] for r in saved["rows"] if r["model"] == "chance" and r["group"] == "patch"
+              and r.get("chance_for") == "timm-swin" and r["metric"] == "position_top1"}
+    assert chance == {1: pytest.approx(1 / 64), 2: pytest.approx(1 / 16)}  # each stage's own 8x8 and 4x4 grid
     for row in saved["rows"]:
         assert {"model", "group", "metric", "value", "n"} <= set(row)
         if row["metric"] == "high_norm_fraction":

@@ -182,14 +182,23 @@ def _stages(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _chance_of(row: dict[str, Any], label: str, owned: bool) -> bool:
+    """Whether a row may stand as ``label``'s chance level: chance rows name their model (``chance_for``), since the
+    level depends on its grid and stride; results written before that field carry none (any is taken)."""
+    if row["model"] != "chance":
+        return True
+    return row.get("chance_for") == label if owned else "chance_for" not in row
+
+
 def _probe_tables(results: dict[str, Any]) -> str:
     rows, parts = results["rows"], []
     metrics = ("position_top1", "position_distance", "pixels_mse", "pixels_mlp_mse", "class_top1")
     for m in results["models"]:
         label = m["label"]
+        owned = any(r.get("chance_for") == label for r in rows)
         mine = [r for r in rows if r["metric"] in metrics and r["model"] in (label, f"{label} (random init)", "chance")
-                and r.get("layer_kind") == "token" and any(x["model"] == label and x["metric"] in metrics
-                                                           for x in rows)]
+                and _chance_of(r, label, owned) and r.get("layer_kind") == "token"
+                and any(x["model"] == label and x["metric"] in metrics for x in rows)]
         for layer in sorted({r["layer"] for r in mine if r["model"] == label}):
             at = [r for r in mine if r["layer"] == layer]
             table_rows = []

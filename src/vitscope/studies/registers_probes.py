@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from vitscope.data import ImageDataset
 from vitscope.probes.features import depth_of, parse_layers
+from vitscope.probes.results import CHANCE
 from vitscope.probes.stage_features import is_hierarchical, stage_last_layers
 from vitscope.probes.tokens import PROBES, probe_tokens
 
@@ -59,6 +60,8 @@ def probe_model(model: nn.Module, dataset: ImageDataset, label: str, high_norm: 
                               max_tokens=settings.max_tokens,
                               baseline=baseline, label=label, batch_size=settings.batch_size, device=device,
                               img_size=img_size, cache=False, progress=progress, fit_options=settings.fit_options)
-        rows += [row | {"layer_kind": "token"} for row in result.rows]
+        # chance levels depend on the model's grid and stride: each names the model it belongs to
+        rows += [row | {"layer_kind": "token"} | ({"chance_for": label} if row["model"] == CHANCE else {})
+                 for row in result.rows]
     return rows
 
