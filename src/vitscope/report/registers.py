@@ -267,7 +267,7 @@ def _scale_note(results: dict[str, Any]) -> str:
                 runs.setdefault((m["training"].get("objective") or "supervised", m["training"].get("epochs")),
                                 []).append(m["label"])
         parts.append("Trained here, same data and seeds: " + "; ".join(
-            f"{html.escape(', '.join(labels))} ({objective}, {epochs} epochs)"
+            f"{html.escape(', '.join(labels))} ({objective}, {epochs} epoch{'' if epochs == 1 else 's'})"
             for (objective, epochs), labels in runs.items()) + ". Supervised runs are scored by top-1, DINO runs "
             "by kNN top-1 of the teacher.")
     if results["settings"].get("preset") == "demo":
