@@ -36,7 +36,7 @@ from vitscope.probes.stage_features import extract_stage_features, is_hierarchic
 
 PROBES = ("position", "pixels", "pixels-mlp", "class")
 DEFAULT_PROBES = ("position", "pixels", "class")
-PatchMask = Tensor | Mapping[int, Tensor]  # (N, patches) bool, or one such mask per token layer
+PatchMask = Tensor | Mapping[int, Tensor | None]  # (N, patches) bool, or one per token layer (None: absent there)
 
 
 def patch_pixels(model: nn.Module, dataset: ImageDataset, grid: tuple[int, int], patch: int, batch_size: int,
@@ -70,11 +70,13 @@ def balanced(images: Tensor, labels: Tensor, seed: int) -> Tensor:
     return torch.cat(keep).sort().values
 
 
-def _layer_mask(mask: PatchMask, layer: int) -> Tensor:
+def _layer_mask(mask: PatchMask, layer: int) -> Tensor | None:
+    """The group's mask at ``layer``; None where a per-layer mapping says the group is absent at that layer."""
     if isinstance(mask, Mapping):
         if layer not in mask:
-            raise ValueError(f"a per-layer patch mask has no entry for token layer {layer}; give one per layer")
-        return mask[layer].bool().cpu()
+            raise ValueError(f"a per-layer patch mask has no entry for token layer {layer}; give one per layer "
+                             "(None where the group is absent)")
+        return None if mask[layer] is None else mask[layer].bool().cpu()
     return torch.as_tensor(mask).bool().cpu()
 
 
@@ -202,6 +204,8 @@ def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_grou
     masks = {"patch": torch.ones(n_images, n_patches, dtype=torch.bool)}
     for group, mask in patch_groups.items():
         mask = _layer_mask(mask, layer)
+        if mask is None:
+            continue
         if tuple(mask.shape) != (n_images, n_patches):
             raise ValueError(f"patch mask {group!r} has shape {tuple(mask.shape)}; it must be (images, patches) = "
                              f"({n_images}, {n_patches}) for this dataset and model")

@@ -52,16 +52,15 @@ def probe_model(model: nn.Module, dataset: ImageDataset, label: str, high_norm: 
     """Rows of every token probe at every chosen layer (see the module docstring)."""
     if not settings.enabled:
         return []
-    rows = []
     layers = stage_last_layers(model) if is_hierarchical(model) else parse_layers(settings.layers, depth_of(model))
-    for layer in layers:
-        groups = high_norm_groups(high_norm[layer], settings.min_group) if layer in high_norm else {}
-        result = probe_tokens(model, dataset, [layer], probes=settings.probes, patch_groups=groups,
-                              max_tokens=settings.max_tokens,
-                              baseline=baseline, label=label, batch_size=settings.batch_size, device=device,
-                              img_size=img_size, cache=False, progress=progress, fit_options=settings.fit_options)
-        # chance levels depend on the model's grid and stride: each names the model it belongs to
-        rows += [row | {"layer_kind": "token"} | ({"chance_for": label} if row["model"] == CHANCE else {})
-                 for row in result.rows]
-    return rows
+    found = {layer: high_norm_groups(high_norm[layer], settings.min_group) if layer in high_norm else {}
+             for layer in layers}
+    groups = {name: {layer: g.get(name) for layer, g in found.items()} for name in ("high-norm", "normal")}
+    result = probe_tokens(model, dataset, layers, probes=settings.probes, patch_groups=groups,
+                          max_tokens=settings.max_tokens, baseline=baseline, label=label,
+                          batch_size=settings.batch_size, device=device, img_size=img_size, cache=False,
+                          progress=progress, fit_options=settings.fit_options)  # one backbone pass for every layer
+    # chance levels depend on the model's grid and stride: each names the model it belongs to
+    return [row | {"layer_kind": "token"} | ({"chance_for": label} if row["model"] == CHANCE else {})
+            for row in result.rows]
 
