@@ -189,3 +189,9 @@ def test_stage_probes_read_position_on_the_stage_grid_and_groups_per_stage():
     assert all(r["stage"] == {2: 1, 4: 2, 6: 3, 8: 4}[r["layer"]] for r in rows)
     groups = {r["group"] for r in rows if r["layer"] == 4 and r["model"] == "pvt"}
     assert groups == {"patch", "high-norm", "normal", "patch-mean"}  # no CLS in these models
+
+
+def test_hierarchical_token_layer_zero_is_refused_with_the_fix():
+    data = synthetic_scenes("eval", num_images=4)
+    with pytest.raises(ValueError, match="no layer 0.*--layers 1,last"):
+        probe_tokens(tiny_pvt(), data, "0,last", baseline=False, img_size=64, cache=False, progress=False)

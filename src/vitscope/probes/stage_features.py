@@ -46,7 +46,7 @@ def extract_stage_features(model: nn.Module, dataset: ImageDataset, layers: list
     depth = len(token_blocks(model))
     if any(not 1 <= layer <= depth for layer in layers):
         raise ValueError(f"token layers {layers} of a hierarchical model must lie in 1..{depth} (block outputs; "
-                         "there is no layer 0 before the first stage)")
+                         "there is no layer 0 before the first stage); use e.g. --layers 1,last")
     side = model_input(model, dataset, img_size)[0]
     was_training = model.training
     model.to(device).eval()
