@@ -1,19 +1,23 @@
 """Forward + backward time of vitscope's normalisers against the `entmax` package and plain softmax.
 
 Usage: python benchmarks/bench_normalizers.py [--device cpu|cuda] [--dtypes float32,bfloat16] [--batch-scale 1]
+       [--clock wall|cpu]
 Shapes: compact ViT attention (batch 128, 8 heads, 65 x 65) and ViT-S/16 (batch 32, 6 heads, 197 x 197), times
 ``--batch-scale``. Every row is measured in the same run (medians of interleaved repeats), each dtype against a
 softmax of the same dtype. ``entmax:learned`` is alpha-entmax with one alpha per head as a tensor that requires
 grad (the learnable-alpha path, alpha gradient included; the package row runs entmax_bisect with the same
 tensor). ``err`` is the largest deviation from a float64 solution (bisection with 200 steps) on that input.
 Peak memory is the forward's extra memory beyond input and output, in units of the logits tensor (CUDA
-allocator, or the peak resident set on Linux CPUs).
+allocator, or the peak resident set on Linux CPUs). ``--clock cpu`` (CPU only) times this process's CPU time on
+one thread instead of wall time on all threads: on a machine that other jobs share, wall-time ratios mostly measure
+the scheduler, CPU-time ratios still measure the kernels.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import entmax
@@ -94,17 +98,25 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of: {', '.join(SHAPES)}")
     parser.add_argument("--skip-training-step", action="store_true", help="leave out the vit-compact step table")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall time on all threads, or this process's CPU time on one thread (CPU only)")
     args = parser.parse_args()
     sync = args.device == "cuda"
+    args.timer = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.clock == "cpu":
+        if args.device != "cpu":
+            raise SystemExit("--clock cpu times CPU work; use it with --device cpu")
+        torch.set_num_threads(1)
     rows = []
     for dtype_name in args.dtypes.split(","):
         rows += measure(args, getattr(torch, dtype_name), dtype_name, sync)
-    print(f"machine: {machine()}; batch scale {args.batch_scale}; forward + backward, median ms")
+    clock = "CPU time, 1 thread" if args.clock == "cpu" else "wall time"
+    print(f"machine: {machine()}; batch scale {args.batch_scale}; forward + backward, median ms ({clock})")
     print(table(rows, ["dtype", "shape", "normaliser", "vitscope ms", "entmax pkg ms", "softmax ms",
                        "speed-up vs pkg", "vs softmax", "max err (ours / pkg)", "peak extra (x logits)"]))
     if not args.skip_training_step:
         print()
-        print(training_steps(args.device, args.repeats))
+        print(training_steps(args.device, args.repeats, args.timer))
 
 
 def measure(args, dtype: torch.dtype, dtype_name: str, sync: bool) -> list[list[str]]:
@@ -121,7 +133,7 @@ def measure(args, dtype: torch.dtype, dtype_name: str, sync: bool) -> list[list[
         for name, (ours, ref, alpha) in CASES.items():
             fns = {"softmax": fwd_bwd(lambda t: torch.softmax(t, -1), x, grad), "vitscope": fwd_bwd(ours, x, grad),
                    "entmax": fwd_bwd(ref, x, grad)}
-            med = interleaved_medians(fns, args.repeats, sync=sync)
+            med = interleaved_medians(fns, args.repeats, sync=sync, clock=args.timer)
             exact = truth(x.detach(), alpha)
             with torch.no_grad():
                 err_ours = float((ours(x.detach()).double() - exact).abs().max())
@@ -133,7 +145,7 @@ def measure(args, dtype: torch.dtype, dtype_name: str, sync: bool) -> list[list[
     return rows
 
 
-def training_steps(device: str, repeats: int) -> str:
+def training_steps(device: str, repeats: int, clock=time.perf_counter) -> str:
     """A full vit-compact training step (batch 128, AdamW) with each normaliser, against softmax."""
     from timm.optim import create_optimizer_v2
 
@@ -156,7 +168,7 @@ def training_steps(device: str, repeats: int) -> str:
         return step
 
     names = ["softmax", "entmax15", "sparsemax", "entmax:1.3", "entmax:learned"]
-    med = interleaved_medians({n: stepper(n) for n in names}, repeats, sync=device == "cuda")
+    med = interleaved_medians({n: stepper(n) for n in names}, repeats, sync=device == "cuda", clock=clock)
     rows = [[n, f"{med[n] * 1e3:.0f}", f"{med[n] / med['softmax']:.2f}x"] for n in names]
     return "vit-compact training step, batch 128\n" + table(rows, ["attention", "median ms", "vs softmax step"])
 

@@ -5,8 +5,9 @@ Both models share one configuration, initial weights and optimizer (timm's AdamW
 medians over repeated steps measured in one run.
 
 With ``--pack K [--model vit-micro]``: aggregate training images/s of K models packed into one
-(``PackedViT``, batched products; and its ``torch.func`` vmap twin) against the same K models stepped one
-after another, all in one run.
+(``PackedViT``, batched products; and its ``torch.func`` vmap twin; both with ``PackedAdamW``, per-member lr
+and weight decay, as packed training steps) against the same K models stepped one after another, each with
+timm's AdamW, all in one run.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from vitscope.data import synthetic_scenes  # noqa: E402
 from vitscope.models import create  # noqa: E402
 from vitscope.models.packed import PackedViT, VmappedModels  # noqa: E402
 from vitscope.train.pack_state import clip_member_gradients  # noqa: E402
+from vitscope.train.packed_adamw import PackedAdamW  # noqa: E402
 from vitscope.train.protocols import Protocol, soft_cross_entropy  # noqa: E402
 
 
@@ -119,7 +121,10 @@ def pack_benchmark(args: argparse.Namespace) -> None:
 
     def packed(kind):
         module = (PackedViT if kind == "explicit" else VmappedModels)(models).to(device)
-        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3, weight_decay=0.05)
+        # what packed training steps: AdamW with each member's own lr and weight decay (device tensors)
+        optimizer = PackedAdamW([list(module.parameters())], k)
+        lr = torch.full((1, k), 1e-3, device=device)
+        weight_decay = torch.full((1, k), 0.05, device=device)
         run = torch.compile(module) if args.compile else module
 
         def step():
@@ -128,8 +133,8 @@ def pack_benchmark(args: argparse.Namespace) -> None:
             loss = sum(torch.nn.functional.cross_entropy(logits[i], labels[i]) for i in range(k))
             loss.backward()
             clip_member_gradients(list(module.parameters()), 1.0, "global")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.step(lr, weight_decay)
+            optimizer.zero_grad()
 
         return step
 

@@ -13,8 +13,8 @@ import torch
 def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: int = 2,
                         sync: bool = False, clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Median seconds per function, running them in alternation so drift and noise hit all alike. ``clock``:
-    wall time by default; ``time.process_time`` counts this process's CPU time only (steadier on a shared
-    machine, comparable between functions only at one thread)."""
+    wall time by default; ``time.process_time`` gives this process's CPU time (on one thread, it is far less
+    sensitive than wall time to other processes sharing the cores)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()

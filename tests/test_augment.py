@@ -1,9 +1,15 @@
 """Batched augmentations with per-image randomness, and protocol names."""
 
+import math
+
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vitscope.data import augment, synthetic_scenes
+from vitscope.data.autoaugment import AutoAugment
 from vitscope.train.protocols import ABLATION, Protocol, canonical_protocol, expand_conditions, soft_cross_entropy
 
 
@@ -39,16 +45,48 @@ def test_flip_is_per_image(batch):
 
 def test_autoaugment_gives_images_of_one_batch_different_operations(batch):
     images, _ = batch
-    aa = augment.AutoAugment("cifar10")
+    aa = AutoAugment("cifar10")
     out = aa(images, gen(3))
-    ops = [tuple(name for name, _ in applied) for applied in aa.applied]
-    assert len(set(ops)) > 5
+    applied = aa.applied()
+    assert len({tuple(name for name, _ in ops) for ops in applied}) > 5
     # an image whose operations were drawn as none is returned untouched; others changed
-    untouched = [i for i, applied in enumerate(aa.applied) if not applied]
-    assert all(torch.equal(out[i], images[i]) for i in untouched)
+    assert all(torch.equal(out[i], images[i]) for i, ops in enumerate(applied) if not ops)
     assert out.dtype == torch.uint8 and out.shape == images.shape
-    again = aa(images, gen(3))
-    assert torch.equal(out, again)  # reproducible from the generator
+    assert torch.equal(out, aa(images, gen(3)))  # reproducible from the generator
+
+
+def test_device_autoaugment_equals_torchvision_per_image_for_the_same_draw():
+    """Each image gets exactly what torchvision's operations give it for its drawn sub-policy, firing and
+    signs (what the previous host-grouped code applied), over every operation of the CIFAR-10 policy."""
+    images = synthetic_scenes("train", 256).images
+    aa = AutoAugment("cifar10")
+    tv, seen = aa._tv, set()
+    for seed in range(2):
+        out = aa(images, gen(seed))
+        for i, ops in enumerate(aa.applied()):
+            expected = images[i:i + 1]
+            for name, magnitude in ops:
+                expected = tv._apply_image_or_video_transform(expected, name, magnitude,
+                                                              interpolation=tv.interpolation, fill=tv._fill)
+                seen.add((name, magnitude < 0))
+            assert torch.equal(out[i], expected[0]), (i, ops)
+    names = {name for name, _ in seen}
+    assert names >= {"ShearY", "TranslateX", "TranslateY", "Rotate", "Color", "Contrast", "Sharpness", "Posterize",
+                     "Solarize", "AutoContrast", "Equalize", "Invert", "Brightness"}
+    assert ("Rotate", True) in seen and ("Rotate", False) in seen  # both signs
+    # the CUDA path (every kind on the whole batch, selected by torch.where) gives the same images
+    assert torch.equal(AutoAugment("cifar10", branch_free=True)(images, gen(1)), out)
+
+
+def test_autoaugment_draw_frequencies_follow_the_policy():
+    aa = AutoAugment("cifar10")
+    choice, fire, negative = aa.draw(20000, gen(5), torch.device("cpu"))
+    counts = torch.bincount(choice, minlength=len(aa.policies)).float()
+    assert (counts / 20000 - 1 / len(aa.policies)).abs().max() < 0.01
+    probs = torch.tensor([[p[slot][1] for slot in (0, 1)] for p in aa.policies])[choice]
+    fired = (fire <= probs).float().mean(0)
+    assert fired.tolist() == pytest.approx(probs.mean(0).tolist(), abs=0.01)
+    assert float(negative.float().mean()) == pytest.approx(0.5, abs=0.01)
 
 
 def test_color_jitter_factors_are_per_image(batch):
@@ -68,9 +106,61 @@ def test_cutmix_box_area_sets_lambda_and_targets(batch):
     mixed, mixed_targets, lam = augment.cutmix(x, targets, gen(1))
     pasted = (mixed != x).any(dim=1)[0]  # pixels taken from the partner image
     changed_area = float(((mixed[0] == x.flip(0)[0]).all(0) & (x[0] != x.flip(0)[0]).any(0)).sum()) / (32 * 32)
-    assert pasted.float().mean() <= 1 - lam + 1e-6
-    assert changed_area == pytest.approx(1 - lam, abs=0.05)
-    torch.testing.assert_close(mixed_targets, lam * targets + (1 - lam) * targets.flip(0))
+    assert float(pasted.float().mean()) <= 1 - float(lam) + 1e-6
+    assert changed_area == pytest.approx(1 - float(lam), abs=0.05)
+    torch.testing.assert_close(mixed_targets, float(lam) * targets + (1 - float(lam)) * targets.flip(0))
+
+
+def previous_cutmix(images, targets, lam: float, cy: int, cx: int):
+    """The previous host-side CutMix for a fixed draw: Python-int box, slicing, lambda as a float."""
+    h, w = images.shape[-2:]
+    ratio = math.sqrt(1 - lam)
+    cut_h, cut_w = int(h * ratio), int(w * ratio)
+    y0, y1 = max(cy - cut_h // 2, 0), min(cy + cut_h // 2, h)
+    x0, x1 = max(cx - cut_w // 2, 0), min(cx + cut_w // 2, w)
+    mixed = images.clone()
+    mixed[..., y0:y1, x0:x1] = images.flip(0)[..., y0:y1, x0:x1]
+    lam = 1.0 - (y1 - y0) * (x1 - x0) / float(h * w)
+    return mixed, lam * targets + (1 - lam) * targets.flip(0), lam
+
+
+@given(lam=st.floats(0.0, 1.0), cy=st.integers(0, 31), cx=st.integers(0, 31))
+@settings(max_examples=200, deadline=None)
+def test_device_cutmix_box_equals_the_previous_slicing_for_a_fixed_draw(lam, cy, cx):
+    images = torch.arange(4 * 3 * 32 * 32, dtype=torch.float32).reshape(4, 3, 32, 32)
+    targets = augment.one_hot_targets(torch.tensor([0, 1, 2, 3]), 4, smoothing=0.1)
+    expected_images, expected_targets, expected_lam = previous_cutmix(images, targets, lam, cy, cx)
+    box, corrected = augment.cutmix_box(torch.tensor(lam, dtype=torch.float64), torch.tensor(cy), torch.tensor(cx),
+                                        32, 32)
+    assert float(corrected) == expected_lam
+    assert torch.equal(torch.where(box, images.flip(0), images), expected_images)
+    assert torch.equal(corrected.float() * targets + (1 - corrected).float() * targets.flip(0), expected_targets)
+
+
+def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
+    """The two-sample Kolmogorov-Smirnov statistic."""
+    values = np.sort(np.concatenate([a, b]))
+    cdf_a = np.searchsorted(np.sort(a), values, side="right") / len(a)
+    cdf_b = np.searchsorted(np.sort(b), values, side="right") / len(b)
+    return float(np.abs(cdf_a - cdf_b).max())
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.4])
+def test_cutmix_lambda_and_box_follow_the_previous_distribution(alpha):
+    """lambda ~ Beta(alpha, alpha) (the previous code drew it with numpy) and box centres uniform over the
+    image, over many batches: two-sample KS against numpy's Beta and a uniform histogram."""
+    n, generator = 3000, gen(11)
+    x, t = torch.zeros(2, 1, 32, 32), torch.zeros(2, 2)
+    lams, centres = [], []
+    for _ in range(n):
+        lams.append(float(augment._beta(alpha, generator)))
+        centres.append(int(torch.randint(0, 32, (), generator=generator)))
+    reference = np.random.default_rng(0).beta(alpha, alpha, n)
+    assert ks_statistic(np.array(lams), reference) < 1.95 * math.sqrt(2 / n)  # 0.1 % level
+    counts = np.bincount(centres, minlength=32)
+    assert counts.min() > n / 32 * 0.6 and counts.max() < n / 32 * 1.4
+    _, _, lam = augment.cutmix(x, t, generator, alpha)
+    assert lam.dtype == torch.float64 and 0 <= float(lam) <= 1
 
 
 def test_protocol_names_and_ablation_grid():

@@ -91,6 +91,9 @@ def test_opcheck_the_custom_op():
     alpha = torch.full((4, 1), 1.3, requires_grad=True)
     torch.library.opcheck(torch.ops.vitscope.sparse_normalize.default, (x, alpha, "alpha", True, True))
     torch.library.opcheck(torch.ops.vitscope.sparse_normalize.default, (x, None, "entmax15", False, False))
+    half = x.detach().to(torch.bfloat16).requires_grad_()  # bfloat16 out of every path, the fake kernel's too
+    for native_path in (True, False):
+        torch.library.opcheck(torch.ops.vitscope.sparse_normalize.default, (half, alpha, "alpha", native_path, False))
 
 
 def test_learned_alpha_stays_in_range_and_is_a_parameter():

@@ -138,6 +138,27 @@ def test_half_inputs_accurate_to_their_precision(dtype, native_calls):
     torch.testing.assert_close(y.double(), exact, atol=torch.finfo(dtype).eps, rtol=0)
 
 
+@pytest.mark.parametrize("name", CASES)
+def test_bfloat16_is_read_and_written_without_conversion(name, native_calls):
+    # the kernels take bfloat16 logits and gradients and return bfloat16 probabilities and gradients, rounded
+    # from the float32 results as PyTorch rounds (so equal to the float32 path's results converted)
+    case = CASES[name]
+    x = adversarial_rows(48, 65, 2.0).to(torch.bfloat16)
+    g = torch.randn(x.shape).to(torch.bfloat16)
+    y, converged = case.native(x)
+    y_float, _ = case.native(x.float())
+    assert y.dtype == torch.bfloat16 and bool(converged.all())
+    assert torch.equal(y, y_float.to(torch.bfloat16))
+    gx, _ = native.backward(case.kind, g, y, case.alpha)
+    gx_float, _ = native.backward(case.kind, g.float(), y.float(), case.alpha)
+    assert gx.dtype == torch.bfloat16 and torch.equal(gx, gx_float.to(torch.bfloat16))
+    x_ref = x.double().masked_fill(torch.isinf(x), -1e9).requires_grad_()
+    (g_ref,) = torch.autograd.grad(case.theirs(x_ref), x_ref, g.double())
+    torch.testing.assert_close(gx.double()[4:], g_ref[4:], atol=0.05, rtol=0.02)  # bfloat16 y: 8 bits
+    (ours,) = torch.autograd.grad(case.ours(x.requires_grad_()), x, g)  # the op on this path, end to end
+    assert native_calls[-2:] == [f"{case.kind} forward", f"{case.kind} backward"] and torch.equal(ours, gx)
+
+
 def test_thread_count_does_not_change_results():
     x = adversarial_rows(1000, 65, 2.0)
     before = torch.get_num_threads()

@@ -1,4 +1,5 @@
-"""Packed training: K models as one equal K solo runs (weights, run folders, checkpoints), resume either way."""
+"""Packed training: K models at their own schedule positions equal K solo runs (weights, run folders,
+checkpoints, logs); members leave the pack as they finish; resume packed or solo from any member's step."""
 
 import json
 import os
@@ -12,19 +13,28 @@ from safetensors.torch import load_file
 from vitscope.models import create
 from vitscope.models.packed import PackedViT, VmappedModels
 from vitscope.train import TrainConfig, TrainingInterrupted, train
-from vitscope.train.pack_state import clip_member_gradients, common_checkpoint_step
+from vitscope.train.pack_state import clip_member_gradients, solo_optimizer
 from vitscope.train.packed import auto_pack_size, check_pack_configs, train_packed
+from vitscope.train.packed_adamw import PackedAdamW
 
 TINY = {"model": "vit-micro", "model_options": {"depth": 2, "embed_dim": 32, "num_heads": 2},
-        "dataset": "synthetic", "dataset_options": {"num_images": 64, "num_classes": 4}, "eval_images": 32,
-        "batch_size": 16, "epochs": 2, "warmup_epochs": 1, "progress": False, "log_every_steps": 2, "device": "cpu"}
-# different protocols (crop + flip only; AutoAugment + CutMix + smoothing; CutMix) and seeds
-MEMBERS = [("baseline", 0), ("modern", 1), ("baseline+cutmix", 2)]
+        "dataset": "synthetic", "dataset_options": {"num_images": 32, "num_classes": 4}, "eval_images": 16,
+        "batch_size": 16, "epochs": 2, "warmup_epochs": 1, "progress": False, "log_every_steps": 1, "device": "cpu"}
+# 2 steps per epoch; members with their own protocol (crop + flip only; AutoAugment + CutMix + smoothing;
+# CutMix), seed and schedule (epochs, lr, warmup, weight decay and its schedule, clipping): a fresh pack
+# trains 4 steps as 3, then 2 as 2 (the first has left), then 2 as 1
+MEMBERS = [("baseline", 0, {}),
+           ("modern", 1, {"epochs": 3, "lr": 2e-3, "warmup_epochs": 0.5, "weight_decay_end": 0.3, "grad_clip": 0.5}),
+           ("baseline+cutmix", 2, {"epochs": 4, "lr": 5e-4, "weight_decay": 0.1, "grad_clip": 0.0})]
 
 
 def cfg(root: Path, group: str, protocol: str, seed: int, **changes) -> TrainConfig:
     return TrainConfig.from_dict({**TINY, "protocol": protocol, "seed": seed,
                                   "out": str(root / group / f"{protocol}-{seed}"), **changes})
+
+
+def member_cfgs(root: Path, group: str, **changes) -> list[TrainConfig]:
+    return [cfg(root, group, p, s, **(member_changes | changes)) for p, s, member_changes in MEMBERS]
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
@@ -39,17 +49,55 @@ def assert_close_weights(a: Path, b: Path, atol: float = 1e-5) -> None:
 
 
 def layout(run: Path) -> list[str]:
-    """Relative paths in a run folder; TensorBoard event files are named by time and process."""
-    return sorted("tensorboard/EVENTS" if p.parent.name == "tensorboard" else str(p.relative_to(run))
-                  for p in run.rglob("*"))
+    """Relative paths in a run folder; TensorBoard event files (one per process that wrote the run) are
+    named by time and process."""
+    return sorted({"tensorboard/EVENTS" if p.parent.name == "tensorboard" else str(p.relative_to(run))
+                   for p in run.rglob("*")})
+
+
+def assert_same_run(solo: Path, packed: Path) -> None:
+    """Weights, files, checkpoint state, log lines and summary keys of a packed member equal its solo run's."""
+    assert_close_weights(solo, packed)
+    assert layout(solo) == layout(packed)
+    for name in ("summary.json", "config.json"):
+        assert json.loads((solo / name).read_text()).keys() == json.loads((packed / name).read_text()).keys()
+    assert json.loads((solo / "summary.json").read_text())["eval"]["loss"] == pytest.approx(
+        json.loads((packed / "summary.json").read_text())["eval"]["loss"], abs=1e-4)
+    a = torch.load(next((solo / "checkpoints").glob("step-*")) / "state.pt", weights_only=False)
+    b = torch.load(next((packed / "checkpoints").glob("step-*")) / "state.pt", weights_only=False)
+    assert a.keys() == b.keys() and a["scheduler"] == b["scheduler"] and a["global_step"] == b["global_step"]
+    assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+    for i, state in a["optimizer"]["state"].items():
+        assert float(b["optimizer"]["state"][i]["step"]) == float(state["step"])
+        torch.testing.assert_close(b["optimizer"]["state"][i]["exp_avg_sq"], state["exp_avg_sq"], atol=1e-8,
+                                   rtol=1e-3)
+    solo_log, pack_log = ([r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                           if r["kind"] != "epoch"] for run in (solo, packed))  # "epoch": test hooks' lines
+    assert [(r["kind"], r["step"]) for r in solo_log] == [(r["kind"], r["step"]) for r in pack_log]
+    assert [r["loss"] for r in solo_log] == pytest.approx([r["loss"] for r in pack_log], abs=1e-4)
+    assert [r.get("lr", 0) for r in solo_log] == pytest.approx([r.get("lr", 0) for r in pack_log], rel=1e-12)
 
 
 @pytest.fixture(scope="module")
 def solo_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("pack")
-    for protocol, seed in MEMBERS:
-        train(cfg(root, "solo", protocol, seed))
+    for c in member_cfgs(root, "solo"):
+        train(c)
     return root
+
+
+def stop_after_first_epoch():
+    """An epoch hook that sends this process SIGTERM the first time it is called."""
+    sent = []
+
+    def terminate(model):
+        if not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return {}
+
+    return terminate
 
 
 @pytest.mark.parametrize("options", [{"attention": "softmax"}, {"attention": "entmax15", "num_registers": 2},
@@ -79,61 +127,67 @@ def test_pack_gradients_and_clipping_match_each_model():
             torch.testing.assert_close(packed.param(name).grad[k], param.grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
-def test_packed_members_equal_their_solo_runs(solo_runs):
-    summaries = train_packed([cfg(solo_runs, "pack", p, s) for p, s in MEMBERS])
-    for (protocol, seed), summary in zip(MEMBERS, summaries, strict=True):
-        solo, packed = solo_runs / "solo" / f"{protocol}-{seed}", solo_runs / "pack" / f"{protocol}-{seed}"
-        assert_close_weights(solo, packed)
-        assert layout(solo) == layout(packed)
-        for name in ("summary.json", "config.json"):
-            assert json.loads((solo / name).read_text()).keys() == json.loads((packed / name).read_text()).keys()
-        assert summary["eval"]["loss"] == pytest.approx(json.loads((solo / "summary.json").read_text())["eval"]["loss"],
-                                                        abs=1e-4)
-        a = torch.load(next((solo / "checkpoints").glob("step-*")) / "state.pt", weights_only=False)
-        b = torch.load(next((packed / "checkpoints").glob("step-*")) / "state.pt", weights_only=False)
-        assert a.keys() == b.keys() and a["scheduler"] == b["scheduler"] and a["global_step"] == b["global_step"]
-        assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
-        assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
-        for i, state in a["optimizer"]["state"].items():
-            torch.testing.assert_close(b["optimizer"]["state"][i]["exp_avg_sq"], state["exp_avg_sq"], atol=1e-8,
-                                       rtol=1e-3)
-        solo_log = [json.loads(line) for line in (solo / "metrics.jsonl").read_text().splitlines()]
-        pack_log = [json.loads(line) for line in (packed / "metrics.jsonl").read_text().splitlines()]
-        assert [(r["kind"], r["step"]) for r in solo_log] == [(r["kind"], r["step"]) for r in pack_log]
-        assert [r["loss"] for r in solo_log] == pytest.approx([r["loss"] for r in pack_log], abs=1e-4)
+def test_members_with_their_own_schedules_equal_their_solo_runs(solo_runs):
+    configs = member_cfgs(solo_runs, "pack")
+    summaries = train_packed(configs)
+    for c, summary in zip(configs, summaries, strict=True):
+        assert summary["steps"] == c.epochs * 2
+        assert_same_run(solo_runs / "solo" / Path(c.out).name, Path(c.out))
 
 
-def test_interrupted_pack_resumes_packed_or_solo(solo_runs):
-    sent = []
-
-    def terminate_after_first_epoch(model):
-        if not sent:
-            sent.append(True)
-            os.kill(os.getpid(), signal.SIGTERM)
-        return {}
-
-    configs = [cfg(solo_runs, "killed", p, s, checkpoint_every_steps=1) for p, s in MEMBERS]
+def test_interrupted_pack_resumes_packed_or_solo_from_each_members_step(solo_runs):
+    configs = member_cfgs(solo_runs, "killed", checkpoint_every_steps=1)
     with pytest.raises(TrainingInterrupted):
-        train_packed(configs, hooks=[terminate_after_first_epoch])
-    steps = {len(list((Path(c.out) / "checkpoints").glob("step-*"))) for c in configs}
-    assert steps == {1} and common_checkpoint_step([Path(c.out) for c in configs]) == 4  # the first epoch's end
+        train_packed(configs, hooks=[stop_after_first_epoch()])
+    assert [[p.name for p in (Path(c.out) / "checkpoints").glob("step-*")] for c in configs] == [
+        ["step-000000002"]] * 3  # every member checkpointed at the first epoch's end
     assert not any((Path(c.out) / "summary.json").exists() for c in configs)
-    # as if killed between members: the last member wrote step 5, the others did not
-    late = Path(configs[2].out) / "checkpoints"
-    (late / "step-000000005").mkdir()
-    for name in ("state.pt", "model.safetensors"):
-        (late / "step-000000005" / name).write_bytes((late / "step-000000004" / name).read_bytes())
-    assert common_checkpoint_step([Path(c.out) for c in configs]) == 4
+    with pytest.raises(TrainingInterrupted):  # the last member goes on solo for one more epoch
+        train(configs[2], resume=True, hooks=[stop_after_first_epoch()])
     train(configs[0], resume=True)  # a member resumes solo
-    train_packed(configs[1:], resume=True)  # the others resume as a pack, from the step they share
-    for c, (protocol, seed) in zip(configs, MEMBERS, strict=True):
-        assert_close_weights(solo_runs / "solo" / f"{protocol}-{seed}", Path(c.out))
-        assert [p.name for p in (Path(c.out) / "checkpoints").glob("step-*")] == ["step-000000008"]
+    train_packed(configs[1:], resume=True)  # the others resume as a pack, at steps 2 and 4
+    for c in configs:
+        assert_same_run(solo_runs / "solo" / Path(c.out).name, Path(c.out))
+
+
+def test_packed_adamw_equals_torch_adamw_per_member():
+    """Members at different steps, lrs and weight decays: one packed step equals each solo AdamW step."""
+    torch.manual_seed(2)
+    models = [create("vit-micro", depth=1, embed_dim=16, num_heads=2) for _ in range(2)]
+    configs = [TrainConfig.from_dict({"lr": 1e-2, "weight_decay": 0.05}),
+               TrainConfig.from_dict({"lr": 3e-3, "weight_decay": 0.2})]
+    solos = [solo_optimizer(m, c, 10)[0] for m, c in zip(models, configs, strict=True)]
+    images = torch.randn(2, 4, 3, 32, 32)
+    for _ in range(3):  # member 0 is three steps ahead
+        models[0](images[0]).square().mean().backward()
+        solos[0].step()
+        solos[0].zero_grad()
+    packed = PackedViT(models)
+    optimizer = PackedAdamW.from_solo(packed, solos, models)
+    assert optimizer.steps.tolist() == [3, 0]
+    for _ in range(2):
+        packed(images).square().mean(dim=(1, 2)).sum().backward()
+        lr = torch.tensor([[g["lr"] for g in (s.param_groups[i] for s in solos)] for i in range(2)])
+        wd = torch.tensor([[g["weight_decay"] for g in (s.param_groups[i] for s in solos)] for i in range(2)])
+        optimizer.step(lr, wd)
+        optimizer.zero_grad()
+        for k, model in enumerate(models):
+            model(images[k]).square().mean().backward()
+            solos[k].step()
+            solos[k].zero_grad()
+    assert wd[0].tolist() != wd[1].tolist() and lr[0, 0] != lr[0, 1]  # decayed and undecayed groups, two lrs
+    for k, model in enumerate(models):
+        for name, param in model.named_parameters():
+            torch.testing.assert_close(packed.param(name)[k], param, atol=1e-6, rtol=1e-5, msg=name)
+        state = optimizer.write_member(k, solo_optimizer(models[k], configs[k], 10)[0])
+        assert [float(s["step"]) for s in state["state"].values()] == [float(s["step"]) for s in solos[
+            k].state_dict()["state"].values()]
 
 
 def test_pack_refuses_what_it_cannot_pack(tmp_path):
-    with pytest.raises(ValueError, match="must share lr"):
-        check_pack_configs([cfg(tmp_path, "a", "baseline", 0), cfg(tmp_path, "b", "baseline", 1, lr=0.1)])
+    with pytest.raises(ValueError, match="must share batch_size"):
+        check_pack_configs([cfg(tmp_path, "a", "baseline", 0), cfg(tmp_path, "b", "baseline", 1, batch_size=8)])
+    check_pack_configs([cfg(tmp_path, "a", "baseline", 0), cfg(tmp_path, "b", "modern", 1, lr=0.1, epochs=3)])
     with pytest.raises(ValueError, match="own out"):
         check_pack_configs([cfg(tmp_path, "a", "baseline", 0), cfg(tmp_path, "a", "baseline", 0)])
     with pytest.raises(ValueError, match="drop_path_rate"):

@@ -4,37 +4,32 @@ import pytest
 import torch
 
 from vitscope.data import load_dataset
-from vitscope.train import TrainConfig
-from vitscope.train.packed import build_members, pack_batches, pack_step
-from vitscope.train.schedules import epoch_order
+from vitscope.train import ABLATION, TrainConfig
+from vitscope.train.packed import Pack, build_member
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.mark.parametrize("compile_model", [False, True])
 def test_packed_step_makes_no_host_sync(tmp_path, compile_model):
+    """Every protocol of the ablation (AutoAugment, CutMix, smoothing and their combinations) in one pack, with
+    members at different steps and schedules."""
     device = torch.device("cuda")
     common = {"model": "vit-micro", "dataset": "synthetic", "batch_size": 32, "amp": "bf16", "device": "cuda",
-              "dataset_options": {"num_images": 128, "num_classes": 4}}
-    # the protocols whose augmentations keep every decision on the device (AutoAugment and CutMix read
-    # their per-batch choices back to the host)
-    cfgs = [TrainConfig.from_dict({**common, "protocol": p, "seed": s, "out": str(tmp_path / p)})
-            for p, s in (("baseline", 0), ("baseline+labelsmoothing", 1))]
+              "dataset_options": {"num_images": 512, "num_classes": 4}, "epochs": 2}
+    cfgs = [TrainConfig.from_dict({**common, "protocol": p, "seed": s, "lr": 1e-3 * (s + 1),
+                                   "out": str(tmp_path / p)}) for s, p in enumerate(ABLATION)]
     train_set = load_dataset("synthetic", None, "train", **common["dataset_options"])
-    members, packed, optimizer = build_members(cfgs, train_set, device)
-    model = torch.compile(packed) if compile_model else packed
-    images, labels = train_set.images.to(device), train_set.labels.to(device)
-    orders = [epoch_order(len(train_set), c.seed, 0).to(device) for c in cfgs]
-
-    def step(i: int) -> torch.Tensor:
-        inputs, targets = pack_batches(members, images, labels, orders, i, 0, device)
-        return pack_step(model, optimizer, inputs, targets, cfgs[0])
-
-    step(0)  # warm-up: compilation, optimiser state, lazy CUDA initialisation
+    members = [build_member(c, train_set, device, resume=False, hooks=[]) for c in cfgs]
+    for k, member in enumerate(members):
+        member.global_step = k  # each at its own position in the epoch (16 steps: no epoch ends here)
+    pack = Pack(members, train_set.images.to(device), train_set.labels.to(device), compile_model, "bf16")
+    pack.step()  # warm-up: compilation, lazy CUDA initialisation, the lr tables sent to the device
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        losses = [step(i) for i in (1, 2, 3)]
+        losses = [pack.step() for _ in range(3)]
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert all(bool(torch.isfinite(loss).all()) for loss in losses)
+    assert [m.global_step for m in members] == [k + 4 for k in range(len(members))]

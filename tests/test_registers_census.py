@@ -91,7 +91,9 @@ def test_hierarchical_models_get_one_threshold_per_stage():
         at_detection = [r for r in fraction if r["layer"] == threshold["detection_layer"]][0]
         assert at_detection["value"] == pytest.approx(0.05, abs=0.02)
         assert at_detection["stage"] == threshold["stage"]
-    assert not rows_of(census, "attention_mass_on_high_norm")  # keys are a reduced grid: not measured
+    mass = rows_of(census, "attention_mass_on_high_norm")  # on the reduced key grid, one row per block
+    assert [r["stage"] for r in mass] == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert all(r["keys"] == "reduced grid" and 0 <= r["value"] <= 1 for r in mass)
 
 
 def test_model_entries_parse_and_refuse_bad_forms():

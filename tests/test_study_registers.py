@@ -14,26 +14,34 @@ import pytest
 import torch
 
 from vitscope.cli import main
+from vitscope.data import eval_batches
+from vitscope.models import load
+from vitscope.record import record_tokens
 from vitscope.report.registers import build_report
 from vitscope.studies.models import ModelEntry
-from vitscope.studies.registers import RegistersStudy, run
+from vitscope.studies.registers import RegistersStudy, _eval_set, run
 from vitscope.studies.registers_findings import artifact_layers, findings
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SRC = Path(__file__).resolve().parents[1] / "src"
-FAST_PROBES = {"layers": "2,last", "max_tokens": 64, "min_group": 4,
+SMALL_DINO = {"out_dim": 256, "hidden_dim": 64, "bottleneck_dim": 32, "n_local": 2}
+FAST_PROBES = {"layers": "last", "max_tokens": 64, "min_group": 4,
                "fit_options": {"lrs": (0.05,), "weight_decays": (0.0,), "epochs": 20}}
 
 
 def tiny_study(out: Path, **changes) -> RegistersStudy:
-    options = {"preset": "none", "registers": [0, 2], "model": "vit-micro", "epochs": 1, "train_images": 128,
+    options = {"preset": "none", "registers": [0, 2], "objectives": ["supervised", "dino"],
+               "objective_options": SMALL_DINO, "model": "vit-micro", "epochs": 1, "train_images": 128,
                "eval_images": 24,
                "batch_size": 64, "device": "cpu", "out": str(out), "progress": False, "probes": FAST_PROBES,
                "plant": {"model": "reg0", "layer": 1, "count": 2, "scale": 20.0},
                "census": {"thresholds": ["percentile:98", "auto"], "attention_images": 8, "example_images": 4},
                "models": [ModelEntry("timm-vit", "timm:vit_small_patch16_224",
                                      options={"img_size": 32, "patch_size": 4, "depth": 2, "embed_dim": 48,
-                                              "num_heads": 2})]}
+                                              "num_heads": 2}),
+                          ModelEntry("timm-swin", "timm:swin_tiny_patch4_window7_224",
+                                     options={"img_size": 32, "depths": (1, 1), "embed_dim": 16,
+                                              "num_heads": (1, 2)})]}
     return RegistersStudy(**{**options, **changes})
 
 
@@ -59,7 +67,14 @@ def test_results_follow_the_shared_schema(finished_study):
     saved = json.loads((out / "results.json").read_text())
     assert set(saved) >= {"schema_version", "kind", "settings", "rows", "provenance"}
     assert saved["kind"] == "registers-study" and saved["provenance"]["dataset"] == "synthetic"
-    assert [m["label"] for m in saved["models"]] == ["reg0", "reg2", "timm-vit", "reg0+planted"]
+    assert [m["label"] for m in saved["models"]] == ["reg0", "reg2", "dino-reg0", "dino-reg2", "timm-vit",
+                                                     "timm-swin", "reg0+planted"]
+    swin = [r for r in saved["rows"] if r["model"] == "timm-swin"]  # per stage, on the stage's own geometry
+    assert {r["stage"] for r in swin if r["metric"] == "attention_mass_on_high_norm"} == {1, 2}
+    assert {(r["layer"], r["stage"]) for r in swin if r["metric"] == "position_top1"} == {(1, 1), (2, 2)}
+    chance = {r["layer"]: r["value"] for r in saved["rows"] if r["model"] == "chance" and r["group"] == "patch"
+              and r.get("chance_for") == "timm-swin" and r["metric"] == "position_top1"}
+    assert chance == {1: pytest.approx(1 / 64), 2: pytest.approx(1 / 16)}  # each stage's own 8x8 and 4x4 grid
     for row in saved["rows"]:
         assert {"model", "group", "metric", "value", "n"} <= set(row)
         if row["metric"] == "high_norm_fraction":
@@ -72,6 +87,32 @@ def test_results_follow_the_shared_schema(finished_study):
     assert any(r["model"] == "chance" for r in saved["rows"])
     top1 = [r for r in saved["rows"] if r["metric"] == "top1"]
     assert {r["model"] for r in top1} == {"reg0", "reg2", "reg0+planted"}
+    knn = {r["model"]: r["value"] for r in saved["rows"] if r["metric"] == "knn_top1"}
+    assert set(knn) >= {"dino-reg0", "dino-reg2"} and all(0 <= v <= 1 for v in knn.values())
+    dino = {m["label"]: m["training"] for m in saved["models"] if m["label"].startswith("dino")}
+    assert {t["objective"] for t in dino.values()} == {"dino"} and dino["dino-reg2"]["registers"] == 2
+    assert dino["dino-reg2"]["config"]["dataset_options"] == reg2["training"]["config"]["dataset_options"]
+    assert dino["dino-reg2"]["config"]["seed"] == reg2["training"]["config"]["seed"]  # same data and seeds
+
+
+def test_dino_runs_keep_registers_out_of_the_patch_grid_and_thresholds(finished_study):
+    out, payload = finished_study
+    model = next(m for m in payload["models"] if m["label"] == "dino-reg2")
+    assert model["tokens"]["registers"] == [1, 2] and model["tokens"]["patches"]["start"] == 3
+    teacher = load(str(out / "runs" / "dino-reg2" / "seed-0")).eval()
+    assert teacher.num_registers == 2
+    study = tiny_study(out)
+    data = _eval_set(study)
+    with torch.no_grad(), record_tokens(teacher, keep="norms") as rec:
+        for images, _ in eval_batches(data, 64):
+            teacher(images)
+    patches = rec.norms[-1][:, 3:]  # brute force: the last layer's patch tokens only
+    expected = float(torch.quantile(patches.double().flatten(), 0.98))
+    threshold = next(t for t in model["thresholds"] if t["spec"] == "percentile:98")
+    assert threshold["value"] == pytest.approx(expected, rel=1e-5)
+    fraction = [r for r in payload["rows"] if r["model"] == "dino-reg2" and r["metric"] == "high_norm_fraction"
+                and r["threshold"] == "percentile:98" and r["layer"] == 4][0]
+    assert fraction["n"] == len(data) * 64  # registers and CLS never counted as patches
 
 
 def test_planted_model_shows_the_known_answer(finished_study):
@@ -85,31 +126,34 @@ def test_rerun_reuses_every_measurement(finished_study):
     out, _ = finished_study
     before = {p: p.stat().st_mtime_ns for p in out.glob("models/*/census.json")}
     run(tiny_study(out))
-    assert {p: p.stat().st_mtime_ns for p in out.glob("models/*/census.json")} == before and len(before) == 4
+    assert {p: p.stat().st_mtime_ns for p in out.glob("models/*/census.json")} == before and len(before) == 7
 
 
-def test_killed_study_resumes_where_it_stopped(tmp_path):
+def test_killed_dino_study_resumes_where_it_stopped(tmp_path):
+    """DINO runs through the shared runner: kill the study while it trains, then finish it reusing what was done."""
     out = tmp_path / "killed"
     command = [sys.executable, "-m", "vitscope.cli", "study", "registers", "--preset", "none", "--registers", "0,2",
-               "--train-model", "vit-micro", "--epochs", "1", "--train-images", "128", "--eval-images", "24",
-               "--no-probes", "--device", "cpu",
+               "--objectives", "dino", "--dino-config", "dino-demo", "--train-model", "vit-micro", "--epochs", "1",
+               "--train-images", "128", "--eval-images", "24", "--no-probes", "--device", "cpu",
                "--thresholds", "auto", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first = out / "models" / "reg0" / "census.json"
+    first = out / "runs" / "dino-reg0" / "seed-0" / "summary.json"
     deadline = time.monotonic() + 240
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert first.exists(), "the study never finished its first measurement"
+    assert first.exists(), "the study never finished its first DINO run"
     killed_early = not (out / "results.json").exists()
     stamp = first.stat().st_mtime_ns
-    payload = run(RegistersStudy(preset="none", registers=[0, 2], model="vit-micro", epochs=1, train_images=128,
-                                 eval_images=24, probes={"enabled": False}, census={"thresholds": ["auto"]},
-                                 device="cpu", out=str(out), progress=False))
-    assert first.stat().st_mtime_ns == stamp  # finished work was reused, not redone
-    assert [m["label"] for m in payload["models"]] == ["reg0", "reg2"]
+    payload = run(RegistersStudy(preset="none", registers=[0, 2], objectives=["dino"], dino_config="dino-demo",
+                                 model="vit-micro", epochs=1, train_images=128, eval_images=24,
+                                 probes={"enabled": False}, census={"thresholds": ["auto"]}, device="cpu",
+                                 out=str(out), progress=False))
+    assert first.stat().st_mtime_ns == stamp  # the finished run was reused, not trained again
+    assert [m["label"] for m in payload["models"]] == ["dino-reg0", "dino-reg2"]
+    assert all(m["training"]["knn_top1"] is not None for m in payload["models"])
     assert killed_early or pytest.skip("the study finished before the kill landed")
 
 
@@ -126,7 +170,8 @@ def test_report_renders_in_headless_chromium(finished_study, tmp_path):
     assert dom.returncode == 0, dom.stderr[-500:]
     page = dom.stdout
     for heading in ("Published findings", "Detector and probes on planted outliers", "Registers comparison",
-                    "Token probes", "Attention maps with and without registers", "Terms, used once", "Provenance"):
+                    "Token probes", "Attention maps with and without registers", "Terms, used once", "Provenance",
+                    "per stage", "kNN top-1 (teacher)"):
         assert heading in page
     assert page.count("<img") >= 8 and "reg0+planted" in page and "not reproduced" in page
     shot = tmp_path / "report.png"
@@ -139,6 +184,7 @@ def test_report_renders_in_headless_chromium(finished_study, tmp_path):
 @pytest.mark.parametrize(("argv", "message"), [
     (["--model", "nolabel"], "LABEL=SPEC"),
     (["--registers", "0,four"], "--registers"),
+    (["--objectives", "dino,byol"], "--objectives"),
     (["--plant", "reg0"], "LABEL:LAYER"),
     (["--thresholds", "median"], "percentile:Q"),
     (["--preset", "paper", "--dataset", "imagefolder", "--weights-dir", "/nonexistent"], "lacks the weights"),

@@ -37,15 +37,16 @@ from vitscope.files import cache_root
 MAX_PASSES = 32  # a row still open after this many passes is left to the exact eager solver
 HERE = Path(__file__).parent
 SOURCES = (HERE / "sparse_rows.cpp", HERE / "locality_rows.cpp")
-HEADERS = (HERE / "vector_math.h", HERE / "parallel.h", HERE / "row_tiles.h", HERE / "kinds.def")
+HEADERS = (HERE / "vector_math.h", HERE / "parallel.h", HERE / "row_tiles.h", HERE / "alpha_rows.h",
+           HERE / "kinds.def")
 # tried in order: OpenMP (PyTorch's thread pool) where the compiler has it, else std::thread with OpenMP's
 # vectorisation pragmas only; -march=native on x86 and most compilers, -mcpu=native where that is the spelling
 FLAG_SETS = (("-march=native", "-fopenmp"), ("-mcpu=native", "-fopenmp"), ("-march=native", "-fopenmp-simd"),
              ("-mcpu=native", "-fopenmp-simd"), ("-fopenmp-simd",), ())
 _COMMON_FLAGS = ("-O3", "-fno-math-errno", "-shared", "-fPIC", "-pthread", "-std=c++17")
-_ABI_VERSION = 4
+_ABI_VERSION = 6
 _MIN_ELEMENTS_PER_THREAD = 1 << 15
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # read by the kernels as they load; float16 is converted first
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # read and written by the kernels; float16 is converted first
 
 
 def cache_dir() -> Path:
@@ -139,15 +140,16 @@ class NativeKernels:
 
     def forward(self, kind: str, x: Tensor, alpha: Tensor | float | None = None,
                 max_passes: int | None = None) -> tuple[Tensor, Tensor]:
-        """Probabilities (float32, shape of ``x``) along the last dim and per-row ``converged`` flags
-        (x.shape[:-1]); a row not proven exact within ``max_passes`` (default: the object's) threshold passes is
-        flagged False for the caller to finish, as is every row of kind "alpha" whose alpha lies outside (1, 2].
+        """Probabilities (shape of ``x``; bfloat16 for bfloat16 ``x``, else float32) along the last dim and per-row
+        ``converged`` flags (x.shape[:-1]); a row not proven exact within ``max_passes`` (default: the object's)
+        threshold passes is flagged False for the caller to finish, as is every row of kind "alpha" whose alpha lies
+        outside (1, 2].
         ``alpha`` (kind "alpha" only): a float or one value per row, broadcastable to x.shape[:-1]."""
         lib = self._loaded()
         rows_in = _kernel_input(x)
         n = rows_in.shape[-1]
         rows = rows_in.numel() // n
-        y = torch.empty(rows_in.shape, dtype=torch.float32)
+        y = torch.empty(rows_in.shape, dtype=rows_in.dtype)
         passes = torch.empty(rows_in.shape[:-1], dtype=torch.uint8)
         alphas = _row_alphas(alpha, x.shape[:-1]) if kind == "alpha" else None
         _check(lib.vitscope_forward(kind_named(kind).code, _DTYPES[rows_in.dtype], _pointer(alphas),
@@ -157,11 +159,13 @@ class NativeKernels:
 
     def backward(self, kind: str, grad: Tensor, y: Tensor, alpha: Tensor | float | None = None,
                  alpha_grad: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Closed-form VJP (float32, shape of ``y``) of the forward whose float32 output is ``y``, and with
-        ``alpha_grad`` (kind "alpha") the gradient with respect to each row's alpha (float32, y.shape[:-1])."""
+        """Closed-form VJP (shape and dtype of ``y``: bfloat16 or float32) of the forward whose output is ``y``,
+        and with ``alpha_grad`` (kind "alpha") the gradient with respect to each row's alpha (float32,
+        y.shape[:-1]). ``grad`` is read in ``y``'s dtype."""
         lib = self._loaded()
-        grad = _kernel_input(grad)
-        y = y.to(torch.float32).contiguous()
+        dtype = y.dtype if y.dtype in _DTYPES else torch.float32
+        y = y.detach().to(dtype).contiguous()
+        grad = grad.detach().to(dtype).contiguous()
         out = torch.empty_like(y)
         alphas = _row_alphas(alpha, y.shape[:-1]) if kind == "alpha" else None
         d_alpha = torch.empty(y.shape[:-1]) if alpha_grad and kind == "alpha" else None
@@ -262,6 +266,8 @@ def _pointer(t: Tensor | None) -> int | None:
 
 
 def _check(status: int) -> None:
+    if status == -3:
+        raise RuntimeError("native kernel could not allocate its work buffer (out of memory)")
     if status != 0:  # kinds.def and the built library disagree: a stale build
         raise RuntimeError(f"native kernel returned {status}: delete {cache_dir()} to rebuild")
 

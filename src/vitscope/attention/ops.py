@@ -5,7 +5,8 @@ Each op takes its path explicitly (``native``, ``compiled``; the callers pass ``
 call: the native CPU kernel, else the compiled kernel for large tensors, else the exact eager solver; rows a
 fast kernel could not prove exact are finished by the eager solver. A fast kernel that raises (a stale build,
 a transient out-of-memory) hands that call to the next path with a warning and switches nothing else off.
-Rows run along the last dim; probabilities come back in the compute dtype (float32, or float64).
+Rows run along the last dim; probabilities come back in the compute dtype (float32, or float64), or in bfloat16
+for bfloat16 logits (the native kernels read and write it without a conversion pass).
 """
 
 from __future__ import annotations
@@ -32,14 +33,21 @@ def _fast_forward(x: Tensor, alpha: Tensor | None, kind: str, use_native: bool,
     return None
 
 
+def output_dtype(x: Tensor) -> torch.dtype:
+    """The op's output dtype: bfloat16 for bfloat16 logits (the native kernels write it directly), else the
+    compute dtype."""
+    return torch.bfloat16 if x.dtype == torch.bfloat16 else solvers.compute_dtype(x)
+
+
 @torch.library.custom_op("vitscope::sparse_normalize", mutates_args=())
 def sparse_normalize(x: Tensor, alpha: Tensor | None, kind: str, native_path: bool, compiled_path: bool) -> Tensor:
-    """Probabilities of normaliser ``kind`` (a name of ``kinds.def``) along the last dim of ``x``; ``alpha``
-    (x.shape[:-1] + (1,)) for kind "alpha"."""
+    """Probabilities of normaliser ``kind`` (a name of ``kinds.def``) along the last dim of ``x``, in
+    ``output_dtype(x)``; ``alpha`` (x.shape[:-1] + (1,)) for kind "alpha"."""
     fast = _fast_forward(x, alpha, kind, native_path, compiled_path)
     if fast is None:
-        return solvers.forward(kind, x, alpha)
+        return solvers.forward(kind, x, alpha).to(output_dtype(x))
     y, converged = fast
+    y = y.to(output_dtype(x))
     redo = ~converged.reshape(-1)
     if bool(redo.any()):
         n = x.shape[-1]
@@ -51,16 +59,17 @@ def sparse_normalize(x: Tensor, alpha: Tensor | None, kind: str, native_path: bo
 
 @sparse_normalize.register_fake
 def _(x: Tensor, alpha: Tensor | None, kind: str, native_path: bool, compiled_path: bool) -> Tensor:
-    return x.new_empty(x.shape, dtype=solvers.compute_dtype(x))
+    return x.new_empty(x.shape, dtype=output_dtype(x))
 
 
 @torch.library.custom_op("vitscope::sparse_normalize_backward", mutates_args=())
 def sparse_normalize_backward(grad: Tensor, y: Tensor, alpha: Tensor | None, kind: str, alpha_grad: bool,
                               native_path: bool, compiled_path: bool) -> tuple[Tensor, Tensor]:
     """The closed-form VJP with respect to x (y's dtype) and, with ``alpha_grad``, to alpha (alpha's shape;
-    an empty tensor otherwise)."""
+    an empty tensor otherwise). The native kernels read and write bfloat16 directly; the other paths compute in
+    the compute dtype."""
     d_alpha = None
-    if y.dtype == torch.float32 and use_native_backward(y, native_path):
+    if y.dtype in (torch.float32, torch.bfloat16) and use_native_backward(y, native_path):
         try:
             d_x, d_alpha = native.backward(kind, grad, y, alpha, alpha_grad)
             if d_alpha is not None:
@@ -69,11 +78,12 @@ def sparse_normalize_backward(grad: Tensor, y: Tensor, alpha: Tensor | None, kin
         except RuntimeError as err:
             warnings.warn(f"vitscope: native {kind} backward failed ({err}); this call takes the next path",
                           stacklevel=2)
-    if compiled_path and y.dtype == torch.float32 and fused.takes(y):
-        d_x, d_alpha = fused.backward(kind, grad, y, alpha, alpha_grad)
+    probs = y.to(solvers.compute_dtype(y))
+    if compiled_path and probs.dtype == torch.float32 and fused.takes(probs):
+        d_x, d_alpha = fused.backward(kind, grad, probs, alpha, alpha_grad)
     else:
-        d_x, d_alpha = solvers.backward(kind, grad, y, alpha, alpha_grad)
-    return d_x, d_alpha.to(alpha.dtype) if d_alpha is not None else y.new_zeros(0)
+        d_x, d_alpha = solvers.backward(kind, grad, probs, alpha, alpha_grad)
+    return d_x.to(y.dtype), d_alpha.to(alpha.dtype) if d_alpha is not None else y.new_zeros(0)
 
 
 def use_native_backward(y: Tensor, native_path: bool) -> bool:

@@ -1,5 +1,6 @@
-// Loading 16 rows into one transposed tile buffer (one row per vector lane) for the sparse normalisers'
-// threshold passes: float32 or bfloat16 elements, a 16 x 16 in-register transpose, and per-lane row statistics.
+// Rows of float32 or bfloat16 elements as float vectors for the sparse normalisers: chunks of 16 (masked at a
+// row's end) loaded and stored, bfloat16 rounded as PyTorch rounds it, and 16 rows loaded into one transposed
+// tile buffer (one row per vector lane) with a 16 x 16 in-register transpose and per-lane row statistics.
 #pragma once
 
 #include <cmath>
@@ -33,6 +34,69 @@ inline vf load16(const uint16_t *p) {
     vh h;
     std::memcpy(&h, p, sizeof h);
     return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+
+// The first `width` (< L) elements at p as a float vector, `fill` in the other lanes; and the first `width` lanes
+// of v stored to p. Masked loads and stores with AVX-512 (AVX512BW for bfloat16), element loops elsewhere.
+#if defined(__AVX512F__)
+inline vf load_part(const float *p, int width, float fill) {
+    return (vf)_mm512_mask_loadu_ps(_mm512_set1_ps(fill), __mmask16((1u << width) - 1), p);
+}
+inline void store_part(float *p, int width, vf v) {
+    _mm512_mask_storeu_ps(p, __mmask16((1u << width) - 1), (__m512)v);
+}
+#else
+inline vf load_part(const float *p, int width, float fill) {
+    vf v = splat(fill);
+    for (int l = 0; l < width; ++l) v[l] = p[l];
+    return v;
+}
+inline void store_part(float *p, int width, vf v) {
+    for (int l = 0; l < width; ++l) p[l] = v[l];
+}
+#endif
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+inline vf load_part(const uint16_t *p, int width, float fill) {
+    const __mmask16 k = __mmask16((1u << width) - 1);
+    const __m512i bits = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p)), 16);
+    return (vf)_mm512_mask_blend_ps(k, _mm512_set1_ps(fill), _mm512_castsi512_ps(bits));
+}
+#else
+inline vf load_part(const uint16_t *p, int width, float fill) {
+    vf v = splat(fill);
+    for (int l = 0; l < width; ++l) v[l] = to_float(p[l]);
+    return v;
+}
+#endif
+
+// Float vectors as bfloat16, rounded to nearest even as PyTorch does it (NaN stays a quiet NaN), and stored
+typedef uint16_t vh __attribute__((vector_size(2 * L)));
+inline vh to_bf16(vf v) {
+    typedef uint32_t vu __attribute__((vector_size(4 * L)));
+    const vu bits = (vu)v;
+    const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    return __builtin_convertvector((v != v) ? ((bits >> 16) | 0x40u) : rounded, vh);
+}
+inline void store16(float *p, vf v) { std::memcpy(p, &v, sizeof v); }
+inline void store16(uint16_t *p, vf v) {
+    const vh h = to_bf16(v);
+    std::memcpy(p, &h, sizeof h);
+}
+inline void store_part(uint16_t *p, int width, vf v) {
+    const vh h = to_bf16(v);
+    for (int l = 0; l < width; ++l) p[l] = h[l];
+}
+
+// Elements [i, i + L) of a row of n as a float vector, `fill` past its end; and the store of such a chunk
+template <typename T>
+inline vf load_chunk(const T *row, int64_t i, int64_t n, float fill) {
+    return i + L <= n ? load16(row + i) : load_part(row + i, int(n - i), fill);
+}
+
+template <typename T>
+inline void store_chunk(T *row, int64_t i, int64_t n, vf v) {
+    if (i + L <= n) store16(row + i, v);
+    else store_part(row + i, int(n - i), v);
 }
 
 // One stage of a 16 x 16 transpose: swap the off-diagonal h x h blocks of every 2h x 2h block.

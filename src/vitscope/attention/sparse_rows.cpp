@@ -1,6 +1,6 @@
 // Exact sparsemax, entmax-1.5 and alpha-entmax (per-row alpha in (1, 2]) on the CPU: forward, and the
-// closed-form backward (with the gradient with respect to alpha). Rows are float32 or bfloat16 (converted as they
-// are loaded: no separate conversion pass); outputs are float32.
+// closed-form backward (with the gradient with respect to alpha). Rows are float32 or bfloat16, and so are the
+// outputs (converted as they are loaded and stored: no separate conversion pass; the arithmetic is float32).
 //
 // Built at first use by vitscope/attention/native.py (c++ -O3 -march=native) and called through ctypes.
 // Same algorithm as the readable solvers in normalizers.py, laid out for a CPU:
@@ -14,6 +14,7 @@
 // * ok[row] is the number of passes the row needed, 0 when it did not provably converge within max_iter (NaN
 //   input, say): the caller finishes those rows with its exact eager solver.
 // * While a block iterates, the next block is prefetched, so memory traffic overlaps the arithmetic.
+// * alpha-entmax prunes each row to the keys that can be in its support first: alpha_rows.h.
 //
 // Output y = [z - tau]_+ ** (1 / (alpha - 1)) for each row; x and y are row-major (rows x n).
 
@@ -22,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "alpha_rows.h"
 #include "parallel.h"
 #include "row_tiles.h"
 #include "vector_math.h"
@@ -39,7 +41,7 @@ enum Kind {
 constexpr Kind SPARSEMAX = KIND_sparsemax, ENTMAX15 = KIND_entmax15, ALPHA = KIND_alpha;
 
 template <Kind kind, typename T>
-void solve_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf) {
+void solve_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf) {
     const float scale = kind == ENTMAX15 ? 0.5f : 1.0f;
     const vf zero{}, one = splat(1.0f), inf = splat(INFINITY);
     const BlockStats stats = load_block(x, rows, n, splat(scale), buf);
@@ -123,84 +125,34 @@ void solve_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, int max
 
     for (int l = 0; l < rows; ++l) {
         const T *xr = x + l * n;
-        float *yr = y + l * n;
-        const float top = max[l], c = threshold[l];
-        for (int64_t i = 0; i < n; ++i) {
-            const float g = scale * (to_float(xr[i]) - top) - c;
-            yr[i] = g > 0.0f ? (kind == ENTMAX15 ? g * g : g) : 0.0f;
+        T *yr = y + l * n;
+        const vf top = splat(max[l]), c = splat(threshold[l]), s = splat(scale);
+        for (int64_t i = 0; i < n; i += L) {
+            vf g = s * (load_chunk(xr, i, n, 0.0f) - top) - c;
+            g = g > zero ? g : zero;
+            store_chunk(yr, i, n, kind == ENTMAX15 ? g * g : g);
         }
         ok[l] = uint8_t(passes[l] > 255 ? 255 : passes[l]);
     }
 }
 
-// alpha-entmax, one alpha per row in (1, 2]: Newton on ||[z - tau]_+||_p - 1 with p = 1 / (alpha - 1), from the
-// same lower bound; convex and nearly linear, so it converges in a handful of passes. A row is done when its
-// Newton step falls below 16 float32 ulps of 1 (the eager solver's tolerance); the output is renormalised.
-// Rows whose alpha lies outside (1, 2] stay open (ok 0) for the caller's solver.
-template <typename T>
-void solve_alpha_block(const T *x, float *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf,
-                       const float *alpha) {
-    const float tol = 16.0f * 1.1920929e-7f;
-    const vf zero{}, one = splat(1.0f);
-    vf a;
-    for (int l = 0; l < L; ++l) a[l] = alpha[l < rows ? l : 0];
-    const vi valid = (a > one) & (a <= splat(2.0f));
-    const vf scale = valid ? a - one : splat(0.5f), power = one / scale, power_m1 = power - one;
-    const BlockStats stats = load_block(x, rows, n, scale, buf);
-    vf offset;  // k**(-1/p) over the k finite keys
-    for (int l = 0; l < L; ++l) offset[l] = std::pow(stats.count[l], -scale[l]);
-    vf tau = stats.sum / stats.count - offset;  // mean(z) - k**(-1/p)
-    tau = tau > -one ? tau : -one;
-    const vi live = valid & stats.live;
-    vi passes{};
-
-    for (int pass = 1; pass <= max_iter; ++pass) {
-        vf total{}, slope{};  // sum of gap**p and of gap**(p - 1) over the support
-        for (int64_t i = 0; i < n; ++i) {
-            const vf gap = buf[i] - tau;
-            const vf h = vpow_gap(gap, power_m1);
-            total += h * (gap > zero ? gap : zero);
-            slope += h;
-        }
-        const vf norm_term = vexp((one - scale) * vlog(total));  // total ** (1 - 1/p)
-        const vf step = (total - norm_term) / slope;
-        const vi open = live & (passes == 0);
-        tau = open ? tau + step : tau;
-        const vi small = (step <= splat(tol)) & (step >= splat(-tol));
-        passes = (open & small) ? vi{} + pass : passes;
-        bool left = false;
-        for (int l = 0; l < rows; ++l) left |= passes[l] == 0 && live[l];
-        if (!left) break;
-    }
-
-    // y = gap**p / sum(gap**p), computed in the buffer, written back through the same 16 x 16 transposes
-    vf total{};
-    for (int64_t i = 0; i < n; ++i) {
-        buf[i] = vpow_gap(buf[i] - tau, power);
-        total += buf[i];
-    }
-    const vf inverse = one / total;
-    int64_t i0 = 0;
-    for (; i0 + L <= n; i0 += L) {
-        vf t[L];
-        for (int c = 0; c < L; ++c) t[c] = buf[i0 + c] * inverse;
-        transpose16(t);
-        for (int l = 0; l < rows; ++l) std::memcpy(y + l * n + i0, &t[l], sizeof(vf));
-    }
-    for (int64_t i = i0; i < n; ++i)
-        for (int l = 0; l < rows; ++l) y[l * n + i] = buf[i][l] * inverse[l];
-    for (int l = 0; l < rows; ++l) ok[l] = uint8_t(passes[l] > 255 ? 255 : passes[l]);
-}
-
 template <Kind kind, typename T>
-void solve_rows(const T *x, float *y, uint8_t *ok, int64_t first, int64_t last, int64_t n, int max_iter,
+void solve_rows(const T *x, T *y, uint8_t *ok, int64_t first, int64_t last, int64_t n, int max_iter,
                 const float *alpha) {
+    if constexpr (kind == ALPHA) {
+        AlphaScratch work(n);
+        if (!work.ok()) return;  // ok stays 0: the caller's exact solver takes these rows
+        for (int64_t r = first; r < last; r += L) {
+            const int rows = last - r < L ? int(last - r) : L;
+            solve_alpha_block(x + r * n, y + r * n, ok + r, rows, n, max_iter, work, alpha + r);
+        }
+        return;
+    }
     vf *buf = static_cast<vf *>(std::aligned_alloc(sizeof(vf), size_t(n) * sizeof(vf)));
     if (!buf) return;  // ok stays 0: the caller's exact solver takes these rows
     for (int64_t r = first; r < last; r += L) {
         const int rows = last - r < L ? int(last - r) : L;
-        if constexpr (kind == ALPHA) solve_alpha_block(x + r * n, y + r * n, ok + r, rows, n, max_iter, buf, alpha + r);
-        else solve_block<kind>(x + r * n, y + r * n, ok + r, rows, n, max_iter, buf);
+        solve_block<kind>(x + r * n, y + r * n, ok + r, rows, n, max_iter, buf);
     }
     std::free(buf);
 }
@@ -208,64 +160,39 @@ void solve_rows(const T *x, float *y, uint8_t *ok, int64_t first, int64_t last, 
 // Closed-form backward on rows [first, last): grad_x = w g - w sum(w g) / sum(w), with w = y ** (2 - alpha) on
 // the support (sqrt(y) for entmax-1.5, the support's indicator for sparsemax). One row at a time: rows are
 // independent. The weights go to `out` in the first pass and are reused in the second, the row still in L1.
-// With d_alpha (kind ALPHA only), also the gradient with respect to each row's alpha (Correia et al., 2019, as in
-// the entmax package): (sum g y - m) / (a - 1)**2 - (sum g y log y - m sum y log y) / (a - 1), m = sum(w g) / sum(w).
+// alpha-entmax (and its alpha gradient) works on each row's support only: alpha_backward_row. Returns false where
+// its buffer cannot be had.
 template <Kind kind, typename T>
-void backward_rows(const T *grad, const float *y, float *out, float *d_alpha, int64_t first, int64_t last,
-                   int64_t n, const float *alpha) {
+bool backward_rows(const T *grad, const T *y, T *out, float *d_alpha, int64_t first, int64_t last, int64_t n,
+                   const float *alpha) {
+    const int64_t width = (n + L - 1) / L * L + L, chunks = (n + L - 1) / L;
+    float *packed = static_cast<float *>(std::aligned_alloc(sizeof(vf), size_t(3 * width + chunks) * 4));
+    if (!packed) return false;
     for (int64_t r = first; r < last; ++r) {
-        const T *g = grad + r * n;
-        const float *yr = y + r * n;
-        float *o = out + r * n;
-        float wg = 0.0f, w = 0.0f;
-        if constexpr (kind != ALPHA) {
-            #pragma omp simd reduction(+ : wg, w)
-            for (int64_t i = 0; i < n; ++i) {
-                const float wi = kind == ENTMAX15 ? std::sqrt(yr[i]) : (yr[i] > 0.0f ? 1.0f : 0.0f);
-                const float gi = to_float(g[i]);
-                o[i] = wi;
-                wg += wi * gi;
+        const T *g = grad + r * n, *yr = y + r * n;
+        T *o = out + r * n;
+        if constexpr (kind == ALPHA) {
+            alpha_backward_row(g, yr, o, d_alpha ? d_alpha + r : nullptr, n, alpha[r], packed, width);
+        } else {  // the weights in float32 in `packed`, reused while the row is still in L1
+            vf wg{}, w{};
+            for (int64_t i = 0; i < n; i += L) {
+                const vf yv = load_chunk(yr, i, n, 0.0f);
+                const vf wi = kind == ENTMAX15 ? vsqrt(yv) : (yv > vf{} ? splat(1.0f) : vf{});
+                store16(packed + i, wi);
+                wg += wi * load_chunk(g, i, n, 0.0f);
                 w += wi;
             }
-            const float mean = wg / w;
-            #pragma omp simd
-            for (int64_t i = 0; i < n; ++i) o[i] *= to_float(g[i]) - mean;
-        } else {  // the power needs the vector exp/log: 16 entries per step, the tail zero-padded
-            const float a = alpha[r];
-            const vf zero{}, exponent = splat(2.0f - a);
-            vf wgv{}, wv{}, gyv{}, gsv{}, sv{};
-            for (int64_t i = 0; i < n; i += L) {
-                const int width = n - i < L ? int(n - i) : L;
-                vf yv{}, gv{};
-                for (int l = 0; l < width; ++l) { yv[l] = yr[i + l]; gv[l] = to_float(g[i + l]); }
-                const vi inside = yv > zero;
-                const vf logy = vlog(inside ? yv : splat(1.0f));
-                const vf weight = inside ? vexp(exponent * logy) : zero;
-                wgv += weight * gv;
-                wv += weight;
-                if (d_alpha) {
-                    const vf ylogy = inside ? yv * logy : zero;
-                    gyv += gv * yv;
-                    gsv += gv * ylogy;
-                    sv += ylogy;
-                }
-                for (int l = 0; l < width; ++l) o[i + l] = weight[l];
-            }
-            wg = hsum(wgv);
-            w = hsum(wv);
-            const float mean = wg / w;
-            #pragma omp simd
-            for (int64_t i = 0; i < n; ++i) o[i] *= to_float(g[i]) - mean;
-            if (d_alpha) {
-                const float am1 = a - 1.0f;
-                d_alpha[r] = (hsum(gyv) - mean) / (am1 * am1) - (hsum(gsv) - mean * hsum(sv)) / am1;
-            }
+            const vf mean = splat(hsum(wg) / hsum(w));
+            for (int64_t i = 0; i < n; i += L)
+                store_chunk(o, i, n, load16(packed + i) * (load_chunk(g, i, n, 0.0f) - mean));
         }
     }
+    std::free(packed);
+    return true;
 }
 
 template <Kind kind, typename T>
-void forward(const T *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads, int max_iter,
+void forward(const T *x, T *y, uint8_t *ok, int64_t rows, int64_t n, int threads, int max_iter,
              const float *alpha) {
     std::memset(ok, 0, size_t(rows));
     in_parallel(rows, L, threads, [&](int64_t first, int64_t last) {
@@ -274,29 +201,40 @@ void forward(const T *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int thr
 }
 
 template <Kind kind, typename T>
-void backward(const T *grad, const float *y, float *out, float *d_alpha, int64_t rows, int64_t n, int threads,
+int backward(const T *grad, const T *y, T *out, float *d_alpha, int64_t rows, int64_t n, int threads,
               const float *alpha) {
+    int failed = 0;
     in_parallel(rows, 1, threads, [&](int64_t first, int64_t last) {
-        backward_rows<kind>(grad, y, out, d_alpha, first, last, n, alpha);
+        if (!backward_rows<kind>(grad, y, out, d_alpha, first, last, n, alpha)) __atomic_store_n(&failed, 1, 0);
     });
+    return failed ? -3 : 0;
 }
 
 template <Kind kind>
-int forward_typed(int dtype, const void *x, float *y, uint8_t *ok, int64_t rows, int64_t n, int threads,
+int forward_typed(int dtype, const void *x, void *y, uint8_t *ok, int64_t rows, int64_t n, int threads,
                   int max_iter, const float *alpha) {
     switch (dtype) {
-        case F32: forward<kind>(static_cast<const float *>(x), y, ok, rows, n, threads, max_iter, alpha); return 0;
-        case BF16: forward<kind>(static_cast<const uint16_t *>(x), y, ok, rows, n, threads, max_iter, alpha); return 0;
+        case F32:
+            forward<kind>(static_cast<const float *>(x), static_cast<float *>(y), ok, rows, n, threads, max_iter, alpha);
+            return 0;
+        case BF16:
+            forward<kind>(static_cast<const uint16_t *>(x), static_cast<uint16_t *>(y), ok, rows, n, threads, max_iter,
+                          alpha);
+            return 0;
         default: return -2;
     }
 }
 
 template <Kind kind>
-int backward_typed(int dtype, const void *grad, const float *y, float *out, float *d_alpha, int64_t rows, int64_t n,
+int backward_typed(int dtype, const void *grad, const void *y, void *out, float *d_alpha, int64_t rows, int64_t n,
                    int threads, const float *alpha) {
     switch (dtype) {
-        case F32: backward<kind>(static_cast<const float *>(grad), y, out, d_alpha, rows, n, threads, alpha); return 0;
-        case BF16: backward<kind>(static_cast<const uint16_t *>(grad), y, out, d_alpha, rows, n, threads, alpha); return 0;
+        case F32:
+            return backward<kind>(static_cast<const float *>(grad), static_cast<const float *>(y),
+                                  static_cast<float *>(out), d_alpha, rows, n, threads, alpha);
+        case BF16:
+            return backward<kind>(static_cast<const uint16_t *>(grad), static_cast<const uint16_t *>(y),
+                                  static_cast<uint16_t *>(out), d_alpha, rows, n, threads, alpha);
         default: return -2;
     }
 }
@@ -305,11 +243,11 @@ int backward_typed(int dtype, const void *grad, const float *y, float *out, floa
 
 extern "C" {
 
-int vitscope_abi_version() { return 4; }
+int vitscope_abi_version() { return 6; }
 
-// kind: a code of kinds.def; dtype: 0 float32, 1 bfloat16 input x; alpha: one float per row (kind alpha only,
+// kind: a code of kinds.def; dtype: 0 float32, 1 bfloat16, of x and y; alpha: one float per row (kind alpha only,
 // else ignored and may be null). Returns 0, -1 for an unknown kind, -2 for an unknown dtype.
-int vitscope_forward(int kind, int dtype, const float *alpha, const void *x, float *y, uint8_t *ok, int64_t rows,
+int vitscope_forward(int kind, int dtype, const float *alpha, const void *x, void *y, uint8_t *ok, int64_t rows,
                      int64_t n, int threads, int max_iter) {
     switch (kind) {
         case SPARSEMAX: return forward_typed<SPARSEMAX>(dtype, x, y, ok, rows, n, threads, max_iter, alpha);
@@ -319,8 +257,9 @@ int vitscope_forward(int kind, int dtype, const float *alpha, const void *x, flo
     }
 }
 
-// grad (dtype as above), y float32 -> out float32; d_alpha (one float per row, kind alpha only) may be null.
-int vitscope_backward(int kind, int dtype, const float *alpha, const void *grad, const float *y, float *out,
+// grad, y -> out, all of dtype as above; d_alpha (float32, one per row, kind alpha only) may be null.
+// Returns 0, -1 or -2 as above, -3 when a work buffer could not be allocated (out is then incomplete).
+int vitscope_backward(int kind, int dtype, const float *alpha, const void *grad, const void *y, void *out,
                       float *d_alpha, int64_t rows, int64_t n, int threads) {
     switch (kind) {
         case SPARSEMAX: return backward_typed<SPARSEMAX>(dtype, grad, y, out, nullptr, rows, n, threads, alpha);

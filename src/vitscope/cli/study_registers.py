@@ -18,8 +18,9 @@ def _ints(text: str, flag: str) -> list[int]:
 def add_registers_parser(studies) -> None:
     """The ``registers`` subcommand of ``vitscope study``."""
     reg = studies.add_parser("registers", help="high-norm (artifact) tokens and registers (arXiv 2603.25803)")
-    reg.add_argument("--preset", default="demo", choices=["demo", "paper", "none"],
+    reg.add_argument("--preset", default="demo", choices=["demo", "demo-dino", "paper", "none"],
                      help="demo: vit-micro 0 vs 4 registers + random timm ViT/Swin/PVT-v2 + planted outliers; "
+                          "demo-dino: vit-micro 0 vs 4 registers, supervised and DINO; "
                           "paper: timm models with your weights (--weights-dir); none: only what you name")
     reg.add_argument("--model", action="append", default=[], metavar="LABEL=SPEC[@WEIGHTS]",
                      help="measure this model too (repeatable): a run folder, checkpoint, preset or timm:NAME")
@@ -27,7 +28,11 @@ def add_registers_parser(studies) -> None:
     reg.add_argument("--registers", default=None, help="register counts to train, e.g. 0,1,4,16 (none: '')")
     reg.add_argument("--train-model", default=None, metavar="PRESET",
                      help="the vitscope preset trained with registers (default: vit-micro for demo, else vit-compact)")
-    reg.add_argument("--objective", default="supervised", choices=["supervised", "dino"])
+    reg.add_argument("--objectives", default=None, metavar="LIST",
+                     help="training objectives, each trains every register count: supervised, dino or "
+                          "supervised,dino (default: the preset's)")
+    reg.add_argument("--dino-config", default=None, metavar="NAME|FILE",
+                     help="the DINO recipe (a shipped config such as dino-demo, or a file; default: the preset's)")
     reg.add_argument("--dataset", default="synthetic", help="dataset name (synthetic needs no directory)")
     reg.add_argument("--data-dir", default=None, help="dataset folder or archive")
     reg.add_argument("--seeds", default=None, help="comma-separated training seeds (default: --seed)")
@@ -45,6 +50,16 @@ def add_registers_parser(studies) -> None:
                      help="slurm: one submitit job per training run; needs the 'slurm' extra")
     add_shared(reg, device="auto", batch_size=None, seed=0, out="vitscope-registers")
     reg.set_defaults(handler=run_registers)
+
+
+def _names(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = [n for n in names if n not in ("supervised", "dino")]
+    if unknown or not names:
+        raise ValueError(f"--objectives {text!r} must list supervised and/or dino, e.g. --objectives supervised,dino")
+    return names
 
 
 def _plant(text: str | None) -> dict | str | None:
@@ -77,12 +92,12 @@ def run_registers(args: argparse.Namespace) -> int:
     if args.no_probes or args.probe_layers:
         from vitscope.studies.registers_presets import DEMO_PROBES
 
-        probes = dict(DEMO_PROBES) if args.preset == "demo" else {}
+        probes = dict(DEMO_PROBES) if args.preset.startswith("demo") else {}
         probes |= {"enabled": not args.no_probes} | ({"layers": args.probe_layers} if args.probe_layers else {})
     report = run_registers_study(
         preset=args.preset, dataset=args.dataset, data_dir=args.data_dir,
         registers=None if args.registers is None else _ints(args.registers, "--registers"),
-        model=args.train_model, objective=args.objective,
+        model=args.train_model, objectives=_names(args.objectives), dino_config=args.dino_config,
         seeds=_ints(args.seeds, "--seeds") if args.seeds else [args.seed],
         models=parse_model_entries(args.model), weights_dir=args.weights_dir, plant=_plant(args.plant),
         census=census, probes=probes, epochs=args.epochs, batch_size=args.batch_size,

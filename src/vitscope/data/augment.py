@@ -7,12 +7,9 @@ after normalisation (ColorJitter works on [0, 1] floats; CutMix and Mixup on nor
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from torch import Tensor
-from torchvision.transforms import v2
 
 
 def _uniform(shape, generator: torch.Generator, device, low: float = 0.0, high: float = 1.0) -> Tensor:
@@ -40,59 +37,6 @@ def random_flip(images: Tensor, generator: torch.Generator, p: float = 0.5) -> T
     return torch.where(flip, images.flip(-1), images)
 
 
-class AutoAugment:
-    """AutoAugment with torchvision's policy tables and operations, sampled per image.
-
-    Every image draws its own sub-policy, each operation fires with its own probability, and signed
-    operations draw their own sign; images that share an (operation, magnitude) are transformed together.
-    ``applied`` keeps the last batch's operations per image, for inspection and tests.
-    """
-
-    def __init__(self, policy: str = "cifar10", fill: int = 128):
-        policies = {"cifar10": v2.AutoAugmentPolicy.CIFAR10, "imagenet": v2.AutoAugmentPolicy.IMAGENET,
-                    "svhn": v2.AutoAugmentPolicy.SVHN}
-        if policy not in policies:
-            raise ValueError(f"AutoAugment policy {policy!r} is unknown; use one of {', '.join(policies)}")
-        self._tv = v2.AutoAugment(policies[policy], fill=fill)
-        self.policies = self._tv._policies
-        self.applied: list[list[tuple[str, float]]] = []
-
-    def _magnitude(self, name: str, bin_index: int | None, height: int, width: int) -> tuple[float, bool]:
-        magnitudes_fn, signed = self._tv._AUGMENTATION_SPACE[name]
-        magnitudes = magnitudes_fn(10, height, width)
-        value = float(magnitudes[bin_index]) if magnitudes is not None and bin_index is not None else 0.0
-        return value, signed
-
-    def __call__(self, images: Tensor, generator: torch.Generator) -> Tensor:
-        if images.dtype != torch.uint8:
-            raise ValueError("AutoAugment works on uint8 images; apply it before normalisation")
-        b, _, h, w = images.shape
-        device = images.device
-        choice = torch.randint(len(self.policies), (b,), generator=generator, device=device).tolist()
-        fire = _uniform((b, 2), generator, device).tolist()
-        sign = (_uniform((b, 2), generator, device) < 0.5).tolist()
-        groups: dict[tuple[int, str, float], list[int]] = {}
-        self.applied = [[] for _ in range(b)]
-        for i in range(b):
-            for slot, (name, prob, bin_index) in enumerate(self.policies[choice[i]]):
-                if fire[i][slot] > prob:
-                    continue
-                magnitude, signed = self._magnitude(name, bin_index, h, w)
-                if signed and sign[i][slot]:
-                    magnitude = -magnitude
-                groups.setdefault((slot, name, magnitude), []).append(i)
-                self.applied[i].append((name, magnitude))
-        out = images.clone()
-        for slot in (0, 1):  # first operations of every sub-policy, then the second ones
-            for (group_slot, name, magnitude), members in groups.items():
-                if group_slot != slot:
-                    continue
-                index = torch.tensor(members, device=device)
-                out[index] = self._tv._apply_image_or_video_transform(
-                    out[index], name, magnitude, interpolation=self._tv.interpolation, fill=self._tv._fill)
-        return out
-
-
 def color_jitter(images: Tensor, generator: torch.Generator, brightness: float = 0.4, contrast: float = 0.4,
                  saturation: float = 0.4) -> Tensor:
     """Per-image brightness, contrast and saturation factors drawn from [1 - s, 1 + s]; [0, 1] floats."""
@@ -116,37 +60,51 @@ def one_hot_targets(labels: Tensor, num_classes: int, smoothing: float = 0.0) ->
     return targets.scatter_(1, labels[:, None], 1.0 - smoothing + off)
 
 
+def cutmix_box(lam: Tensor, cy: Tensor, cx: Tensor, height: int, width: int) -> tuple[Tensor, Tensor]:
+    """timm's batch-mode box for ``lam`` centred at (cy, cx), as a (H, W) bool mask, and lambda corrected to
+    the box's true area (float64): cut sides ``int(side * sqrt(1 - lam))``, half-sides floored, clipped to
+    the image. All tensors on the device; nothing is read back to the host."""
+    ratio = torch.sqrt(1 - lam)
+    half_h, half_w = torch.floor(height * ratio) // 2, torch.floor(width * ratio) // 2
+    y0, y1 = (cy - half_h).clamp(min=0), (cy + half_h).clamp(max=height)
+    x0, x1 = (cx - half_w).clamp(min=0), (cx + half_w).clamp(max=width)
+    rows = torch.arange(height, device=lam.device)
+    cols = torch.arange(width, device=lam.device)
+    box = ((rows >= y0) & (rows < y1))[:, None] & ((cols >= x0) & (cols < x1))[None, :]
+    return box, 1.0 - (y1 - y0) * (x1 - x0) / float(height * width)
+
+
 def cutmix(images: Tensor, targets: Tensor, generator: torch.Generator, alpha: float = 1.0
-           ) -> tuple[Tensor, Tensor, float]:
+           ) -> tuple[Tensor, Tensor, Tensor]:
     """timm's batch-mode CutMix: one lambda ~ Beta(alpha, alpha) and one box per batch, each image paired
-    with the batch reversed; lambda is corrected to the box's true area. Returns images, targets, lambda."""
-    lam = _beta(alpha, generator)
+    with the batch reversed; lambda is corrected to the box's true area. Returns images, targets and lambda
+    (a float64 tensor); every choice stays on the device."""
     h, w = images.shape[-2:]
-    ratio = math.sqrt(1 - lam)
-    cut_h, cut_w = int(h * ratio), int(w * ratio)
-    cy = int(torch.randint(0, h, (1,), generator=generator, device=generator.device))
-    cx = int(torch.randint(0, w, (1,), generator=generator, device=generator.device))
-    y0, y1 = max(cy - cut_h // 2, 0), min(cy + cut_h // 2, h)
-    x0, x1 = max(cx - cut_w // 2, 0), min(cx + cut_w // 2, w)
-    mixed = images.clone()
-    mixed[..., y0:y1, x0:x1] = images.flip(0)[..., y0:y1, x0:x1]
-    lam = 1.0 - (y1 - y0) * (x1 - x0) / float(h * w)
-    return mixed, lam * targets + (1 - lam) * targets.flip(0), lam
+    lam = _beta(alpha, generator)
+    cy = torch.randint(0, h, (), generator=generator, device=generator.device)
+    cx = torch.randint(0, w, (), generator=generator, device=generator.device)
+    box, lam = cutmix_box(lam, cy, cx, h, w)
+    mixed = torch.where(box, images.flip(0), images)
+    return mixed, lam.float() * targets + (1 - lam).float() * targets.flip(0), lam
 
 
 def mixup(images: Tensor, targets: Tensor, generator: torch.Generator, alpha: float = 0.8
-          ) -> tuple[Tensor, Tensor, float]:
-    """timm's batch-mode Mixup: x = lam x + (1 - lam) x.flip(0), with lam ~ Beta(alpha, alpha)."""
+          ) -> tuple[Tensor, Tensor, Tensor]:
+    """timm's batch-mode Mixup: x = lam x + (1 - lam) x.flip(0), with lam ~ Beta(alpha, alpha) (a float64
+    tensor on the device)."""
     lam = _beta(alpha, generator)
-    return lam * images + (1 - lam) * images.flip(0), lam * targets + (1 - lam) * targets.flip(0), lam
+    keep, other = lam.float(), (1 - lam).float()
+    return keep * images + other * images.flip(0), keep * targets + other * targets.flip(0), lam
 
 
-def _beta(alpha: float, generator: torch.Generator) -> float:
-    """One Beta(alpha, alpha) sample, drawn by numpy from a seed taken from ``generator`` (as timm does)."""
+def _beta(alpha: float, generator: torch.Generator) -> Tensor:
+    """One Beta(alpha, alpha) sample (float64, on the generator's device) drawn with ``generator``, as the
+    ratio of two Gamma(alpha) samples; 1 when ``alpha`` <= 0."""
     if alpha <= 0:
-        return 1.0
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
-    return float(np.random.default_rng(seed).beta(alpha, alpha))
+        return torch.ones((), dtype=torch.float64, device=generator.device)
+    gammas = torch._standard_gamma(torch.full((2,), float(alpha), dtype=torch.float64, device=generator.device),
+                                   generator=generator)
+    return gammas[0] / gammas.sum()
 
 
 def image_uniforms(seed: int, epoch: int, indices: Tensor, count: int) -> Tensor:

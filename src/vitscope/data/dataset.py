@@ -44,6 +44,10 @@ class ImageDataset:
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         return self.images[index], int(self.labels[index])
 
+    def images_at(self, rows: Tensor | slice) -> Tensor:
+        """uint8 images (B, C, H, W) at ``rows`` (the twin of ``StreamedDataset.images_at``)."""
+        return self.images[rows]
+
     @property
     def num_classes(self) -> int:
         return len(self.classes)
@@ -112,7 +116,7 @@ def raw_batches(dataset: ImageDataset, batch_size: int, device: torch.device | s
     if batch_size < 1:
         raise ValueError(f"batch size {batch_size} must be >= 1")
     for start in range(rank * batch_size, len(dataset), batch_size * world_size):
-        images = dataset.images[start : start + batch_size].to(device, non_blocking=True)
+        images = dataset.images_at(slice(start, start + batch_size)).to(device, non_blocking=True)
         yield images, dataset.labels[start : start + batch_size].to(device)
 
 

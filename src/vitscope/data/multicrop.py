@@ -68,11 +68,13 @@ def resized_crop_boxes(u: Tensor, height: int, width: int, scale: tuple[float, f
     return torch.stack([x0, y0, x0 + w, y0 + h], dim=1)
 
 
-def crop_and_resize(images: Tensor, boxes: Tensor, size: int) -> Tensor:
-    """Float images (B, C, H, W) cut at ``boxes`` (B, 4) and resized to ``size`` x ``size``; bilinear with
-    area averaging when shrinking (``roi_align`` with adaptive sampling)."""
-    index = torch.arange(len(images), device=images.device, dtype=images.dtype)[:, None]
-    rois = torch.cat([index, boxes.to(images.dtype)], dim=1)
+def crop_and_resize(images: Tensor, boxes: Tensor, size: int, image_index: Tensor | None = None) -> Tensor:
+    """Float images (B, C, H, W) cut at ``boxes`` (R, 4) and resized to ``size`` x ``size`` -> (R, C, size, size);
+    box r cuts image ``image_index[r]`` (default: image r, R = B). Bilinear with area averaging when shrinking
+    (``roi_align`` with adaptive sampling; each box is computed on its own, so grouping boxes changes nothing)."""
+    if image_index is None:
+        image_index = torch.arange(len(images), device=images.device)
+    rois = torch.cat([image_index.to(images.device, images.dtype)[:, None], boxes.to(images.dtype)], dim=1)
     return roi_align(images, rois, output_size=(size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
 
 
@@ -156,20 +158,43 @@ def augment_view(x: Tensor, u: Tensor, spec: MultiCropSpec, view: int) -> Tensor
     return x
 
 
+def cut_views(images: Tensor, u: Tensor, spec: MultiCropSpec) -> list[Tensor]:
+    """The geometric part of multi-crop: [0, 1] float images (B, C, H, W) and their uniforms (B, >= num_views *
+    16) -> ``spec.num_views`` crops in [0, 1]: two (B, C, G, G) global ones, then the (B, C, L, L) local ones.
+    Views of one size are cut in one ``roi_align`` call."""
+    height, width = images.shape[-2:]
+    batch = len(images)
+    crops: list[Tensor] = []
+    groups = ((range(2), spec.global_scale, spec.global_size), (range(2, spec.num_views), spec.local_scale,
+                                                                 spec.local_size))
+    for views, scale, size in groups:
+        if len(views) == 0:
+            continue
+        boxes = torch.cat([resized_crop_boxes(u[:, v * DRAWS_PER_VIEW : v * DRAWS_PER_VIEW + 4], height, width, scale)
+                           for v in views])
+        index = torch.arange(batch, device=images.device).repeat(len(views))
+        crops += crop_and_resize(images, boxes, size, index).clamp(0, 1).split(batch)
+    return crops
+
+
+def photometric_views(crops: list[Tensor], u: Tensor, spec: MultiCropSpec, mean: tuple[float, ...],
+                      std: tuple[float, ...]) -> list[Tensor]:
+    """The per-view flip, colour and blur augmentations and normalisation of ``cut_views``' crops (in [0, 1])
+    with the same uniforms ``u`` -> normalised float views."""
+    return [normalize(augment_view(crops[view], u[:, view * DRAWS_PER_VIEW : (view + 1) * DRAWS_PER_VIEW], spec,
+                                   view), mean, std) for view in range(spec.num_views)]
+
+
+def view_uniforms(seed: int, epoch: int, indices: Tensor, spec: MultiCropSpec) -> Tensor:
+    """Every random number of the views of images ``indices`` (B,): (B, num_views * 16) on the CPU."""
+    return image_uniforms(seed, epoch, indices, spec.num_views * DRAWS_PER_VIEW)
+
+
 def multicrop(images: Tensor, indices: Tensor, seed: int, epoch: int, spec: MultiCropSpec,
               mean: tuple[float, ...], std: tuple[float, ...]) -> list[Tensor]:
     """uint8 images (B, C, H, W) and their training-set ``indices`` (B,) -> ``spec.num_views`` normalised float
     views: two (B, C, G, G) global views, then the (B, C, L, L) local ones."""
     if images.dtype != torch.uint8:
         raise ValueError(f"multicrop takes uint8 images, got {images.dtype}")
-    height, width = images.shape[-2:]
-    u = image_uniforms(seed, epoch, indices, spec.num_views * DRAWS_PER_VIEW).to(images.device)
-    x = images.float() / 255.0
-    views = []
-    for view in range(spec.num_views):
-        draws = u[:, view * DRAWS_PER_VIEW : (view + 1) * DRAWS_PER_VIEW]
-        is_global = view < 2
-        boxes = resized_crop_boxes(draws[:, :4], height, width, spec.global_scale if is_global else spec.local_scale)
-        crops = crop_and_resize(x, boxes, spec.global_size if is_global else spec.local_size)
-        views.append(normalize(augment_view(crops.clamp(0, 1), draws, spec, view), mean, std))
-    return views
+    u = view_uniforms(seed, epoch, indices, spec).to(images.device)
+    return photometric_views(cut_views(images.float() / 255.0, u, spec), u, spec, mean, std)

@@ -6,6 +6,9 @@ Supported layouts (a folder, or a .zip / .tar / .tar.gz holding one):
   image-folder tree ``train/<class>/*.jpg`` and ``test/<class>/*.jpg``;
 * ``tiny-imagenet``: the official ``tiny-imagenet-200`` layout (boxes kept in ``extras["boxes"]``);
 * ``imagefolder``: any ``<split>/<class>/*`` tree (``train``; ``test`` or ``val`` for eval);
+* ``imagenet``: ImageNet's folder layout (``vitscope.data.imagenet``) and ``shards``: WebDataset tar shards
+  (``vitscope.data.shards``), decoded here when they fit in memory (``image_size`` resizes them) and otherwise
+  streamed (``vitscope.data.choice``, ``vitscope.data.stream_sources``);
 * ``synthetic``: the generated scenes (no directory).
 
 Decoded images are cached as uint8 tensors (safetensors) in ``$VITSCOPE_CACHE/datasets`` (default
@@ -29,10 +32,11 @@ from safetensors.torch import save_file
 
 from vitscope.data.dataset import ImageDataset
 from vitscope.data.files import IMAGE_SUFFIXES, FileTree, decode_images, fingerprint
+from vitscope.data.stream_sources import open_streamed
 from vitscope.data.synthetic import synthetic_scenes
 from vitscope.files import atomic_path, cache_root
 
-DATASETS = ("cifar10", "cifar100", "tiny-imagenet", "imagefolder", "synthetic")
+DATASETS = ("cifar10", "cifar100", "tiny-imagenet", "imagefolder", "imagenet", "shards", "synthetic")
 _SPLIT_ALIASES = {"train": "train", "eval": "eval", "test": "eval", "val": "eval", "validation": "eval"}
 _STATS = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -42,6 +46,11 @@ _IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 _CLASS_COUNTS = {"cifar10": 10, "cifar100": 100, "tiny-imagenet": 200}
 _CACHE_VERSION = 2
 _FOLDER_HELP = "expected <root>/train/<class>/<image> and <root>/test/<class>/<image> (or val/)"
+
+
+def dataset_stats(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel (mean, std) in [0, 1] units used to normalise ``name``'s images (ImageNet's by default)."""
+    return _STATS.get(name, _IMAGENET_STATS)
 
 
 def canonical_split(split: str) -> str:
@@ -176,6 +185,9 @@ def load_dataset(name: str, root: str | Path | None = None, split: str = "train"
         raise FileNotFoundError(
             f"data directory {root} does not exist; pass --data-dir with the {name} folder or archive"
         )
+    if name in ("imagenet", "shards"):
+        listing = open_streamed(name, root, split, image_size=image_size, stats=dataset_stats(name))
+        return listing.materialize(image_size)
     cached = _cache_path(name, split, root, image_size)
     mean, std = _STATS.get(name, _IMAGENET_STATS)
     if cached.is_file():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 
 import torch
 from torch import Tensor, nn
@@ -24,7 +25,11 @@ def random_twin(model: nn.Module, seed: int = 0) -> nn.Module:
                 nn.init.trunc_normal_(param, std=0.02)
         init = getattr(twin, "init_weights", None) or getattr(twin, "_init_weights", None)
         if callable(init):
-            init()
+            required = [p for p in inspect.signature(init).parameters.values() if p.default is p.empty]
+            if required:  # a per-module initialiser (timm's PVT-v2: _init_weights(m))
+                twin.apply(init)
+            else:
+                init()
     finally:
         torch.random.set_rng_state(generator_state)
     return twin.eval()

@@ -26,15 +26,17 @@ from torch import Tensor, nn
 from vitscope.analyze.inputs import model_batches
 from vitscope.data import ImageDataset
 from vitscope.metrics.locality import grid_distances
+from vitscope.models.sites import token_blocks
 from vitscope.probes.baselines import majority_top1, mean_predictor_mse, random_twin
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import fit_classifier, fit_regressor, stratified_split
 from vitscope.probes.mlp import fit_mlp_regressor
 from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, ProbeResult, row
+from vitscope.probes.stage_features import extract_stage_features, is_hierarchical, stage_of_layers
 
 PROBES = ("position", "pixels", "pixels-mlp", "class")
 DEFAULT_PROBES = ("position", "pixels", "class")
-PatchMask = Tensor | Mapping[int, Tensor]  # (N, patches) bool, or one such mask per token layer
+PatchMask = Tensor | Mapping[int, Tensor | None]  # (N, patches) bool, or one per token layer (None: absent there)
 
 
 def patch_pixels(model: nn.Module, dataset: ImageDataset, grid: tuple[int, int], patch: int, batch_size: int,
@@ -68,11 +70,13 @@ def balanced(images: Tensor, labels: Tensor, seed: int) -> Tensor:
     return torch.cat(keep).sort().values
 
 
-def _layer_mask(mask: PatchMask, layer: int) -> Tensor:
+def _layer_mask(mask: PatchMask, layer: int) -> Tensor | None:
+    """The group's mask at ``layer``; None where a per-layer mapping says the group is absent at that layer."""
     if isinstance(mask, Mapping):
         if layer not in mask:
-            raise ValueError(f"a per-layer patch mask has no entry for token layer {layer}; give one per layer")
-        return mask[layer].bool().cpu()
+            raise ValueError(f"a per-layer patch mask has no entry for token layer {layer}; give one per layer "
+                             "(None where the group is absent)")
+        return None if mask[layer] is None else mask[layer].bool().cpu()
     return torch.as_tensor(mask).bool().cpu()
 
 
@@ -150,6 +154,9 @@ def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence
                  fit_options: Mapping[str, Any] | None = None, class_balanced: bool = True) -> ProbeResult:
     """Probe single tokens of ``model`` on ``dataset`` at token ``layers`` (0 = embedding, l = block l).
 
+    Hierarchical models (Swin, PVT-v2) are probed on each layer's own stage grid (position over that grid, pixels
+    over the stage's stride, ``vitscope.probes.stage_features``); their rows carry ``stage``, and they have no CLS.
+
     ``patch_groups`` maps a group name to a patch mask (N, patches) over ``dataset`` (or one per layer), e.g.
     high-norm tokens and matched normal ones; the ``patch`` group (every patch token) is always probed.
     ``baseline`` adds the same probes on a randomly initialised copy; chance rows are always added.
@@ -159,23 +166,31 @@ def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence
     unknown = set(probes) - set(PROBES)
     if unknown:
         raise ValueError(f"unknown token probes {sorted(unknown)}; use {', '.join(PROBES)}")
-    wanted = parse_layers(layers, depth_of(model))
+    hierarchical = is_hierarchical(model)
+    wanted = parse_layers(layers, len(token_blocks(model)) if hierarchical else depth_of(model))
+    extract = extract_stage_features if hierarchical else extract_features
+    stages = stage_of_layers(model) if hierarchical else {}
     fit, held = stratified_split(dataset.labels, held_fraction, seed)
     if class_balanced:
         fit, held = balanced(fit, dataset.labels, seed), balanced(held, dataset.labels, seed + 1)
     models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, seed))] if baseline else [])
     rows: list[dict[str, Any]] = []
-    pixels = None
+    pixels: dict[tuple[tuple[int, int], int], Tensor | None] = {}  # (grid, patch) -> targets, shared by models
     for name, backbone in models:
-        features = extract_features(backbone, dataset, wanted, norm=norm, batch_size=batch_size, device=device,
-                                    img_size=img_size, cache=cache, progress=progress)
-        some = features[wanted[0]]
-        if pixels is None and {"pixels", "pixels-mlp"} & set(probes):
-            pixels = patch_pixels(backbone, dataset, some.grid, some.patch_size, batch_size, img_size)
-        prober = _Prober(dataset.labels, pixels, some.grid, fit, held, max_tokens, probes, seed, device,
-                         fit_options or {})
+        features = extract(backbone, dataset, wanted, norm=norm, batch_size=batch_size, device=device,
+                           img_size=img_size, cache=cache, progress=progress)
+        probers: dict[tuple[tuple[int, int], int], _Prober] = {}
         for layer in wanted:
-            rows += _probe_layer(prober, features[layer], name, patch_groups or {}, include_chance=name == label)
+            geometry = (features[layer].grid, features[layer].patch_size)  # one per stage in hierarchical models
+            if geometry not in pixels:
+                pixels[geometry] = patch_pixels(backbone, dataset, *geometry, batch_size, img_size) \
+                    if {"pixels", "pixels-mlp"} & set(probes) else None
+            if geometry not in probers:
+                probers[geometry] = _Prober(dataset.labels, pixels[geometry], geometry[0], fit, held, max_tokens,
+                                            probes, seed, device, fit_options or {})
+            found = _probe_layer(probers[geometry], features[layer], name, patch_groups or {},
+                                 include_chance=name == label)
+            rows += [r | {"stage": stages[layer]} for r in found] if hierarchical else found
     settings = {"model": label, "layers": wanted, "probes": list(probes), "max_tokens": max_tokens,
                 "held_fraction": held_fraction, "class_balanced": class_balanced, "norm": norm, "seed": seed,
                 "fit_images": len(fit), "held_images": len(held), "fit_options": dict(fit_options or {}),
@@ -189,6 +204,8 @@ def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_grou
     masks = {"patch": torch.ones(n_images, n_patches, dtype=torch.bool)}
     for group, mask in patch_groups.items():
         mask = _layer_mask(mask, layer)
+        if mask is None:
+            continue
         if tuple(mask.shape) != (n_images, n_patches):
             raise ValueError(f"patch mask {group!r} has shape {tuple(mask.shape)}; it must be (images, patches) = "
                              f"({n_images}, {n_patches}) for this dataset and model")

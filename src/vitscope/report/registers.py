@@ -30,7 +30,13 @@ METRICS = {
                         "patch, or centre outside every box); patch group: the same for all patches (chance)",
     "patch_intensity / patch_local_variance": "mean and variance of the channel-mean pixel intensity over the patch",
     "attention_mass_on_high_norm": "attention layer l: mass that CLS (patch) queries put on the high-norm patches "
-                                   "of token layer l-1, heads (and queries) averaged; key_share: their share of keys",
+                                   "of token layer l-1, heads (and queries) averaged; key_share: their share of keys. "
+                                   "Swin: over the keys of the query's own window it can see (padding and the "
+                                   "shifted-window mask removed), share = high-norm fraction of those keys; PVT-v2: "
+                                   "on the reduced key grid, a reduced key is high-norm when its pooled cell holds a "
+                                   "high-norm token",
+    "eval score": "supervised runs: top-1 of the classifier on the evaluation split; DINO runs: weighted kNN top-1 "
+                  "(k = 20) of the teacher backbone's CLS features, training images as the bank",
     "position_top1 / position_distance": "linear probe token -> patch index: top-1 and mean grid distance (patches)",
     "pixels_mse / pixels_mlp_mse": "ridge (2-layer MLP) probe token -> its patch's normalised pixels: MSE",
     "class_top1": "logistic probe single token -> image class: top-1",
@@ -50,6 +56,15 @@ def _last_layer(rows: list[dict[str, Any]], model: str) -> int:
     return max(r["layer"] for r in _by(rows, model=model, metric="norm_median"))
 
 
+def _score(training: dict[str, Any]) -> tuple[float | None, str]:
+    """A trained run's evaluation score and its name: kNN top-1 for DINO runs, top-1 for supervised ones."""
+    if not training:
+        return None, ""
+    if training.get("objective") == "dino":
+        return training.get("knn_top1"), "kNN top-1 (teacher)"
+    return training.get("top1"), "top-1"
+
+
 def _model_table(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for m in results["models"]:
@@ -57,7 +72,8 @@ def _model_table(results: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"model": m["label"], "spec": m["entry"]["spec"], "weights": "trained here" if training
                     else (m["entry"]["weights"] or "random"), "parameters": m["parameters"],
                     "registers": len(m["tokens"].get("registers", [])), "kind": m["tokens"]["kind"],
-                    "top-1 (eval)": training.get("top1"), "planted": "yes" if m.get("planted") else "",
+                    "objective": training.get("objective", ""), "eval score": _score(training)[0],
+                    "score is": _score(training)[1], "planted": "yes" if m.get("planted") else "",
                     "thresholds": "; ".join(f"{t['spec']} = {t['value']:.4g} (layer {t['detection_layer']}"
                                             + (f", stage {t['stage']})" if t.get("stage") else ")")
                                             for t in m["thresholds"])})
@@ -71,9 +87,11 @@ def _comparison(results: dict[str, Any]) -> list[dict[str, Any]]:
         if m["tokens"]["kind"] != "plain":
             continue
         label, last = m["label"], _last_layer(rows, m["label"])
-        entry = {"model": label, "registers": len(m["tokens"]["registers"]),
-                 "top-1": (m.get("training") or {}).get("top1"),
-                 "kNN top-1": (m.get("training") or {}).get("knn_top1"),
+        training = m.get("training") or {}
+        score, name = _score(training)
+        entry = {"model": label, "objective": training.get("objective", ""),
+                 "registers": len(m["tokens"]["registers"]), "eval score": score, "score is": name,
+                 "kNN at init": training.get("knn_top1_init"),
                  "patch norm median": _one(rows, model=label, layer=last, group="patch", metric="norm_median"),
                  "CLS norm": _one(rows, model=label, layer=last, group="cls", metric="norm_mean"),
                  "register norm": _one(rows, model=label, layer=last, group="register", metric="norm_mean")}
@@ -118,6 +136,8 @@ def _attention(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows, out = results["rows"], []
     for m in results["models"]:
         label = m["label"]
+        if m["tokens"]["kind"] != "plain":
+            continue  # per stage, in their own table
         for layer in sorted({r["layer"] for r in _by(rows, model=label, metric="key_share")}):
             share = _one(rows, model=label, layer=layer, metric="key_share")
             if not share:
@@ -131,14 +151,54 @@ def _attention(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _stages(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Hierarchical models, one row per stage: its threshold, the high-norm fraction at its detection block, the
+    attention mass on high-norm keys against their share of visible keys (mean over the stage's attention
+    layers), and what single tokens of the stage carry (its last block)."""
+    rows, out = results["rows"], []
+    for m in results["models"]:
+        if m["tokens"]["kind"] == "plain":
+            continue
+        label = m["label"]
+        primary = m["thresholds"][0]["spec"] if m["thresholds"] else None
+        for t in (t for t in m["thresholds"] if t["spec"] == primary):
+            stage, layer = t["stage"], t["detection_layer"]
+            attention = _by(rows, model=label, stage=stage, layer_kind="attention")
+            mass = [r["value"] for r in attention if r["metric"] == "attention_mass_on_high_norm"]
+            share = [r["value"] for r in attention if r["metric"] == "key_share"]
+            entry = {"model": label, "stage": stage, "blocks": f"{min(r['layer'] for r in attention)}-{layer}"
+                     if attention else layer, "threshold": f"{primary} = {t['value']:.4g}",
+                     "high-norm fraction": _one(rows, model=label, layer=layer, metric="high_norm_fraction",
+                                                threshold=primary),
+                     "mass on high-norm": sum(mass) / len(mass) if mass else None,
+                     "share of visible keys": sum(share) / len(share) if share else None,
+                     "keys": attention[0].get("keys") if attention else None}
+            for group in ("high-norm", "normal", "patch"):
+                entry[f"position top-1 {group}"] = _one(rows, model=label, layer=layer, group=group,
+                                                        metric="position_top1")
+            for group in ("high-norm", "normal", "patch-mean"):
+                entry[f"class top-1 {group}"] = _one(rows, model=label, layer=layer, group=group, metric="class_top1")
+            out.append(entry)
+    return out
+
+
+def _chance_of(row: dict[str, Any], label: str, owned: bool) -> bool:
+    """Whether a row may stand as ``label``'s chance level: chance rows name their model (``chance_for``), since the
+    level depends on its grid and stride; results written before that field carry none (any is taken)."""
+    if row["model"] != "chance":
+        return True
+    return row.get("chance_for") == label if owned else "chance_for" not in row
+
+
 def _probe_tables(results: dict[str, Any]) -> str:
     rows, parts = results["rows"], []
     metrics = ("position_top1", "position_distance", "pixels_mse", "pixels_mlp_mse", "class_top1")
     for m in results["models"]:
         label = m["label"]
+        owned = any(r.get("chance_for") == label for r in rows)
         mine = [r for r in rows if r["metric"] in metrics and r["model"] in (label, f"{label} (random init)", "chance")
-                and r.get("layer_kind") == "token" and any(x["model"] == label and x["metric"] in metrics
-                                                           for x in rows)]
+                and _chance_of(r, label, owned) and r.get("layer_kind") == "token"
+                and any(x["model"] == label and x["metric"] in metrics for x in rows)]
         for layer in sorted({r["layer"] for r in mine if r["model"] == label}):
             at = [r for r in mine if r["layer"] == layer]
             table_rows = []
@@ -150,7 +210,9 @@ def _probe_tables(results: dict[str, Any]) -> str:
                     cells[metric] = "n/a" if ours is None else f"{ours:.3g} ({fmt(rand)} / {fmt(chance)})"
                 cells["tokens"] = max((r["n"] for r in at if r["group"] == group and r["model"] == label), default=0)
                 table_rows.append(cells)
-            parts.append(f"<h3>{html.escape(label)}, token layer {layer}</h3>" + table(table_rows))
+            stage = next((r["stage"] for r in at if r.get("stage")), None)
+            where = f"token layer {layer}" + (f" (stage {stage}, its grid and stride)" if stage else "")
+            parts.append(f"<h3>{html.escape(label)}, {where}</h3>" + table(table_rows))
     return "".join(parts) or "<p>(no token probes were run)</p>"
 
 
@@ -199,8 +261,18 @@ def _scale_note(results: dict[str, Any]) -> str:
     parts = [f"Measured on <b>{html.escape(str(results['provenance']['dataset']))}</b>, "
              f"{models[0]['num_images'] if models else 0} evaluation images."]
     if trained:
-        epochs = {(m["training"] or {}).get("epochs") for m in models if m.get("training")}
-        parts.append(f"Trained here: {html.escape(', '.join(trained))} ({', '.join(map(str, epochs))} epochs).")
+        runs = {}
+        for m in models:
+            if m.get("training") and not m.get("planted"):
+                runs.setdefault((m["training"].get("objective") or "supervised", m["training"].get("epochs")),
+                                []).append(m["label"])
+        parts.append("Trained here, same data and seeds: " + "; ".join(
+            f"{html.escape(', '.join(labels))} ({objective}, {epochs} epoch{'' if epochs == 1 else 's'})"
+            for (objective, epochs), labels in runs.items()) + ". Supervised runs are scored by top-1, DINO runs "
+            "by kNN top-1 of the teacher.")
+    if results["settings"].get("preset") == "demo":
+        parts.append("The demo trains supervised runs only, to stay within its minutes; the same comparison under "
+                     "the DINO objective is the <code>demo-dino</code> preset.")
     if given:
         parts.append(f"Given or preset models: {html.escape(', '.join(given))}; those whose spec starts with "
                      "<code>timm:</code> and show <i>random</i> weights are randomly initialised: they show that "
@@ -241,6 +313,14 @@ def build_report(out: str | Path) -> Path:
     sections += [f"<h3>{html.escape(k[5:])}</h3>" + image(p, k) for k, p in paths.items() if k.startswith("maps:")]
     sections += ["<h2>Where high-norm tokens sit</h2>", table(_location(results)),
                  "<h2>What attends to them</h2>", table(_attention(results))]
+    stages = _stages(results)
+    if stages:
+        sections += ["<h2>Hierarchical models (Swin, PVT-v2), per stage</h2><p>Each stage has its own threshold, "
+                     "fixed on its last block. Attention mass is measured on each model's own geometry: a Swin query "
+                     "over the keys of its window that it can see; PVT-v2 on the reduced key grid (a reduced key is "
+                     "high-norm when its pooled cell holds a high-norm token). Probes read the stage's last block: "
+                     "position over the stage's grid, pixels over its stride, class from one token; these models "
+                     "have no CLS (the patch mean stands in).</p>", table(stages)]
     if "attention" in paths:
         sections += ["<h2>Attention maps with and without registers</h2>", image(paths["attention"], "CLS attention")]
     sections += ["<h2>Token probes</h2><p>Rows: token groups; each cell reads <i>value (randomly initialised "

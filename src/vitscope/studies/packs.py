@@ -2,8 +2,9 @@
 
 ``train_in_packs`` groups the runs that still lack a finished training run into packs of ``pack`` runs
 (``"auto"``: as many as the device's memory holds) and trains each pack with ``vitscope.train.packed``;
-the study runner then finds every run trained and only measures it. Runs with the same checkpoint step
-are packed together, so a study resumed after a kill picks each pack up where it stopped.
+the study runner then finds every run trained and only measures it. Each member of a pack continues from its
+own latest checkpoint, so a study resumed after a kill picks every run up where it stopped; runs are sorted
+by progress so that runs of one pack finish at about the same time.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Two sources of models, in one list:
 
-* trained here: vitscope ViTs with 0, 1, 4, 16 registers (``registers``), same data, seeds and recipe, with a
-  training objective as a setting (``supervised``; ``dino`` when the trainer offers it); every run resumes
-  after a kill and is reused when finished;
+* trained here: vitscope ViTs with 0, 1, 4, 16 registers (``registers``) under each training objective of
+  ``objectives`` (``supervised``: the baseline protocol, labelled ``reg<R>``; ``dino``: the shipped DINO recipe,
+  labelled ``dino-reg<R>``), same data and seeds; every run resumes after a kill and is reused when finished;
 * given: ``--model LABEL=SPEC[@WEIGHTS]`` entries (existing runs, checkpoints, timm models with local weights),
   and the preset's own list (the demo's randomly initialised timm ViT, Swin and PVT-v2; the paper's timm
   names with the user's weights).
@@ -35,10 +35,24 @@ from vitscope.models.planted import plant_outliers
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.studies.models import ModelEntry
 from vitscope.studies.registers_census import CensusSettings, run_census
-from vitscope.studies.registers_presets import DEMO_PLANT, DEMO_PROBES, DEMO_TRAINING, PAPER_TRAINING, preset_models
+from vitscope.studies.registers_presets import (
+    DEMO_DINO,
+    DEMO_PLANT,
+    DEMO_PROBES,
+    DEMO_TRAINING,
+    DINO_CONFIGS,
+    OBJECTIVES,
+    PAPER_TRAINING,
+    PRESETS,
+    condition_name,
+    parse_condition,
+    preset_models,
+)
 from vitscope.studies.registers_probes import ProbeSettings, probe_model
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, run_all
+from vitscope.studies.sparse_presets import merge
 from vitscope.train import TrainConfig, train
+from vitscope.train.config import read_config_file
 
 KIND = "registers-study"
 
@@ -47,7 +61,8 @@ KIND = "registers-study"
 class RegistersStudy:
     """What to train and measure. ``preset`` (demo, paper, none) fills the defaults; explicit fields win.
 
-    ``registers``: register counts to train (None: the preset's; [] trains nothing); ``models``: given models;
+    ``registers``: register counts to train (None: the preset's; [] trains nothing); ``objectives``: training
+    objectives, each trains every register count (None: the preset's); ``models``: given models;
     ``plant``: ``{"model": LABEL, "layer": BLOCK (0-based), "count": K, "scale": S}`` measures that model again
     with planted outliers, as ``LABEL+planted`` (``"preset"``: the demo plants in reg0); ``census`` and
     ``probes``: their settings (``probes=None``: the preset's)."""
@@ -57,8 +72,9 @@ class RegistersStudy:
     data_dir: str | None = None
     registers: list[int] | None = None
     model: str | None = None  # the preset trained with registers (default: vit-micro for demo, else vit-compact)
-    objective: str = "supervised"
-    objective_options: dict[str, Any] = field(default_factory=dict)  # e.g. DINO's head size
+    objectives: list[str] | None = None  # supervised, dino (None: supervised; both for demo-dino and paper)
+    objective_options: dict[str, Any] = field(default_factory=dict)  # DINO's own keys over its recipe's
+    dino_config: str | None = None  # the DINO recipe: a shipped config name or file (None: the preset's)
     seeds: list[int] = field(default_factory=lambda: [0])
     models: list[ModelEntry] = field(default_factory=list)
     weights_dir: str | None = None
@@ -76,15 +92,19 @@ class RegistersStudy:
     slurm: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.preset not in ("demo", "paper", "none"):
-            raise ValueError(f"preset {self.preset!r} is unknown; use demo, paper or none")
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset {self.preset!r} is unknown; use {', '.join(PRESETS)}")
         if self.preset == "paper" and self.dataset == "synthetic":
             raise ValueError("the paper preset measures ImageNet validation images; pass --dataset imagefolder "
                              "--data-dir PATH (a folder of class subfolders)")
-        if self.objective not in ("supervised", "dino"):
-            raise ValueError(f"objective {self.objective!r} is unknown; use supervised or dino")
+        if self.objectives is None:
+            self.objectives = ["supervised", "dino"] if self.preset in ("demo-dino", "paper") else ["supervised"]
+        unknown = [o for o in self.objectives if o not in OBJECTIVES]
+        if unknown or not self.objectives or len(set(self.objectives)) != len(self.objectives):
+            raise ValueError(f"objectives {self.objectives} must be distinct names from {', '.join(OBJECTIVES)}")
         if self.registers is None:
-            self.registers = [0, 4] if self.preset == "demo" else ([] if self.preset == "paper" else [0, 1, 4, 16])
+            self.registers = [0, 4] if self.preset.startswith("demo") else ([] if self.preset == "paper"
+                                                                            else [0, 1, 4, 16])
         if any(r < 0 for r in self.registers):
             raise ValueError(f"register counts {self.registers} must be >= 0")
         if not self.seeds:
@@ -93,7 +113,7 @@ class RegistersStudy:
         if isinstance(self.census, dict):
             self.census = CensusSettings(**self.census)
         if self.probes is None:  # the demo's fits are small enough for its time budget
-            self.probes = DEMO_PROBES if self.preset == "demo" else {}
+            self.probes = DEMO_PROBES if self.preset.startswith("demo") else {}
         if isinstance(self.probes, dict):
             self.probes = ProbeSettings(**self.probes)
         if self.plant == "preset":
@@ -107,42 +127,44 @@ class RegistersStudy:
         if not labels:
             raise ValueError("the study has no models: train some (--registers 0,4) or give --model LABEL=SPEC")
 
-    def run_label(self, registers: int, seed: int) -> str:
-        return f"reg{registers}" + (f"-seed{seed}" if len(self.seeds) > 1 else "")
+    def run_label(self, objective: str, registers: int, seed: int) -> str:
+        return condition_name(objective, registers) + (f"-seed{seed}" if len(self.seeds) > 1 else "")
 
-    def run_dir(self, registers: int, seed: int) -> Path:
-        return RunSpec(f"reg{registers}", seed).folder(self.out)
+    def run_dir(self, objective: str, registers: int, seed: int) -> Path:
+        return RunSpec(condition_name(objective, registers), seed).folder(self.out)
 
-    def trained(self) -> list[tuple[str, int, int]]:
-        """(label, registers, seed) of every run to train."""
-        return [(self.run_label(r, s), r, s) for r in self.registers for s in self.seeds]
+    def trained(self) -> list[tuple[str, str, int, int]]:
+        """(label, objective, registers, seed) of every run to train."""
+        return [(self.run_label(o, r, s), o, r, s) for o in self.objectives for r in self.registers
+                for s in self.seeds]
 
     def all_models(self) -> list[ModelEntry]:
         """Every model measured, trained ones as entries on their run folders."""
-        trained = [ModelEntry(label, str(self.run_dir(r, s))) for label, r, s in self.trained()]
+        trained = [ModelEntry(label, str(self.run_dir(o, r, s))) for label, o, r, s in self.trained()]
         return trained + preset_models(self.preset, self.weights_dir) + list(self.models)
 
-    def train_config(self, registers: int, seed: int, device: str) -> TrainConfig:
-        schedule = dict(DEMO_TRAINING if self.preset == "demo" else PAPER_TRAINING)
-        for key in ("epochs", "batch_size"):
-            if getattr(self, key) is not None:
-                schedule[key] = getattr(self, key)
+    def train_config(self, objective: str, registers: int, seed: int, device: str) -> TrainConfig:
+        """One run's config. Every objective sees the same data (dataset, options, image counts) and seeds;
+        supervised runs follow the baseline protocol below, DINO runs the shipped DINO recipe (its schedule and
+        head), both with the study's ``epochs`` / ``batch_size`` when given."""
+        demo = self.preset.startswith("demo")
         synthetic = self.dataset == "synthetic"
-        values = {
-            "model": self.model or ("vit-micro" if self.preset == "demo" else "vit-compact"),
-            "model_options": {"num_registers": registers},
-            "dataset": self.dataset, "data_dir": self.data_dir,
-            "dataset_options": {"num_images": 4096, "num_classes": 8} if synthetic else {},
-            "train_images": self.train_images, "eval_images": self.eval_images, "protocol": "baseline",
-            "seed": seed, "device": device, "out": str(self.run_dir(registers, seed)), "progress": self.progress,
-            "eval_every": max(1, schedule["epochs"] // 4), **schedule,
-        }
-        if self.objective != "supervised":
-            if "objective" not in {f.name for f in dataclasses.fields(TrainConfig)}:
-                raise ValueError(f"objective={self.objective!r} needs a trainer with objectives, which this "
-                                 "vitscope lacks; use objective='supervised'")
-            values["objective"] = self.objective
-            values["objective_options"] = dict(self.objective_options)
+        data = {"model": self.model or ("vit-micro" if demo else "vit-compact"),
+                "model_options": {"num_registers": registers},
+                "dataset": self.dataset, "data_dir": self.data_dir,
+                "dataset_options": {"num_images": 4096, "num_classes": 8} if synthetic else {},
+                "train_images": self.train_images, "eval_images": self.eval_images,
+                "seed": seed, "device": device, "out": str(self.run_dir(objective, registers, seed)),
+                "progress": self.progress}
+        if objective == "supervised":
+            values = {**(DEMO_TRAINING if demo else PAPER_TRAINING), "protocol": "baseline"}
+        else:
+            values = merge(read_config_file(self.dino_config or DINO_CONFIGS["demo" if demo else "paper"]),
+                           DEMO_DINO if demo else {})
+            values = merge(values, {"objective_options": dict(self.objective_options)})
+        values = {**values, **data, **{k: getattr(self, k) for k in ("epochs", "batch_size")
+                                       if getattr(self, k) is not None}}
+        values["eval_every"] = max(1, values["epochs"] // 4)
         return TrainConfig.from_dict(values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,12 +181,13 @@ def _eval_set(study: RegistersStudy):
 
 def _train_run(study: RegistersStudy, spec: RunSpec, device: str) -> dict[str, Any]:
     """One training run (resumed when its folder exists); its record is what the comparison needs."""
-    registers = int(spec.condition.removeprefix("reg"))
-    cfg = study.train_config(registers, spec.seed, device)
+    objective, registers = parse_condition(spec.condition)
+    cfg = study.train_config(objective, registers, spec.seed, device)
     summary = train(cfg, resume=Path(cfg.out).exists())
     evaluation = summary.get("eval") or {}
-    return {"top1": evaluation.get("top1"), "knn_top1": evaluation.get("knn_top1"), "epochs": summary.get("epochs"),
-            "registers": registers, "seed": spec.seed, "objective": study.objective, "config": cfg.to_dict()}
+    return {"top1": evaluation.get("top1"), "knn_top1": evaluation.get("knn_top1"),
+            "knn_top1_init": evaluation.get("knn_top1_init"), "epochs": summary.get("epochs"),
+            "registers": registers, "seed": spec.seed, "objective": objective, "config": cfg.to_dict()}
 
 
 def _measure(study: RegistersStudy, entry: ModelEntry, dataset, device: torch.device, folder: Path,
@@ -179,10 +202,9 @@ def _measure(study: RegistersStudy, entry: ModelEntry, dataset, device: torch.de
     try:
         settings = dataclasses.replace(study.census, img_size=entry.options.get("img_size", study.census.img_size))
         census = run_census(model, dataset, label, settings, device, progress=study.progress)
-        rows = census.rows
-        if census.tokens["kind"] == "plain":
-            rows = rows + probe_model(model, dataset, label, census.high_norm, study.probes, device=device,
-                                      img_size=settings.img_size, baseline=plant is None, progress=study.progress)
+        rows = census.rows + probe_model(model, dataset, label, census.high_norm, study.probes, device=device,
+                                            img_size=settings.img_size, baseline=plant is None,
+                                            progress=study.progress)
     finally:
         if hooks is not None:
             hooks.remove()
@@ -215,9 +237,9 @@ def run(study: RegistersStudy) -> dict[str, Any]:
     trained = study.trained()
     launch = Launch(device=study.device, launcher=study.launcher, slurm=study.slurm, name="vitscope-registers",
                     progress=study.progress)
-    records = run_all([RunSpec(f"reg{r}", s) for _, r, s in trained], functools.partial(_train_run, study),
-                      out=study.out, record_name="training.json", launch=launch)
-    training = {label: record for (label, _, _), record in zip(trained, records, strict=True)}
+    records = run_all([RunSpec(condition_name(o, r), s) for _, o, r, s in trained],
+                      functools.partial(_train_run, study), out=study.out, record_name="training.json", launch=launch)
+    training = {label: record for (label, *_), record in zip(trained, records, strict=True)}
     dataset = _eval_set(study)
     records = []
     entries = study.all_models()

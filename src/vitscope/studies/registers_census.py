@@ -13,8 +13,9 @@ Per token layer (0 = input of block 1, l = output of block l, before the final n
   high-norm patches of token layer l - 1 (its keys), against those patches' share of all keys.
 
 Hierarchical models (Swin, PVT-v2) have no prefix tokens and change width per stage: each stage gets its own
-threshold, set on the stage's last block, and attention mass is not measured (their keys are windows or a
-reduced grid, not the tokens). Results are flat rows ``{model, layer, layer_kind, group, metric, value, n,
+threshold, set on the stage's last block and applied to every block of the stage; attention mass is measured
+per stage on the model's own geometry, over the keys each query can see (``registers_hier``: Swin windows,
+PVT-v2's reduced key grid). Results are flat rows ``{model, layer, layer_kind, group, metric, value, n,
 threshold, threshold_value[, stage]}``.
 """
 
@@ -44,6 +45,7 @@ from vitscope.metrics.norms import Threshold, high_norm_threshold, parse_thresho
 from vitscope.models.sites import token_blocks
 from vitscope.models.token_map import token_map
 from vitscope.record import record_attention, record_tokens
+from vitscope.studies.registers_hier import hierarchical_attention_rows
 
 HISTOGRAM_BINS = 48
 
@@ -197,18 +199,25 @@ def _location_rows(label: str, layer: int, high: Tensor, local: tuple[Tensor, Te
     return rows
 
 
+def _attention_images(model: nn.Module, dataset: ImageDataset, settings: CensusSettings, device: torch.device
+                      ) -> Tensor:
+    """The first ``attention_images`` images in dataset order (those whose norms are ``norms[:, :count]``)."""
+    count = min(settings.attention_images, len(dataset))
+    batches = []
+    for batch, _ in model_batches(model, dataset, min(settings.batch_size, count), device, settings.img_size):
+        batches.append(batch)
+        if sum(len(b) for b in batches) >= count:
+            break
+    return torch.cat(batches)[:count]
+
+
 @torch.no_grad()
 def _attention_rows(model: nn.Module, dataset: ImageDataset, settings: CensusSettings, device: torch.device,
                     label: str, norms: list[Tensor], threshold: Threshold, prefix: int, extra: dict[str, Any]
                     ) -> tuple[list[dict[str, Any]], Tensor]:
     """Attention mass on high-norm keys per attention layer, and the CLS rows (images, T) of the last layer."""
-    count = min(settings.attention_images, len(dataset))
-    batches = []  # the first ``count`` images in dataset order, those whose norms are norms[:, :count]
-    for batch, _ in model_batches(model, dataset, min(settings.batch_size, count), device, settings.img_size):
-        batches.append(batch)
-        if sum(len(b) for b in batches) >= count:
-            break
-    images = torch.cat(batches)[:count]
+    images = _attention_images(model, dataset, settings, device)
+    count = len(images)
     with record_attention(model, keep="maps") as rec:
         model(images)
     rows = []
@@ -240,7 +249,7 @@ def run_census(model: nn.Module, dataset: ImageDataset, label: str, settings: Ce
     side = examples.shape[-1]
     if plain:
         return _plain_census(model, dataset, settings, device, label, tokens, norms, local, examples, side)
-    return _hierarchical_census(model, dataset, settings, label, tokens, norms, local, examples, side)
+    return _hierarchical_census(model, dataset, settings, device, label, tokens, norms, local, examples, side)
 
 
 def _plain_census(model, dataset, settings, device, label, tokens, norms, local, examples, side) -> Census:
@@ -283,10 +292,10 @@ def _plain_census(model, dataset, settings, device, label, tokens, norms, local,
                                     for layer, n in zip(layers, norms, strict=True)})
 
 
-def _hierarchical_census(model, dataset, settings, label, tokens, norms, local, examples, side) -> Census:
+def _hierarchical_census(model, dataset, settings, device, label, tokens, norms, local, examples, side) -> Census:
     names = [name for name, _ in token_blocks(model)]
     stages = [int(name.split(".")[1]) for name in names]
-    rows, thresholds = [], []
+    rows, thresholds, primary_of, high_norm = [], [], {}, {}
     for stage in sorted(set(stages)):
         members = [i for i, s in enumerate(stages) if s == stage]
         detect = members[-1]
@@ -297,8 +306,10 @@ def _hierarchical_census(model, dataset, settings, label, tokens, norms, local, 
         stage_thresholds = [high_norm_threshold(norms[detect], spec) for spec in settings.thresholds]
         thresholds += [{"spec": t.spec, "value": t.value, "detection_layer": detect + 1, "stage": stage + 1}
                        for t in stage_thresholds]
+        primary_of[stage] = stage_thresholds[0]
         for i in members:
             n, extra = norms[i], {"stage": stage + 1}
+            high_norm[i + 1] = n > stage_thresholds[0].value
             rows.append(_row(label, i + 1, "patch", "norm_mean", n.mean(), n.numel(), **extra))
             rows.append(_row(label, i + 1, "patch", "norm_median", n.median(), n.numel(), **extra))
             for t in stage_thresholds:
@@ -309,5 +320,8 @@ def _hierarchical_census(model, dataset, settings, label, tokens, norms, local, 
                 primary = stage_thresholds[0]
                 rows += _location_rows(label, i + 1, n > primary.value, local.get(grid), objects,
                                        {"threshold": primary.spec, "threshold_value": primary.value, **extra})
+    images = _attention_images(model, dataset, settings, device)
+    rows += hierarchical_attention_rows(model, images, stages, primary_of, label)
     layers = list(range(1, len(norms) + 1))
-    return Census(rows, _histograms({"patch": norms}, layers), thresholds, tokens, {"images": examples.contiguous()})
+    return Census(rows, _histograms({"patch": norms}, layers), thresholds, tokens, {"images": examples.contiguous()},
+                  high_norm)

@@ -93,19 +93,35 @@ def findings(rows: list[dict[str, Any]], models: list[dict[str, Any]]) -> list[d
             (attend if mass >= ENRICHMENT * share else ignore).append(label)
     out.append({"finding": "attention", **dict(zip(("verdict", "evidence"), _verdict(attend, ignore, none_note),
                                                    strict=True))})
-    trained = {m["label"]: m["training"]["registers"] for m in models if (m.get("training") or {}).get("registers")
-               is not None and not m.get("planted")}
-    without = [label for label, r in trained.items() if r == 0]
-    withreg = [label for label, r in trained.items() if r > 0]
-    if not without or not withreg:
-        reg = ("not testable", "needs trained models with and without registers")
-    elif not any(with_artifacts[label] for label in without):
-        reg = ("not testable", f"the models without registers ({', '.join(without)}) grew no artifacts to remove")
-    else:
-        cleaned = [label for label in withreg if not with_artifacts[label]]
-        reg = _verdict(cleaned, [label for label in withreg if with_artifacts[label]], "")
-    out.append({"finding": "registers", "verdict": reg[0], "evidence": reg[1]})
+    out.append({"finding": "registers", **dict(zip(("verdict", "evidence"), _registers_verdict(models, with_artifacts),
+                                                   strict=True))})
     return [entry | {"published": PUBLISHED[entry["finding"]]} for entry in out]
+
+
+def _registers_verdict(models: list[dict[str, Any]], with_artifacts: dict[str, list[int]]) -> tuple[str, str]:
+    """Registers remove artifacts: judged within each training objective (supervised, DINO) separately, so that
+    models are only compared with models trained the same way."""
+    by_objective: dict[str, dict[str, int]] = {}
+    for m in models:
+        training = m.get("training") or {}
+        if training.get("registers") is not None and not m.get("planted"):
+            by_objective.setdefault(training.get("objective") or "supervised", {})[m["label"]] = training["registers"]
+    cleaned, kept, notes = [], [], []
+    for objective, trained in by_objective.items():
+        without = [label for label, r in trained.items() if r == 0]
+        withreg = [label for label, r in trained.items() if r > 0]
+        if not without or not withreg:
+            notes.append(f"{objective}: needs trained models with and without registers")
+        elif not any(with_artifacts[label] for label in without):
+            notes.append(f"{objective}: the models without registers ({', '.join(without)}) grew no artifacts "
+                         "to remove")
+        else:
+            cleaned += [label for label in withreg if not with_artifacts[label]]
+            kept += [label for label in withreg if with_artifacts[label]]
+    if not cleaned and not kept:
+        return "not testable", "; ".join(notes) or "needs trained models with and without registers"
+    verdict, evidence = _verdict(cleaned, kept, "")
+    return verdict, "; ".join([evidence, *notes])
 
 
 def detector_check(rows: list[dict[str, Any]], models: list[dict[str, Any]]) -> list[dict[str, Any]]:

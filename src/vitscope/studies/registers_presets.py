@@ -1,8 +1,11 @@
 """Presets of the registers study: the demo's models and recipe, and the paper's list of timm models.
 
-* ``demo``: vit-micro with 0 and 4 registers trained on synthetic scenes (the recipe below), plus randomly
-  initialised timm ViT, Swin and PVT-v2 at small sizes: these show the plumbing on each geometry, not
+* ``demo``: vit-micro with 0 and 4 registers trained (supervised) on synthetic scenes (the recipe below), plus
+  randomly initialised timm ViT, Swin and PVT-v2 at small sizes: these show the plumbing on each geometry, not
   findings (random weights grow no artifacts);
+* ``demo-dino``: the demo's registers comparison under both objectives: vit-micro with 0 and 4 registers,
+  supervised and DINO (the shipped ``dino-demo`` recipe, shortened), same synthetic scenes and seeds; kept
+  apart from ``demo`` so that the demo stays within its minutes;
 * ``paper``: DeiT-III, DINO, DINOv2 (with and without registers), OpenCLIP, Swin and PVT-v2 at small and
   large sizes, each loaded from ``WEIGHTS_DIR/<timm name>.safetensors`` (or ``.pth`` / ``.bin``), which the
   user downloads (vitscope never does); images: ImageNet validation.
@@ -14,6 +17,11 @@ from pathlib import Path
 
 from vitscope.studies.models import ModelEntry
 
+PRESETS = ("demo", "demo-dino", "paper", "none")
+OBJECTIVES = ("supervised", "dino")
+# Shipped DINO recipes by scale; the demo shortens its recipe (DEMO_DINO) to minutes on a CPU.
+DINO_CONFIGS = {"demo": "dino-demo", "paper": "dino-compact"}
+DEMO_DINO = {"epochs": 3, "objective_options": {"knn_every": 3, "knn_bank": 2048}}
 DEMO_TRAINING = {"epochs": 6, "batch_size": 128, "lr": 2e-3, "min_lr": 1e-5, "warmup_epochs": 1,
                  "weight_decay": 0.05, "grad_clip": 1.0}
 # vit-compact for the trained registers comparison at full scale (same optimisation as the locality study's)
@@ -73,6 +81,17 @@ def paper_models(weights_dir: str | Path | None) -> list[ModelEntry]:
         raise ValueError(f"{folder} lacks the weights {', '.join(missing)}; download them from the timm hub "
                          "(model.safetensors of each timm/<name> repository, renamed) or use --model LABEL=SPEC@FILE")
     return entries
+
+
+def condition_name(objective: str, registers: int) -> str:
+    """A trained run's label without its seed: ``reg4`` (supervised) or ``dino-reg4``."""
+    return f"reg{registers}" if objective == "supervised" else f"{objective}-reg{registers}"
+
+
+def parse_condition(name: str) -> tuple[str, int]:
+    """(objective, registers) of a label made by ``condition_name``."""
+    objective, _, count = name.rpartition("reg")
+    return (objective.removesuffix("-") or "supervised"), int(count)
 
 
 def preset_models(preset: str, weights_dir: str | Path | None = None) -> list[ModelEntry]:

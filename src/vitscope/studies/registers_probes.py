@@ -4,8 +4,9 @@ Per token layer, the census's high-norm patches (first threshold mode) form the 
 other patches of the same images the ``normal`` group (the probes draw the same number from each); a layer
 with fewer than ``min_group`` high-norm patches is probed without these two groups (its table reads N/A).
 Probes: position, pixels and pixels through a small MLP (patch groups only) and image class, with the randomly
-initialised backbone and chance rows (``vitscope.probes.tokens``). Plain ViTs only; hierarchical models have no
-single-token probes.
+initialised backbone and chance rows (``vitscope.probes.tokens``). Hierarchical models (Swin, PVT-v2) are probed
+per stage, at each stage's last block (where its threshold is fixed), on that stage's grid and stride; the
+``layers`` setting applies to plain ViTs only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from torch import Tensor, nn
 
 from vitscope.data import ImageDataset
 from vitscope.probes.features import depth_of, parse_layers
+from vitscope.probes.results import CHANCE
+from vitscope.probes.stage_features import is_hierarchical, stage_last_layers
 from vitscope.probes.tokens import PROBES, probe_tokens
 
 
@@ -49,13 +52,15 @@ def probe_model(model: nn.Module, dataset: ImageDataset, label: str, high_norm: 
     """Rows of every token probe at every chosen layer (see the module docstring)."""
     if not settings.enabled:
         return []
-    rows = []
-    for layer in parse_layers(settings.layers, depth_of(model)):
-        groups = high_norm_groups(high_norm[layer], settings.min_group) if layer in high_norm else {}
-        result = probe_tokens(model, dataset, [layer], probes=settings.probes, patch_groups=groups,
-                              max_tokens=settings.max_tokens,
-                              baseline=baseline, label=label, batch_size=settings.batch_size, device=device,
-                              img_size=img_size, cache=False, progress=progress, fit_options=settings.fit_options)
-        rows += [row | {"layer_kind": "token"} for row in result.rows]
-    return rows
+    layers = stage_last_layers(model) if is_hierarchical(model) else parse_layers(settings.layers, depth_of(model))
+    found = {layer: high_norm_groups(high_norm[layer], settings.min_group) if layer in high_norm else {}
+             for layer in layers}
+    groups = {name: {layer: g.get(name) for layer, g in found.items()} for name in ("high-norm", "normal")}
+    result = probe_tokens(model, dataset, layers, probes=settings.probes, patch_groups=groups,
+                          max_tokens=settings.max_tokens, baseline=baseline, label=label,
+                          batch_size=settings.batch_size, device=device, img_size=img_size, cache=False,
+                          progress=progress, fit_options=settings.fit_options)  # one backbone pass for every layer
+    # chance levels depend on the model's grid and stride: each names the model it belongs to
+    return [row | {"layer_kind": "token"} | ({"chance_for": label} if row["model"] == CHANCE else {})
+            for row in result.rows]
 

@@ -26,6 +26,9 @@ class TrainConfig:
     data_dir: str | None = None
     download: bool = False  # fetch cifar10 / cifar100 with torchvision's downloader into data_dir first
     dataset_options: dict[str, Any] = field(default_factory=dict)  # synthetic generator options
+    stream: bool | str = "auto"  # auto | true | false: read images from disk per batch instead of decoding all
+    memory_budget_gb: float = 4.0  # auto streams a split whose decoded uint8 size is at least this
+    data_workers: int | None = None  # DataLoader processes that decode and crop streamed images; None: min(8, cores)
     train_images: int | None = None  # use only the first N training images
     eval_images: int | None = None
     protocol: str = "baseline"
@@ -70,6 +73,12 @@ class TrainConfig:
             raise ValueError(f"grad_clip_mode={self.grad_clip_mode!r} is unknown; use global or per_tensor")
         if self.keep_every is not None and self.keep_every < 1:
             raise ValueError(f"keep_every={self.keep_every} must be >= 1 (epochs), or null for 10 % of the run")
+        self.stream = {True: "true", False: "false"}.get(self.stream, str(self.stream).lower())
+        if self.stream not in ("auto", "true", "false"):
+            raise ValueError(f"stream={self.stream!r} is unknown; use auto, true or false")
+        if self.memory_budget_gb <= 0 or (self.data_workers is not None and self.data_workers < 0):
+            raise ValueError(f"memory_budget_gb={self.memory_budget_gb} must be > 0 and data_workers="
+                             f"{self.data_workers} >= 0 (or null for min(8, cores))")
         if self.amp not in ("auto", "bf16", "off"):
             raise ValueError(f"amp={self.amp!r} is unknown; use auto, bf16 or off")
 

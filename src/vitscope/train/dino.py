@@ -17,7 +17,9 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.data import ImageDataset, normalize
-from vitscope.data.multicrop import MultiCropSpec, multicrop
+from vitscope.data.multicrop import MultiCropSpec, multicrop, photometric_views, view_uniforms
+from vitscope.data.stream import StreamedDataset
+from vitscope.data.worker_crops import MultiCropCutter
 from vitscope.metrics.knn import knn_top1
 from vitscope.models import VisionTransformer
 from vitscope.train.config import TrainConfig
@@ -133,10 +135,19 @@ class DinoObjective(Objective):
         warmup = min(opts.warmup_teacher_temp_epochs, self.cfg.epochs)
         return teacher_temperature(epoch, opts.warmup_teacher_temp, opts.teacher_temp, warmup)
 
-    def views(self, images: Tensor, indices: Tensor, epoch: int) -> list[Tensor]:
-        return multicrop(images, indices, self.cfg.seed, epoch, self.spec, self.train_set.mean, self.train_set.std)
+    def worker_cutter(self, train_set: StreamedDataset) -> MultiCropCutter:
+        return MultiCropCutter(self.spec)
 
-    def loss(self, model: nn.Module, images: Tensor, labels: Tensor, indices: Tensor, epoch: int,
+    def views(self, images: Tensor | list[Tensor], indices: Tensor, epoch: int) -> list[Tensor]:
+        """Normalised views from full uint8 images (B, C, H, W), or from the uint8 crops (one (B, C, S, S) per
+        view) that workers cut from a streamed set with the same per-image uniforms."""
+        mean, std = self.train_set.mean, self.train_set.std
+        if isinstance(images, Tensor):
+            return multicrop(images, indices, self.cfg.seed, epoch, self.spec, mean, std)
+        u = view_uniforms(self.cfg.seed, epoch, indices, self.spec).to(images[0].device)
+        return photometric_views([crop.float() / 255.0 for crop in images], u, self.spec, mean, std)
+
+    def loss(self, model: nn.Module, images: Tensor | list[Tensor], labels: Tensor, indices: Tensor, epoch: int,
              generator: torch.Generator) -> Tensor:
         views = self.views(images, indices, epoch)
         temperature = self.temperature(epoch)
@@ -170,14 +181,14 @@ class DinoObjective(Objective):
         return values
 
     @torch.no_grad()
-    def features(self, dataset: ImageDataset, index: Tensor) -> Tensor:
+    def features(self, dataset: ImageDataset | StreamedDataset, index: Tensor) -> Tensor:
         """Teacher-backbone CLS features (N, D) of ``dataset[index]``; ranks compute shares, summed."""
         backbone, ctx = self.teacher.backbone, self.ctx
         out = torch.zeros(len(index), backbone.embed_dim, device=ctx.device)
         batch = self.cfg.batch_size
         for start in range(ctx.rank * batch, len(index), batch * ctx.world_size):
             rows = index[start : start + batch]
-            images = normalize(dataset.images[rows].to(ctx.device), dataset.mean, dataset.std)
+            images = normalize(dataset.images_at(rows).to(ctx.device), dataset.mean, dataset.std)
             with autocast(ctx.device, self.cfg.amp):
                 out[start : start + len(rows)] = backbone(images).float()
         return ctx.all_reduce_sum(out)

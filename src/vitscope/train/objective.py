@@ -65,6 +65,13 @@ class Objective(ABC):
         ``labels`` (B,), ``indices`` the images' positions in the training set (B,), ``generator`` the step's
         generator on the device."""
 
+    def worker_cutter(self, train_set: Any) -> Any:
+        """For a streamed training set: a picklable ``cutter(image, seed, epoch, index) -> crops`` that DataLoader
+        workers apply to each decoded uint8 (3, H, W) image (``vitscope.data.worker_crops``); ``loss`` then gets
+        the stacked crops as ``images``. None (the default): this objective needs whole images and cannot
+        train on a streamed set."""
+        return None
+
     def before_optimizer_step(self, epoch: int) -> None:
         """After backward and clipping, before the optimiser step (DINO freezes its last layer here)."""
         return None

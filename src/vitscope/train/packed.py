@@ -1,28 +1,28 @@
 """Train K supervised runs as one packed model: ``train_packed([cfg_1, ..., cfg_K])``.
 
-The runs may differ in ``seed``, ``protocol`` and ``out``; everything else (model, data, schedule) is shared.
-Each member keeps what its solo run has: its own data order, per-image augmentation stream and step seeds
-(from its seed, as the engine draws them), its protocol, its optimiser state (a slice of one optimiser over
-the stacked weights), its gradient clipping, its log, evaluations, snapshots and checkpoints. Every member's
-run folder is exactly a solo run's, and its weights equal the solo run's up to float rounding, so a pack can
-be resumed packed or solo, and analyses read members like any run.
+The runs share the architecture and the data; their schedules, protocols and seeds may differ
+(``MEMBER_KEYS``). Each member keeps what its solo run has: its own schedule position (step, epoch, lr and
+weight decay), data order, per-image augmentation stream and step seeds, protocol, optimiser state (a slice
+of one ``PackedAdamW``), gradient clipping, log, evaluations, snapshots and checkpoints. Members may start
+at different steps (on resume each continues from its own latest checkpoint, packed or solo); a member that
+finishes leaves the pack with its run folder finalised as a solo run's, and the others go on as a smaller
+pack. Every member's run folder is exactly a solo run's and its weights equal the solo run's up to float
+rounding. The loop is built from the engine's pieces (``vitscope.train.loop``).
 
-One step has no host synchronisation on CUDA for protocols whose augmentations have none (base crop + flip
-and label smoothing): indices, augmentation, forward, loss, clipping and the optimiser stay on the device;
-losses are read back only at the logging cadence.
+On CUDA a step makes no host synchronisation: indices, augmentation, forward, loss, clipping and the
+optimiser (lr and weight decay read from device tables filled ahead, ``TABLE_STEPS`` steps at a time)
+stay on the device; a member's losses are read back at its log cadence only.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import os
-import signal
-import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,42 +30,44 @@ import torch
 from tqdm.auto import tqdm
 
 from vitscope.data import ImageDataset, load_dataset
-from vitscope.files import write_json
-from vitscope.models import VisionTransformer, load_weights, save_model
+from vitscope.data.choice import open_for_training
+from vitscope.models import VisionTransformer, load_weights
 from vitscope.models.packed import PackedViT, check_packable
-from vitscope.provenance import provenance, resolve_device
-from vitscope.train.checkpoint import checkpoint_root, load_state, save_checkpoint
+from vitscope.provenance import resolve_device
+from vitscope.train.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from vitscope.train.config import TrainConfig
 from vitscope.train.distributed import DistContext
-from vitscope.train.engine import (
+from vitscope.train.logging import MetricsLog
+from vitscope.train.loop import (
     EpochHook,
-    TrainingDiverged,
-    TrainingInterrupted,
-    _StopFlag,
-    hook_scalars,
+    LossWindow,
+    StopFlag,
+    apply_weight_decay,
+    check_finite,
+    epoch_records,
+    finish_run,
     prepare_run,
     resolve_hook,
+    train_record,
+    trainer_state,
+    write_run_config,
 )
-from vitscope.train.logging import MetricsLog
 from vitscope.train.objective import autocast
-from vitscope.train.pack_state import (
-    clip_member_gradients,
-    common_checkpoint_step,
-    load_member_states,
-    member_state,
-    packed_optimizer,
-    prune_checkpoints,
-    solo_optimizer,
-)
+from vitscope.train.pack_state import clip_member_gradients, schedule_tables, solo_optimizer, to_device
+from vitscope.train.packed_adamw import PackedAdamW
 from vitscope.train.protocols import Protocol, soft_cross_entropy
-from vitscope.train.schedules import cosine, epoch_order, lr_multiplier, step_seed
+from vitscope.train.schedules import epoch_order, step_seed
 from vitscope.train.supervised import build_model, evaluate
 
-MEMBER_KEYS = ("seed", "protocol", "out")  # what may differ between the runs of one pack
+# what may differ between the runs of one pack: everything else (model, data, batch, device) is shared
+MEMBER_KEYS = ("seed", "protocol", "out", "epochs", "warmup_epochs", "lr", "min_lr", "weight_decay",
+               "weight_decay_end", "grad_clip", "label_smoothing", "cutmix_alpha", "mixup_alpha", "crop_padding",
+               "eval_every", "checkpoint_every_steps", "log_every_steps", "keep_every", "epoch_hooks")
+TABLE_STEPS = 512  # steps of lr / weight-decay values sent to the device at a time
 
 
 def check_pack_configs(cfgs: Sequence[TrainConfig]) -> None:
-    """A ValueError naming the first key on which two runs differ (other than seed, protocol, out)."""
+    """A ValueError naming the first key on which two runs differ that a pack must share."""
     if not cfgs:
         raise ValueError("a pack needs at least one run")
     first = cfgs[0].to_dict()
@@ -83,76 +85,149 @@ def check_pack_configs(cfgs: Sequence[TrainConfig]) -> None:
 
 @dataclass
 class Member:
-    """One run of a pack: its config, solo model (receives the weights for evaluation and saving),
-    protocol, solo optimiser (its checkpoint layout) and log."""
+    """One run of a pack at its own position: config, solo model (receives the weights for evaluation and
+    saving), protocol, solo optimiser and schedule (host-side; their state is the checkpoint's), log."""
 
     cfg: TrainConfig
     model: VisionTransformer
     protocol: Protocol
     optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    steps_per_epoch: int
+    global_step: int = 0
+    resumed: bool = False
+    hooks: list[EpochHook] = field(default_factory=list)
     log: MetricsLog | None = None
+    window: LossWindow | None = None
+    last_eval: dict[str, float] = field(default_factory=dict)
+    checkpointed: int = -1
+    _order: tuple[int, torch.Tensor] | None = None
 
     @property
     def run_dir(self) -> Path:
         return Path(self.cfg.out)
 
+    @property
+    def total_steps(self) -> int:
+        return self.cfg.epochs * self.steps_per_epoch
 
-def pack_batches(members: Sequence[Member], images: torch.Tensor, labels: torch.Tensor,
-                 orders: Sequence[torch.Tensor], step_in_epoch: int, epoch: int, device: torch.device
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each member's batch of the step, augmented by its protocol with its step generator, stacked:
-    inputs (K, B, C, H, W) and soft targets (K, B, classes). Also seeds torch's global generator as the
-    engine does for a solo step (for the last member; packs have no dropout)."""
-    inputs, targets = [], []
-    for member, order in zip(members, orders, strict=True):
-        b = member.cfg.batch_size
-        batch = order[step_in_epoch * b: (step_in_epoch + 1) * b]
-        seed = step_seed(member.cfg.seed, epoch, step_in_epoch, 0)
-        generator = torch.Generator(device=device).manual_seed(seed)
+    @property
+    def finished(self) -> bool:
+        return self.global_step >= self.total_steps
+
+    def batch(self, num_images: int, device: torch.device) -> tuple[torch.Tensor, torch.Generator]:
+        """This step's image indices (on the device) and augmentation generator, as the engine draws them for
+        the member's solo run; also seeds torch's global generator as the engine does."""
+        epoch, step_in_epoch = divmod(self.global_step, self.steps_per_epoch)
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, epoch_order(num_images, self.cfg.seed, epoch).to(device, non_blocking=True))
+        b = self.cfg.batch_size
+        seed = step_seed(self.cfg.seed, epoch, step_in_epoch, 0)
         torch.manual_seed(seed)
-        x, t = member.protocol(images[batch], labels[batch], generator)
-        inputs.append(x)
-        targets.append(t)
-    return torch.stack(inputs), torch.stack(targets)
+        generator = torch.Generator(device=device).manual_seed(seed)
+        return self._order[1][step_in_epoch * b: (step_in_epoch + 1) * b], generator
+
+    def rng_state(self) -> torch.Tensor:
+        """The global generator's state a solo run checkpoints after this step (seeded by the step's seed)."""
+        epoch, step = divmod(self.global_step - 1, self.steps_per_epoch)
+        return torch.Generator().manual_seed(step_seed(self.cfg.seed, epoch, step, 0)).get_state()
 
 
-def member_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Each member's mean loss (K,) from logits and soft targets (K, B, classes); their sum's gradient is
-    each member's own gradient."""
-    return torch.stack([soft_cross_entropy(logits[k], targets[k]) for k in range(logits.shape[0])])
+def build_member(cfg: TrainConfig, train_set: ImageDataset, device: torch.device, resume: bool,
+                 hooks: list[EpochHook]) -> Member:
+    """A run's model (initialised under its seed, as a solo run is), protocol, solo optimiser and schedule;
+    with ``resume``, restored from its latest checkpoint when it has one."""
+    torch.manual_seed(cfg.seed)  # a solo run seeds before building its model
+    model = build_model(cfg, train_set).to(device)
+    protocol = Protocol(cfg.protocol, train_set.num_classes, train_set.mean, train_set.std,
+                        color_jitter_instead=cfg.dataset == "tiny-imagenet", crop_padding=cfg.crop_padding,
+                        smoothing=cfg.label_smoothing, cutmix_alpha=cfg.cutmix_alpha, mixup_alpha=cfg.mixup_alpha)
+    steps_per_epoch = len(train_set) // cfg.batch_size
+    optimizer, scheduler = solo_optimizer(model, cfg, steps_per_epoch)
+    member = Member(cfg, model, protocol, optimizer, scheduler, steps_per_epoch,
+                    hooks=list(hooks) + [resolve_hook(name) for name in cfg.epoch_hooks])
+    checkpoint = latest_checkpoint(cfg.out) if resume else None
+    if checkpoint is not None:
+        state = load_state(checkpoint)
+        load_weights(model, checkpoint / "model.safetensors")
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        member.global_step, member.resumed, member.checkpointed = state["global_step"], True, state["global_step"]
+    return member
 
 
-def pack_step(step_model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
-              targets: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
-    """One optimisation step of every member (forward under the config's autocast, backward, each member's
-    clipping, the optimiser); returns the members' losses (K,), detached, on the device (no host sync)."""
-    with autocast(inputs.device, cfg.amp):
-        logits = step_model(inputs)
-    losses = member_losses(logits, targets)
-    losses.sum().backward()
-    params = [group_param for group in optimizer.param_groups for group_param in group["params"]]
-    if cfg.grad_clip > 0:
-        clip_member_gradients(params, cfg.grad_clip, cfg.grad_clip_mode or "global")
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return losses.detach()
+class Pack:
+    """The unfinished members as one ``PackedViT`` with one ``PackedAdamW``. ``step()`` trains every member
+    one step at its own position and advances it (step count and host-side schedule); ``unpack(k)`` copies
+    member k's weights into its solo model, ``write_back()`` its weights and optimiser state."""
 
+    def __init__(self, members: Sequence[Member], images: torch.Tensor, labels: torch.Tensor,
+                 compile_model: bool = False, amp: str = "auto"):
+        self.members, self.images, self.labels, self.amp = list(members), images, labels, amp
+        self.device = images.device
+        self.model = PackedViT([m.model for m in members]).to(self.device)
+        self.step_model = torch.compile(self.model) if compile_model else self.model
+        self.optimizer = PackedAdamW.from_solo(self.model, [m.optimizer for m in members], [m.model for m in members])
+        clips = [m.cfg.grad_clip if m.cfg.grad_clip > 0 else float("inf") for m in members]
+        self.clip = any(m.cfg.grad_clip > 0 for m in members)
+        self.clip_modes = {m.cfg.grad_clip_mode or "global" for m in members}
+        if len(self.clip_modes) > 1:
+            raise ValueError(f"pack members clip gradients differently ({sorted(self.clip_modes)}); pack runs with "
+                             "one grad_clip_mode")
+        self.max_norms = torch.tensor(clips, device=self.device)
+        self._lr = self._wd = torch.zeros(0)
+        self._row = 0
 
-def build_members(cfgs: Sequence[TrainConfig], train_set: ImageDataset, device: torch.device
-                  ) -> tuple[list[Member], PackedViT, torch.optim.Optimizer]:
-    """Each run's model (initialised under its seed, as a solo run is), protocol and solo optimiser; the
-    pack of their models on ``device`` and one optimiser over it with the solo optimiser's groups."""
-    members = []
-    for c in cfgs:
-        torch.manual_seed(c.seed)  # a solo run seeds before building its model
-        model = build_model(c, train_set).to(device)
-        protocol = Protocol(c.protocol, train_set.num_classes, train_set.mean, train_set.std,
-                            color_jitter_instead=c.dataset == "tiny-imagenet", crop_padding=c.crop_padding,
-                            smoothing=c.label_smoothing, cutmix_alpha=c.cutmix_alpha, mixup_alpha=c.mixup_alpha)
-        members.append(Member(c, model, protocol, solo_optimizer(model, c, c.lr)))
-    check_packable([m.model for m in members])
-    packed = PackedViT([m.model for m in members]).to(device)
-    return members, packed, packed_optimizer(packed, members[0].optimizer, members[0].model)
+    def _schedule(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This step's (groups, K) learning rates and weight decays, refilling the device tables when spent."""
+        if self._row >= len(self._lr):
+            ms = self.members
+            lr, wd = schedule_tables([m.optimizer for m in ms], [m.cfg for m in ms], [m.global_step for m in ms],
+                                     TABLE_STEPS, ms[0].steps_per_epoch)
+            self._lr, self._wd, self._row = to_device(lr, self.device), to_device(wd, self.device), 0
+        self._row += 1
+        return self._lr[self._row - 1], self._wd[self._row - 1]
+
+    def batches(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each member's batch of its step, augmented by its protocol with its step generator, stacked:
+        inputs (K, B, C, H, W) and soft targets (K, B, classes)."""
+        inputs, targets = [], []
+        for member in self.members:
+            indices, generator = member.batch(len(self.images), self.device)
+            x, t = member.protocol(self.images[indices], self.labels[indices], generator)
+            inputs.append(x)
+            targets.append(t)
+        return torch.stack(inputs), torch.stack(targets)
+
+    def step(self) -> torch.Tensor:
+        """One optimisation step of every member; returns the members' losses (K,), detached, on the device."""
+        inputs, targets = self.batches()
+        lr, wd = self._schedule()
+        with autocast(self.device, self.amp):
+            logits = self.step_model(inputs)
+        losses = torch.stack([soft_cross_entropy(logits[k], targets[k]) for k in range(len(self.members))])
+        losses.sum().backward()  # the sum's gradient is each member's own gradient
+        if self.clip:
+            clip_member_gradients(self.optimizer.params, self.max_norms, next(iter(self.clip_modes)))
+        self.optimizer.step(lr, wd)
+        self.optimizer.zero_grad()
+        for member in self.members:  # the solo schedule's host state, as the engine steps it
+            apply_weight_decay(member.optimizer, member.cfg, member.global_step, member.total_steps)
+            member.scheduler.step()
+            member.global_step += 1
+        return losses.detach()
+
+    def unpack(self, k: int) -> VisionTransformer:
+        return self.model.unpack_into(k, self.members[k].model)
+
+    def optimizer_state(self, k: int) -> dict:
+        """Member k's optimiser ``state_dict`` in its solo layout."""
+        return self.optimizer.write_member(k, self.members[k].optimizer)
+
+    def write_back(self) -> None:
+        for k in range(len(self.members)):
+            self.unpack(k)
+            self.optimizer_state(k)
 
 
 def auto_pack_size(cfg: TrainConfig, runs: int, device: torch.device, memory_fraction: float = 0.8,
@@ -183,16 +258,14 @@ def train_packed(cfgs: Sequence[TrainConfig], *, resume: bool = False, hooks: li
                  ) -> list[dict[str, Any]]:
     """Train (or resume) the runs ``cfgs`` as one pack; returns each run's summary (also its summary.json).
 
-    Finished runs (summary.json present on resume) are read back; the others resume together from the newest
-    step all of them have a checkpoint of (or start afresh when they share none)."""
+    Finished runs (summary.json present on resume) are read back; each other run continues from its own
+    latest checkpoint (or starts afresh without one), whatever step the others are at."""
     check_pack_configs(cfgs)
     done = {i: json.loads((Path(c.out) / "summary.json").read_text()) for i, c in enumerate(cfgs)
             if resume and (Path(c.out) / "summary.json").is_file()}
-    todo = [c for i, c in enumerate(cfgs) if i not in done]
+    todo = [i for i in range(len(cfgs)) if i not in done]
     if todo:
-        for i, summary in zip([i for i in range(len(cfgs)) if i not in done], _run_pack(todo, resume, hooks or []),
-                              strict=True):
-            done[i] = summary
+        done |= dict(zip(todo, _run_pack([cfgs[i] for i in todo], resume, hooks or []), strict=True))
     return [done[i] for i in range(len(cfgs))]
 
 
@@ -202,139 +275,95 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
     if not resume:
         for c in cfgs:
             prepare_run(c, resume=False)  # raises when a run folder already holds a run
-    hooks = list(hooks) + [resolve_hook(name) for name in cfg.epoch_hooks]
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("packed training runs in one process on one device; launch it without torchrun")
     device = resolve_device(cfg.device)
     ctx = DistContext(0, 1, device, False)
-    train_set: ImageDataset = load_dataset(cfg.dataset, cfg.data_dir, "train", **cfg.dataset_options
-                                           ).subset(cfg.train_images)
-    eval_set = load_dataset(cfg.dataset, cfg.data_dir, "eval", **cfg.dataset_options).subset(cfg.eval_images)
+    opened = {split: open_for_training(cfg.dataset, cfg.data_dir, split, stream=cfg.stream,
+                                       memory_budget_gb=cfg.memory_budget_gb, **cfg.dataset_options)
+              for split in ("train", "eval")}
+    data_choice = {split: decision for split, (_, decision) in opened.items()}
+    if any(d["stream"] for d in data_choice.values()):
+        raise ValueError(f"packed training keeps its data in memory, but {cfg.dataset} from {cfg.data_dir} would be "
+                         "streamed; set stream: false (with a larger memory_budget_gb) or train these runs unpacked")
+    train_set: ImageDataset = opened["train"][0].subset(cfg.train_images)
+    eval_set = opened["eval"][0].subset(cfg.eval_images)
     if cfg.batch_size > len(train_set):
         raise ValueError(f"batch_size={cfg.batch_size} exceeds the {len(train_set)} training images; "
                          "lower --set batch_size")
-    members, packed, optimizer = build_members(cfgs, train_set, device)
-    steps_per_epoch = len(train_set) // cfg.batch_size
-    total_steps = cfg.epochs * steps_per_epoch
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg, steps_per_epoch))
-    decayed = [group for group in optimizer.param_groups if group["scheduled_decay"]]
-    global_step = 0
-    step = common_checkpoint_step([m.run_dir for m in members]) if resume else None
-    if step is not None:
-        states = []
-        for k, member in enumerate(members):
-            folder = checkpoint_root(member.run_dir) / f"step-{step:09d}"
-            states.append(load_state(folder))
-            load_weights(member.model, folder / "model.safetensors")
-            packed.pack_from(k, member.model)
-        load_member_states(optimizer, [m.optimizer for m in members], [s["optimizer"] for s in states])
-        scheduler.load_state_dict(states[0]["scheduler"])
-        global_step = step
-    step_model = torch.compile(packed) if cfg.compile else packed
-    keep_every = cfg.keep_every if cfg.keep_every is not None else max(1, round(cfg.epochs / 10))
-    for member in members:
-        meta = provenance(config=member.cfg.to_dict(), seed=member.cfg.seed, dataset=cfg.dataset,
-                          dataset_root=cfg.data_dir, device=device, started=started)
-        write_json(member.run_dir / "config.json", meta | {"world_size": 1, "steps_per_epoch": steps_per_epoch})
+    subsets = {"train": train_set.selection, "eval": eval_set.selection}
+    counts = {"num_classes": train_set.num_classes, "train_images": len(train_set), "eval_images": len(eval_set)}
+    members = [build_member(c, train_set, device, resume, hooks) for c in cfgs]
+    check_packable([m.model for m in members])
+    batch = cfg.batch_size
+    for m in members:
+        write_run_config(m.run_dir, m.cfg, device, started, subsets, 1, m.steps_per_epoch, data=data_choice)
     images_dev, labels_dev = train_set.images.to(device), train_set.labels.to(device)
-    K, batch = len(members), cfg.batch_size
-    bar = tqdm(total=total_steps * batch * K, initial=global_step * batch * K, unit="img",
-               desc=f"train pack of {K}", disable=not cfg.progress, dynamic_ncols=True)
-    running = torch.zeros(K, device=device)
-    window_start, window_steps = time.perf_counter(), 0
-    last_eval: list[dict[str, float]] = [{} for _ in members]
+    bar = tqdm(total=sum(m.total_steps for m in members) * batch, initial=sum(m.global_step for m in members) * batch,
+               unit="img", desc=f"train pack of {len(members)}", disable=not cfg.progress, dynamic_ncols=True)
 
-    def unpack_all() -> None:
-        for k, member in enumerate(members):
-            packed.unpack_into(k, member.model)
+    def checkpoint(pack: Pack, k: int) -> None:
+        member = pack.members[k]
+        check_finite(member.window.pending(), member.global_step, member.run_dir, member.cfg.lr)
+        state = trainer_state(optimizer_state=pack.optimizer_state(k), scheduler_state=member.scheduler.state_dict(),
+                              global_step=member.global_step, steps_per_epoch=member.steps_per_epoch, cfg=member.cfg,
+                              rng=member.rng_state(), objective_state={})
+        save_checkpoint(member.run_dir, member.global_step, pack.unpack(k), state)
+        member.checkpointed = member.global_step
 
-    def checkpoint() -> None:
-        unpack_all()
-        for k, member in enumerate(members):
-            state = {"optimizer": member_state(optimizer, member.optimizer, k), "scheduler": scheduler.state_dict(),
-                     "global_step": global_step, "epoch": global_step // steps_per_epoch,
-                     "step_in_epoch": global_step % steps_per_epoch, "seed": member.cfg.seed,
-                     "rng": {"torch": torch.Generator().manual_seed(
-                         step_seed(member.cfg.seed, *divmod(global_step - 1, steps_per_epoch), 0)).get_state()},
-                     "config": member.cfg.to_dict(), "objective": {}}
-            save_checkpoint(member.run_dir, global_step, member.model, state, keep=2)
-        for member in members:  # only once every member holds this step: the solo layout keeps one
-            prune_checkpoints(member.run_dir, global_step)
+    def after_step(pack: Pack, k: int, loss: torch.Tensor, stop: StopFlag) -> None:
+        """Member k's log line, end-of-epoch records and checkpoint, as the engine does after a step."""
+        m = pack.members[k]
+        m.window.add(loss)
+        epoch = (m.global_step - 1) // m.steps_per_epoch
+        end_of_epoch = m.global_step % m.steps_per_epoch == 0
+        if m.window.due(m.cfg.log_every_steps, end_of_epoch):
+            mean_loss, rate = m.window.take(batch)
+            check_finite(mean_loss, m.global_step, m.run_dir, m.cfg.lr)
+            m.log.write(train_record(m.global_step, epoch, mean_loss, m.scheduler.get_last_lr()[0], rate))
+        if end_of_epoch:
+            pack.unpack(k)
+            m.last_eval = epoch_records(m.log, m.cfg, epoch=epoch, global_step=m.global_step,
+                                        total_steps=m.total_steps, evaluate=partial(
+                                            evaluate, m.model, eval_set, batch, ctx, cfg.amp),
+                                        model=m.model, hooks=m.hooks, run_dir=m.run_dir) or m.last_eval
+        every = m.cfg.checkpoint_every_steps
+        if end_of_epoch or (every and m.global_step % every == 0) or stop.signal is not None:
+            checkpoint(pack, k)
 
-    def check_finite(values: list[float]) -> None:
-        for member, value in zip(members, values, strict=True):
-            if not math.isfinite(value):
-                raise TrainingDiverged(f"loss of {member.run_dir} became {value} near step {global_step}; the last "
-                                       f"good checkpoints are kept; lower lr (now {cfg.lr}) or keep grad_clip > 0")
-
-    def end_of_epoch_records(epoch: int) -> None:
-        unpack_all()
-        for k, member in enumerate(members):
-            if (epoch + 1) % cfg.eval_every == 0 or global_step == total_steps:
-                last_eval[k] = evaluate(member.model, eval_set, batch, ctx, cfg.amp)
-                member.log.write({"kind": "eval", "step": global_step, "epoch": epoch + 1, **last_eval[k]})
-            if hooks:
-                member.log.write({"kind": "epoch", "step": global_step, "epoch": epoch + 1,
-                                  **hook_scalars(hooks, member.model)})
-            if (epoch + 1) % keep_every == 0 or global_step == total_steps:
-                save_model(member.model, member.run_dir / "snapshots" / f"epoch-{epoch + 1:04d}.safetensors")
-
-    packed.train()
-    with _StopFlag() as stop, bar, ExitStack() as logs:
-        for member in members:
-            member.log = MetricsLog(member.run_dir, global_step if step is not None else None)
-            logs.callback(member.log.close)
-        while global_step < total_steps:
-            epoch, in_epoch = divmod(global_step, steps_per_epoch)
-            orders = [epoch_order(len(train_set), m.cfg.seed, epoch).to(device) for m in members]
-            for step_in_epoch in range(in_epoch, steps_per_epoch):
-                if cfg.weight_decay_end is not None:
-                    for group in decayed:
-                        progress = global_step / total_steps
-                        group["weight_decay"] = cosine(cfg.weight_decay, cfg.weight_decay_end, progress)
-                inputs, targets = pack_batches(members, images_dev, labels_dev, orders, step_in_epoch, epoch, device)
-                losses = pack_step(step_model, optimizer, inputs, targets, cfg)
-                scheduler.step()
-                running += losses
-                global_step += 1
-                window_steps += 1
-                bar.update(batch * K)
-                end_of_epoch = step_in_epoch == steps_per_epoch - 1
-                if window_steps >= cfg.log_every_steps or end_of_epoch:
-                    means = (running / window_steps).tolist()
-                    check_finite(means)
-                    rate = window_steps * batch / (time.perf_counter() - window_start)
-                    lr = scheduler.get_last_lr()[0]
-                    for member, mean_loss in zip(members, means, strict=True):
-                        member.log.write({"kind": "train", "step": global_step, "epoch": epoch + 1, "loss": mean_loss,
-                                          "lr": lr, "images_per_s": rate})
-                    bar.set_postfix(loss=f"{sum(means) / K:.3f}", lr=f"{lr:.2e}")
-                    running.zero_()
-                    window_start, window_steps = time.perf_counter(), 0
-                if end_of_epoch:
-                    end_of_epoch_records(epoch)
-                every = cfg.checkpoint_every_steps
-                if end_of_epoch or (every and global_step % every == 0) or stop.signal is not None:
-                    check_finite((running / max(window_steps, 1)).tolist())
-                    checkpoint()
+    summaries: dict[int, dict[str, Any]] = {}
+    with StopFlag() as stop, bar, ExitStack() as logs:
+        for m in members:
+            m.log = MetricsLog(m.run_dir, m.global_step if m.resumed else None)
+            logs.callback(m.log.close)
+            m.window = LossWindow(device)
+        active = [m for m in members if not m.finished]
+        while active:
+            pack = Pack(active, images_dev, labels_dev, cfg.compile, cfg.amp)
+            pack.model.train()
+            for _ in range(min(m.total_steps - m.global_step for m in active)):
+                losses = pack.step()
+                bar.update(batch * len(active))
+                for k in range(len(active)):
+                    after_step(pack, k, losses[k], stop)
                 if stop.signal is not None:
-                    name = signal.Signals(stop.signal).name
-                    raise TrainingInterrupted(f"stopped by {name} at step {global_step}; checkpoints written; "
-                                              "continue by running the same pack again with resume")
-    unpack_all()
-    summaries = []
-    for k, member in enumerate(members):
-        c = member.cfg
-        summary = {"run_dir": str(member.run_dir), "objective": c.objective, "protocol": c.protocol,
-                   "epochs": c.epochs, "steps": global_step,
-                   "eval": last_eval[k] or evaluate(member.model, eval_set, batch, ctx, cfg.amp),
-                   "num_classes": train_set.num_classes, "train_images": len(train_set),
-                   "eval_images": len(eval_set),
-                   "provenance": provenance(config=c.to_dict(), seed=c.seed, dataset=c.dataset,
-                                            dataset_root=c.data_dir, device=device, started=started)}
-        save_model(member.model, member.run_dir / "model.safetensors")
-        write_json(member.run_dir / "summary.json", summary)
-        summaries.append(summary)
-    return summaries
+                    for k, m in enumerate(active):
+                        if m.checkpointed != m.global_step:
+                            checkpoint(pack, k)
+                    raise stop.interrupted(max(m.global_step for m in active),
+                                           "continue by running the same pack again with resume")
+            pack.write_back()
+            for m in (m for m in active if m.finished):  # leaves the pack, its run folder finalised as solo
+                evaluation = m.last_eval or evaluate(m.model, eval_set, batch, ctx, cfg.amp)
+                summaries[members.index(m)] = finish_run(m.run_dir, m.cfg, m.model, global_step=m.global_step,
+                                                         evaluation=evaluation, counts=counts, device=device,
+                                                         started=started, subsets=subsets)
+            active = [m for m in active if not m.finished]
+    for k, m in enumerate(members):
+        if k not in summaries:  # finished before this call (resumed at its last step)
+            summaries[k] = finish_run(m.run_dir, m.cfg, m.model, global_step=m.global_step,
+                                      evaluation=evaluate(m.model, eval_set, batch, ctx, cfg.amp), counts=counts,
+                                      device=device, started=started, subsets=subsets)
+    return [summaries[k] for k in range(len(members))]

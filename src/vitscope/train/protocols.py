@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from vitscope.data import augment
+from vitscope.data.autoaugment import AutoAugment
 from vitscope.data.dataset import normalize
 
 COMPONENTS = ("autoaugment", "cutmix", "labelsmoothing")
@@ -82,7 +83,7 @@ class Protocol:
     def __post_init__(self) -> None:
         self.components = parse_protocol(self.name)
         self.name = protocol_name(self.components)
-        self._autoaugment = augment.AutoAugment("cifar10") if "autoaugment" in self.components else None
+        self._autoaugment = AutoAugment("cifar10") if "autoaugment" in self.components else None
 
     def __call__(self, images: Tensor, labels: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """uint8 (B, C, H, W) images and int labels -> float inputs (B, C, H, W) and targets (B, K)."""

@@ -10,6 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.data import ImageDataset, eval_batches
+from vitscope.data.stream import StreamedDataset
+from vitscope.data.worker_crops import PadCropCutter
 from vitscope.models import VisionTransformer, load_weights
 from vitscope.models import load as load_model
 from vitscope.train.config import TrainConfig
@@ -62,8 +64,10 @@ class SupervisedObjective(Objective):
         cfg = self.cfg
         self.ctx, self.eval_set = ctx, eval_set
         self.model = build_model(cfg, train_set).to(ctx.device)
+        streamed = isinstance(train_set, StreamedDataset)  # then the workers cut the random crop
         self.protocol = Protocol(cfg.protocol, train_set.num_classes, train_set.mean, train_set.std,
-                                 color_jitter_instead=cfg.dataset == "tiny-imagenet", crop_padding=cfg.crop_padding,
+                                 color_jitter_instead=cfg.dataset == "tiny-imagenet",
+                                 crop_padding=0 if streamed else cfg.crop_padding,
                                  smoothing=cfg.label_smoothing, cutmix_alpha=cfg.cutmix_alpha,
                                  mixup_alpha=cfg.mixup_alpha)
 
@@ -74,6 +78,9 @@ class SupervisedObjective(Objective):
     @property
     def exported(self) -> VisionTransformer:
         return self.model
+
+    def worker_cutter(self, train_set: StreamedDataset) -> PadCropCutter:
+        return PadCropCutter(train_set.image_size, self.cfg.crop_padding)
 
     def loss(self, model: nn.Module, images: Tensor, labels: Tensor, indices: Tensor, epoch: int,
              generator: torch.Generator) -> Tensor:
