@@ -119,6 +119,42 @@ def test_head_is_l2_normalised_before_a_unit_norm_last_layer():
     assert sum(isinstance(m, torch.nn.Linear) for m in head.mlp) == 3
 
 
+@pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")  # lightly builds its head with the old API
+def test_loss_centre_temperature_and_head_match_lightly():
+    """lightly's DINOLoss and DINOProjectionHead as an independent oracle (a dev extra; skipped without it):
+    several steps of loss + centre update through the teacher-temperature warmup, and the head on copied weights."""
+    lightly_loss = pytest.importorskip("lightly.loss")
+    lightly_heads = pytest.importorskip("lightly.models.modules")
+    batch, views, dim, warm_epochs = 4, 5, 33, 3
+    oracle = lightly_loss.DINOLoss(dim, warmup_teacher_temp=0.04, teacher_temp=0.07,
+                                   warmup_teacher_temp_epochs=warm_epochs, student_temp=0.1, center_momentum=0.9)
+    g = torch.Generator().manual_seed(3)
+    centre = torch.zeros(1, dim)
+    for epoch in range(5):
+        student = torch.randn(views * batch, dim, generator=g)
+        teacher = torch.randn(2 * batch, dim, generator=g)
+        temperature = teacher_temperature(epoch, 0.04, 0.07, warm_epochs)
+        ours = dino_loss(student, teacher, centre, temperature, 0.1)
+        theirs = oracle(list(teacher.split(batch)), list(student.split(batch)), epoch=epoch)
+        assert math.isclose(ours.item(), theirs.item(), rel_tol=1e-5), epoch
+        centre = update_centre(centre, teacher, 0.9)
+        torch.testing.assert_close(centre, oracle.center.view(1, dim), rtol=1e-6, atol=1e-7)
+
+    ours_head = DINOHead(24, 50, hidden_dim=40, bottleneck_dim=12, norm_last_layer=False)
+    their_head = lightly_heads.DINOProjectionHead(24, 40, 12, 50, norm_last_layer=False)
+    with torch.no_grad():
+        ours_head.last_layer.parametrizations.weight.original0.mul_(1.5)  # a g that is not 1
+        linears = [m for m in ours_head.mlp if isinstance(m, torch.nn.Linear)]
+        theirs = [m for m in their_head.modules() if isinstance(m, torch.nn.Linear) and m is not their_head.last_layer]
+        for mine, other in zip(linears, theirs, strict=True):
+            other.weight.copy_(mine.weight)
+            other.bias.copy_(mine.bias)
+        their_head.last_layer.weight_g.copy_(ours_head.last_layer.parametrizations.weight.original0)
+        their_head.last_layer.weight_v.copy_(ours_head.last_layer.parametrizations.weight.original1)
+    x = torch.randn(6, 24, generator=g)
+    torch.testing.assert_close(ours_head(x), their_head(x), rtol=1e-5, atol=1e-6)
+
+
 # ---- multi-crop ----
 
 def test_shift_hue_and_jitter_match_torchvision_per_image():
