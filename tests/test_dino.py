@@ -221,15 +221,39 @@ def test_dino_run_folder_snapshots_and_frozen_last_layer(tmp_path):
     assert all(torch.equal(teacher[k], v) for k, v in model.state_dict().items())  # the run's model is the teacher
     assert sorted(p.name for p in (run / "snapshots").iterdir()) == ["epoch-0001.safetensors",
                                                                       "epoch-0002.safetensors"]
-    with torch.no_grad():  # a few steps leave attention near uniform; sharpen it to show the loaded normaliser
-        for block in model.blocks:
-            block.attn.qkv.weight.mul_(30)
-        with record_attention(model) as rec:
-            model(torch.randn(4, 3, 32, 32))
-    assert all((m == 0).any() for m in rec.maps)  # entmax-1.5 (softmax never gives exact zeros)
+    with torch.no_grad(), record_attention(model) as rec:
+        model(torch.randn(4, 3, 32, 32))
+    assert [tuple(m.shape) for m in rec.maps] == [(4, 2, 67, 67)] * 2  # CLS + 2 registers + 64 patches
     assert 0 <= summary["eval"]["knn_top1"] <= 1 and "knn_top1_init" in summary
     logs = [m for m in read_metrics(run) if m["kind"] == "train"]
     assert all(m["teacher_entropy"] >= 0 and m["kl_teacher_centre"] >= -1e-6 for m in logs)
+
+
+@pytest.mark.parametrize("attention", ["entmax15", "softmax"])
+def test_entmax_dino_run_records_exact_zeros_and_softmax_none(tmp_path, attention):
+    """Train the tiny DINO config a few steps hard enough for attention to leave uniform (lr 0.03 per 32 images, a
+    teacher at momentum 0.5), load the run folder's model and record its attention on synthetic eval scenes:
+    entmax-1.5 rows hold exact zeros and sum to 1; the same run with softmax has none."""
+    from vitscope import record_attention
+    from vitscope.data import load_dataset, normalize
+    from vitscope.models import load
+
+    options = {**TINY_DINO["objective_options"], "momentum_teacher": 0.5, "lr_reference_batch": 32}
+    cfg = dino_config(tmp_path, attention, epochs=4, lr=0.03, warmup_epochs=0.5, objective_options=options,
+                      model_options={**TINY_DINO["model_options"], "attention": attention})
+    train(cfg)
+    model = load(cfg.out).eval()
+    assert model.cfg.attention == attention
+    scenes = load_dataset("synthetic", None, "eval", num_images=16)
+    with torch.no_grad(), record_attention(model) as rec:
+        model(normalize(scenes.images, scenes.mean, scenes.std))
+    maps = torch.stack(rec.maps)  # (layers, B, heads, T, T)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]), atol=1e-5, rtol=0)
+    zeros = float((maps == 0).float().mean())
+    if attention == "entmax15":
+        assert zeros > 0.05, zeros  # measured: about 0.3 of all weights over both layers
+    else:
+        assert zeros == 0.0
 
 
 def test_last_layer_frozen_during_the_first_epoch(tmp_path):
