@@ -100,6 +100,26 @@ def test_temperature_and_momentum_schedules_follow_main_dino():
     assert np.allclose([cosine(0.04, 0.4, i / n) for i in iters], wd)
 
 
+def test_teacher_update_is_an_ema_with_main_dinos_momentum_at_that_step(tmp_path):
+    from vitscope.data import synthetic_scenes
+    from vitscope.train.dino import DinoObjective
+    from vitscope.train.distributed import setup_distributed
+
+    objective = DinoObjective(dino_config(tmp_path, "ema"))
+    objective.setup(synthetic_scenes("train", 32), synthetic_scenes("eval", 8), setup_distributed("cpu"))
+    with torch.no_grad():
+        for p in objective.student.parameters():
+            p.add_(torch.randn_like(p))
+    student = [p.detach().clone() for p in objective.student.parameters()]
+    teacher = [p.detach().clone() for p in objective.teacher.parameters()]
+    objective.after_optimizer_step(7, 37)
+    # main_dino.py: momentum_schedule = utils.cosine_scheduler(0.996, 1, epochs, niter_per_ep)[it]
+    m = 1.0 + 0.5 * (0.996 - 1.0) * (1 + math.cos(math.pi * 7 / 37))
+    for new, t, s in zip(objective.teacher.parameters(), teacher, student, strict=True):
+        torch.testing.assert_close(new, m * t + (1 - m) * s, rtol=1e-6, atol=1e-7)
+    assert any(not torch.equal(new, t) for new, t in zip(objective.teacher.parameters(), teacher, strict=True))
+
+
 def test_per_tensor_clipping_is_dinos():
     params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2))]
     params[0].grad, params[1].grad = torch.tensor([3.0, 4.0, 0.0]), torch.full((2, 2), 0.1)
