@@ -42,3 +42,29 @@ def test_load_dataset_entry_point_and_batches():
         load_dataset("mnist", None, "train")
     with pytest.raises(ValueError, match="classes"):
         synthetic_scenes("train", 4, num_classes=20)
+
+
+def test_texture_cue_puts_the_class_in_the_texture_and_not_in_the_colour():
+    """cue='texture': the object's texture is the class (the amplitude spectrum, blind to colour and position,
+    recovers it at twice chance or better, and better than the object's mean colour, which only knows the
+    patterns' fill fraction), and the masks still mark the object."""
+    from vitscope.metrics.knn import knn_top1
+
+    train = synthetic_scenes("train", 768, cue="texture")
+    test = synthetic_scenes("eval", 256, cue="texture")
+    assert train.classes[0] == "stripes-4px" and len(set(train.classes)) == 8
+    masks = test.extras["masks"]
+    assert all(set(masks[i].unique().tolist()) == {0, int(test.labels[i]) + 1} for i in range(len(test)))
+
+    def spectrum(data):  # the grey image's amplitude spectrum: blind to colour, phase and position
+        return torch.fft.rfft2(data.images.float().mean(1) / 255).abs().flatten(1)
+
+    def colour(data):
+        inside = (data.extras["masks"] > 0).unsqueeze(1)
+        return (data.images.float() * inside).sum((2, 3)) / inside.sum((2, 3))
+
+    by_texture = knn_top1(spectrum(train), train.labels, spectrum(test), test.labels, 8, k=20, temperature=0.07)
+    by_colour = knn_top1(colour(train), train.labels, colour(test), test.labels, 8, k=20, temperature=0.07)
+    assert by_texture > 2 / 8 and by_texture > by_colour, (by_texture, by_colour)
+    with pytest.raises(ValueError, match="cue='outline' is unknown"):
+        synthetic_scenes("eval", 2, cue="outline")

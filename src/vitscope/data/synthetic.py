@@ -19,6 +19,10 @@ SHAPES = ("bar", "ring", "cross", "circle", "triangle", "square", "ell", "half-d
 # per-channel statistics of the default training split (4096 images of 32 px), in [0, 1] units
 SYNTHETIC_MEAN = (0.50, 0.50, 0.50)
 SYNTHETIC_STD = (0.21, 0.21, 0.21)
+# cue='texture': class k is a pattern at a period (pixels), coarse and fine of each pattern
+TEXTURES = (("stripes", 4.0), ("checker", 4.0), ("dots", 6.0), ("blocks", 4.0),
+            ("stripes", 10.0), ("checker", 10.0), ("dots", 12.0), ("blocks", 10.0))
+CUES = ("shape", "texture")
 _SPLIT_IDS = {"train": 0, "eval": 1}
 
 
@@ -61,9 +65,34 @@ def _texture(rng: np.random.Generator, yy: np.ndarray, xx: np.ndarray) -> np.nda
     return np.where(t[..., None], c1, c2)
 
 
-def render_scene(seed: int, split: str, index: int, image_size: int, num_classes: int
+def _class_texture(rng: np.random.Generator, label: int, yy: np.ndarray, xx: np.ndarray) -> np.ndarray:
+    """The texture that *is* class ``label`` under ``cue='texture'``: TEXTURES[label] (pattern x period), in a
+    random colour and its complement (colours carry no class; the contrast is always high) at a random phase
+    and orientation, (H, W, 3) in [0, 1]."""
+    pattern, period = TEXTURES[label]
+    c1 = rng.uniform(0.0, 1.0, size=3)
+    c2 = 1.0 - c1
+    angle = rng.uniform(0, np.pi)
+    u = xx * np.cos(angle) + yy * np.sin(angle) + rng.uniform(0, period)
+    v = -xx * np.sin(angle) + yy * np.cos(angle) + rng.uniform(0, period)
+    if pattern == "stripes":
+        t = (u // (period / 2)) % 2 == 0
+    elif pattern == "checker":
+        t = ((u // (period / 2)) + (v // (period / 2))) % 2 == 0
+    elif pattern == "dots":
+        t = np.hypot(u % period - period / 2, v % period - period / 2) <= period / 4
+    else:  # blocks: random cells of half the period
+        cells = rng.uniform(size=(int(xx.shape[0] // (period / 2)) + 4,) * 2) > 0.5
+        t = cells[(u // (period / 2)).astype(int) % cells.shape[0], (v // (period / 2)).astype(int) % cells.shape[1]]
+    return np.where(t[..., None], c1, c2)
+
+
+def render_scene(seed: int, split: str, index: int, image_size: int, num_classes: int, cue: str = "shape"
                  ) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray]:
-    """One scene: image (3, S, S) uint8, label, box (4,) float32, mask (S, S) uint8, depth (S, S) float32."""
+    """One scene: image (3, S, S) uint8, label, box (4,) float32, mask (S, S) uint8, depth (S, S) float32.
+
+    ``cue='shape'``: the object's outline is the class (its texture is random); ``cue='texture'``: the object's
+    texture is the class (its outline is random, and it is larger, so a crop of it still shows the class)."""
     rng = np.random.default_rng([seed, _SPLIT_IDS[split], index])
     s = image_size
     yy, xx = np.mgrid[0:s, 0:s].astype(np.float32)
@@ -82,14 +111,18 @@ def render_scene(seed: int, split: str, index: int, image_size: int, num_classes
         image[stroke] = rng.uniform(0, 1, size=3)
     # the object
     label = int(rng.integers(num_classes))
-    r = rng.uniform(0.22, 0.36) * s
+    r = rng.uniform(0.22, 0.36) * s if cue == "shape" else rng.uniform(0.38, 0.48) * s
     cy, cx = rng.uniform(r, s - r, size=2)
     theta = rng.uniform(0, 2 * np.pi)
     u = (xx - cx) * np.cos(theta) + (yy - cy) * np.sin(theta)
     v = -(xx - cx) * np.sin(theta) + (yy - cy) * np.cos(theta)
-    inside = _shape_mask(SHAPES[label], u, v, r)
-    texture = _texture(rng, yy, xx)
-    texture = 0.55 + 0.45 * texture if dark else 0.45 * texture
+    if cue == "shape":
+        inside = _shape_mask(SHAPES[label], u, v, r)
+        texture = _texture(rng, yy, xx)
+        texture = 0.55 + 0.45 * texture if dark else 0.45 * texture
+    else:
+        inside = _shape_mask(SHAPES[int(rng.integers(len(SHAPES)))], u, v, r)
+        texture = _class_texture(rng, label, yy, xx)
     image = np.where(inside[..., None], texture, image)
     # depth: ground plane receding towards the top; the object stands nearer, tilted slightly
     depth = 2.0 + 8.0 * (1.0 - yy / max(s - 1, 1))
@@ -102,9 +135,20 @@ def render_scene(seed: int, split: str, index: int, image_size: int, num_classes
     return pixels, label, box, mask, depth
 
 
+def class_names(num_classes: int, cue: str) -> list[str]:
+    """The first ``num_classes`` class names of the scenes with this ``cue``."""
+    if cue == "shape":
+        return list(SHAPES[:num_classes])
+    return [f"{pattern}-{period:g}px" for pattern, period in TEXTURES[:num_classes]]
+
+
 def synthetic_scenes(split: str = "train", num_images: int | None = None, image_size: int = 32,
-                     num_classes: int = 8, seed: int = 0) -> ImageDataset:
-    """The synthetic scene dataset (default 4096 train / 1024 eval images of 32 px, 8 shape classes)."""
+                     num_classes: int = 8, seed: int = 0, cue: str = "shape") -> ImageDataset:
+    """The synthetic scene dataset (default 4096 train / 1024 eval images of 32 px, 8 classes). ``cue`` says
+    what the class is: the object's ``shape`` (default) or its ``texture`` (what a crop of the object still
+    shows; the self-supervised demo uses it)."""
+    if cue not in CUES:
+        raise ValueError(f"synthetic cue={cue!r} is unknown; use one of {', '.join(CUES)}")
     if split not in _SPLIT_IDS:
         raise ValueError(f"synthetic split {split!r} is unknown; use 'train' or 'eval'")
     if not 1 <= num_classes <= len(SHAPES):
@@ -112,11 +156,11 @@ def synthetic_scenes(split: str = "train", num_images: int | None = None, image_
     if image_size < 8:
         raise ValueError(f"synthetic image_size={image_size} is too small; use 8 pixels or more")
     count = num_images if num_images is not None else (4096 if split == "train" else 1024)
-    scenes = [render_scene(seed, split, i, image_size, num_classes) for i in range(count)]
+    scenes = [render_scene(seed, split, i, image_size, num_classes, cue) for i in range(count)]
     images, labels, boxes, masks, depth = (np.stack(parts) for parts in zip(*scenes, strict=True))
     return ImageDataset(
         name="synthetic", split=split, images=torch.from_numpy(images), labels=torch.from_numpy(labels).long(),
-        classes=list(SHAPES[:num_classes]), mean=SYNTHETIC_MEAN, std=SYNTHETIC_STD,
+        classes=class_names(num_classes, cue), mean=SYNTHETIC_MEAN, std=SYNTHETIC_STD,
         extras={"boxes": torch.from_numpy(boxes), "masks": torch.from_numpy(masks),
                 "depth": torch.from_numpy(depth)},
     )
