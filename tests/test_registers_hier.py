@@ -21,13 +21,7 @@ from vitscope.studies.registers_probes import ProbeSettings, probe_model
 SWIN = {"img_size": 24, "patch_size": 4, "window_size": 4, "depths": (2, 2), "embed_dim": 16, "num_heads": (2, 2)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and far faster than on two when the cores are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_swin():
