@@ -42,15 +42,7 @@ inline vf exp_nonpositive(vf x) {
     x = under ? lo : x;
     const vf t = x * splat(1.44269504088896341f) + shift;  // k = round(x / ln 2), in t's low bits
     const vf k = t - shift;
-    x = x - k * splat(0.693359375f) - k * splat(-2.12194440e-4f);  // x - k ln 2, in two parts
-    const vf z = x * x;
-    vf p = splat(1.9875691500e-4f);
-    p = p * x + splat(1.3981999507e-3f);
-    p = p * x + splat(8.3334519073e-3f);
-    p = p * x + splat(4.1665795894e-2f);
-    p = p * x + splat(1.6666665459e-1f);
-    p = p * x + splat(5.0000001201e-1f);
-    p = p * z + x + splat(1.0f);
+    const vf p = exp_reduced(x, k);
     const vi bits = ((vi)t - (vi)shift + 127) << 23;  // 2^k
     const vf r = p * (vf)bits;
     return under ? splat(0.0f) : r;

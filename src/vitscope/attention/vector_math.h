@@ -52,13 +52,9 @@ inline vf vfloor(vf a) {
     return truncated > a ? truncated - splat(1.0f) : truncated;
 }
 
-// exp(x); 0 below about -87.3, +inf above about 88.7
-inline vf vexp(vf x) {
-    const vf hi = splat(88.7228391f), lo = splat(-87.3365447f);
-    const vi under = x < lo, over = x > hi;
-    x = x > hi ? hi : x;
-    x = x < lo ? lo : x;
-    const vf k = vfloor(x * splat(1.44269504088896341f) + splat(0.5f));
+// exp(x - k ln 2) for an integer-valued k near x / ln 2: the reduction (ln 2 in two parts) and the polynomial
+// that vexp and the locality kernel's exp_nonpositive share
+inline vf exp_reduced(vf x, vf k) {
     x = x - k * splat(0.693359375f) - k * splat(-2.12194440e-4f);  // x - k ln 2, in two parts
     const vf z = x * x;
     vf p = splat(1.9875691500e-4f);
@@ -67,7 +63,17 @@ inline vf vexp(vf x) {
     p = p * x + splat(4.1665795894e-2f);
     p = p * x + splat(1.6666665459e-1f);
     p = p * x + splat(5.0000001201e-1f);
-    p = p * z + x + splat(1.0f);
+    return p * z + x + splat(1.0f);
+}
+
+// exp(x); 0 below about -87.3, +inf above about 88.7
+inline vf vexp(vf x) {
+    const vf hi = splat(88.7228391f), lo = splat(-87.3365447f);
+    const vi under = x < lo, over = x > hi;
+    x = x > hi ? hi : x;
+    x = x < lo ? lo : x;
+    const vf k = vfloor(x * splat(1.44269504088896341f) + splat(0.5f));
+    const vf p = exp_reduced(x, k);
     const vi bits = (__builtin_convertvector(k, vi) + 127) << 23;  // 2^k
     vf r = p * (vf)bits;
     r = under ? splat(0.0f) : r;
