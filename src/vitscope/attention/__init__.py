@@ -1,5 +1,6 @@
 """Attention normalisers, their fast paths, and the multi-head attention module."""
 
+from vitscope.attention.exactness import take_unproven, unproven_scalars
 from vitscope.attention.learned import (
     NORMALIZER_NAMES,
     LearnedEntmax,
@@ -20,12 +21,13 @@ from vitscope.attention.normalizers import (
     softmax,
     sparsemax,
 )
-from vitscope.attention.paths import FastPaths, fast_paths
+from vitscope.attention.paths import FastPaths, deferred_exactness, fast_paths
 
 __all__ = [
     "NORMALIZER_NAMES", "Entmax15", "EntmaxAlpha", "FastPaths", "LearnedEntmax", "Normalizer", "NormalizerSpec",
-    "Softmax", "Sparsemax", "check_alpha", "entmax", "entmax15", "fast_paths", "learned_alphas", "make_normalizer",
-    "parse_normalizer", "softmax", "sparsemax",
+    "Softmax", "Sparsemax", "check_alpha", "deferred_exactness", "entmax", "entmax15", "fast_paths",
+    "learned_alphas", "make_normalizer", "parse_normalizer", "softmax", "sparsemax", "take_unproven",
+    "unproven_scalars",
 ]
 from vitscope.attention.module import (  # noqa: E402
     Attention,

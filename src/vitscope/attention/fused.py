@@ -19,14 +19,16 @@ from vitscope.compiled import compiled
 
 # below this many elements a fused kernel does not pay for its launch and compile cost
 MIN_ELEMENTS = 1 << 15
-ENTMAX15_ITERS = 3
-SPARSEMAX_ITERS = 3
-ALPHA_ITERS = 6
+# threshold passes per kernel; under a deferred exactness check (``exactness.py``: no eager finish) more, since
+# unproven rows then stay approximate, and on a GPU a pass over a row held on chip costs little
+PASSES = {"entmax15": 3, "sparsemax": 3, "alpha": 6}
+DEFERRED_PASSES = {"entmax15": 8, "sparsemax": 8, "alpha": 12}
 
 
-def takes(x: Tensor) -> bool:
-    """Whether the compiled kernels are worth running on ``x`` (large enough, float32/16 or bfloat16)."""
-    return x.numel() >= MIN_ELEMENTS and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+def takes(x: Tensor, any_size: bool = False) -> bool:
+    """Whether the compiled kernels should run on ``x``: float32/16 or bfloat16, and large enough to pay for a
+    launch unless ``any_size`` (a deferred check, where the eager solver's host reads are what must go)."""
+    return (any_size or x.numel() >= MIN_ELEMENTS) and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _lower_bound(z: Tensor, power: float | Tensor) -> Tensor:
@@ -35,11 +37,11 @@ def _lower_bound(z: Tensor, power: float | Tensor) -> Tensor:
     return (z.mean(dim=-1, keepdim=True) - z.shape[-1] ** (-1.0 / power)).clamp(min=-1.0)
 
 
-def _entmax15_forward(x: Tensor) -> tuple[Tensor, Tensor]:
+def _entmax15_forward(x: Tensor, passes: int) -> tuple[Tensor, Tensor]:
     x = x.float()
     z = (x - x.amax(dim=-1, keepdim=True)) * 0.5
     tau = _lower_bound(z, 2.0)
-    for _ in range(ENTMAX15_ITERS):  # Newton on ||[z - tau]_+||_2 - 1, from below
+    for _ in range(passes):  # Newton on ||[z - tau]_+||_2 - 1, from below
         gap = (z - tau).clamp(min=0.0)
         s1 = gap.sum(dim=-1, keepdim=True)
         s2 = (gap * gap).sum(dim=-1, keepdim=True)
@@ -57,11 +59,11 @@ def _entmax15_forward(x: Tensor) -> tuple[Tensor, Tensor]:
     return (z - exact).clamp(min=0.0).square(), converged
 
 
-def _sparsemax_forward(x: Tensor) -> tuple[Tensor, Tensor]:
+def _sparsemax_forward(x: Tensor, passes: int) -> tuple[Tensor, Tensor]:
     x = x.float()
     z = x - x.amax(dim=-1, keepdim=True)
     tau = _lower_bound(z, 1.0)
-    for _ in range(SPARSEMAX_ITERS):  # Michelot: the closed form on the current support, as a Newton step
+    for _ in range(passes):  # Michelot: the closed form on the current support, as a Newton step
         gap = (z - tau).clamp(min=0.0)
         tau = tau + (gap.sum(dim=-1, keepdim=True) - 1.0) / (gap > 0).sum(dim=-1, keepdim=True).to(z.dtype)
     gap = (z - tau).clamp(min=0.0)
@@ -75,7 +77,7 @@ def _sparsemax_forward(x: Tensor) -> tuple[Tensor, Tensor]:
     return (z - exact).clamp(min=0.0), converged
 
 
-def _alpha_forward(x: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor]:
+def _alpha_forward(x: Tensor, alpha: Tensor, passes: int) -> tuple[Tensor, Tensor]:
     """alpha (..., 1) float32, one per row; rows with alpha outside (1, 2] come back unconverged."""
     valid = (alpha > 1.0) & (alpha <= 2.0)
     scale = torch.where(valid, alpha - 1.0, 0.5)
@@ -84,7 +86,7 @@ def _alpha_forward(x: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor]:
     z = (x - x.amax(dim=-1, keepdim=True)) * scale
     tau = _lower_bound(z, power)
     step = torch.zeros_like(tau)
-    for _ in range(ALPHA_ITERS):  # Newton on ||[z - tau]_+||_p - 1, from below
+    for _ in range(passes):  # Newton on ||[z - tau]_+||_p - 1, from below
         gap = (z - tau).clamp(min=0.0)
         gap_pm1 = torch.where(gap > 0, gap.pow(power - 1.0), 0.0)
         total = (gap_pm1 * gap).sum(dim=-1, keepdim=True)
@@ -98,11 +100,12 @@ def _alpha_forward(x: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor]:
 FORWARDS = {"entmax15": _entmax15_forward, "sparsemax": _sparsemax_forward, "alpha": _alpha_forward}
 
 
-def forward(kind: str, x: Tensor, alpha: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def forward(kind: str, x: Tensor, alpha: Tensor | None = None, deferred: bool = False) -> tuple[Tensor, Tensor]:
     """Compiled probabilities (float32) along the last dim and per-row ``converged`` flags (x.shape[:-1]);
-    ``alpha`` (..., 1) float32 for kind "alpha"."""
+    ``alpha`` (..., 1) float32 for kind "alpha"; ``deferred``: the pass count of a deferred exactness check."""
     args = (x,) if kind != "alpha" else (x, alpha.to(torch.float32).expand(*x.shape[:-1], 1).contiguous())
-    y, converged = compiled(FORWARDS[kind], dynamic=False)(*args)
+    passes = (DEFERRED_PASSES if deferred else PASSES)[kind]
+    y, converged = compiled(FORWARDS[kind], dynamic=False, passes=passes)(*args)
     return y, converged[..., 0]
 
 

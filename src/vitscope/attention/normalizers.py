@@ -32,13 +32,15 @@ def _to_last(x: Tensor, dim: int) -> Tensor:
     return x if dim in (-1, x.dim() - 1) else x.transpose(dim, -1)
 
 
-def _normalize(x: Tensor, dim: int, kind: str, alpha: Tensor | None = None) -> Tensor:
-    """Run ``kind`` along ``dim``; ``alpha`` is already (x moved to the last dim).shape[:-1] + (1,)."""
+def _normalize(x: Tensor, dim: int, kind: str, alpha: Tensor | None = None, compiled_path: bool = True) -> Tensor:
+    """Run ``kind`` along ``dim``; ``alpha`` is already (x moved to the last dim).shape[:-1] + (1,).
+    ``compiled_path=False`` keeps the call off the compiled kernels (which cannot solve it)."""
     last = _to_last(x, dim)
     if last.numel() == 0:
         return x.clone()
     paths = current()
-    y = torch.ops.vitscope.sparse_normalize(last, alpha, kind, paths.native, paths.compiled)
+    y = torch.ops.vitscope.sparse_normalize(last, alpha, kind, paths.native, paths.compiled and compiled_path,
+                                            paths.deferred_check)
     return _to_last(y.to(x.dtype), dim)
 
 
@@ -99,7 +101,9 @@ def entmax(x: Tensor, alpha: float | Tensor = 1.5, dim: int = -1) -> Tensor:
     if alpha == 2.0:
         return sparsemax(x, dim)
     row_shape = list(_to_last(x, dim).shape[:-1]) + [1]
-    return _normalize(x, dim, "alpha", torch.full(row_shape, alpha, dtype=compute_dtype(x), device=x.device))
+    # the compiled kernels solve alpha in (1, 2] only: other alphas go to the exact solvers without a try
+    return _normalize(x, dim, "alpha", torch.full(row_shape, alpha, dtype=compute_dtype(x), device=x.device),
+                      compiled_path=1.0 < alpha <= 2.0)
 
 
 class Normalizer(nn.Module):

@@ -19,6 +19,7 @@ from timm.optim import create_optimizer_v2
 from torch import nn
 from tqdm.auto import tqdm
 
+from vitscope.attention import deferred_exactness, unproven_scalars
 from vitscope.data import load_dataset
 from vitscope.data.choice import open_for_training
 from vitscope.train.batches import batch_source
@@ -145,8 +146,9 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
                 generator = torch.Generator(device=ctx.device).manual_seed(seed)
                 torch.manual_seed(seed)
                 apply_weight_decay(optimizer, cfg, global_step, total_steps)
-                loss = objective.loss(step_model, images, labels, batch, epoch, generator)
-                loss.backward()
+                with deferred_exactness(ctx.device):  # on CUDA: no host read in the sparse normalisers
+                    loss = objective.loss(step_model, images, labels, batch, epoch, generator)
+                    loss.backward()
                 if cfg.grad_clip > 0:
                     clip_gradients(model.parameters(), cfg.grad_clip, clip_mode)
                 objective.before_optimizer_step(epoch)
@@ -162,7 +164,8 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
                     mean_loss, rate = window.take(cfg.batch_size, ctx.all_reduce_sum, ctx.world_size)
                     check_finite(mean_loss, global_step, run_dir, cfg.lr)
                     lr = scheduler.get_last_lr()[0]
-                    log.write(train_record(global_step, epoch, mean_loss, lr, rate, objective.step_scalars()))
+                    log.write(train_record(global_step, epoch, mean_loss, lr, rate,
+                                           objective.step_scalars() | unproven_scalars()))
                     bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}")
                 if end_of_epoch:
                     last_eval = epoch_records(log, cfg, epoch=epoch, global_step=global_step, total_steps=total_steps,

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from vitscope.attention import deferred_exactness, unproven_scalars
 from vitscope.data import ImageDataset, load_dataset
 from vitscope.data.choice import open_for_training
 from vitscope.models import VisionTransformer, load_weights
@@ -203,10 +204,11 @@ class Pack:
         """One optimisation step of every member; returns the members' losses (K,), detached, on the device."""
         inputs, targets = self.batches()
         lr, wd = self._schedule()
-        with autocast(self.device, self.amp):
-            logits = self.step_model(inputs)
-        losses = torch.stack([soft_cross_entropy(logits[k], targets[k]) for k in range(len(self.members))])
-        losses.sum().backward()  # the sum's gradient is each member's own gradient
+        with deferred_exactness(self.device):  # on CUDA: no host read in the sparse normalisers
+            with autocast(self.device, self.amp):
+                logits = self.step_model(inputs)
+            losses = torch.stack([soft_cross_entropy(logits[k], targets[k]) for k in range(len(self.members))])
+            losses.sum().backward()  # the sum's gradient is each member's own gradient
         if self.clip:
             clip_member_gradients(self.optimizer.params, self.max_norms, next(iter(self.clip_modes)))
         self.optimizer.step(lr, wd)
@@ -322,7 +324,8 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
         if m.window.due(m.cfg.log_every_steps, end_of_epoch):
             mean_loss, rate = m.window.take(batch)
             check_finite(mean_loss, m.global_step, m.run_dir, m.cfg.lr)
-            m.log.write(train_record(m.global_step, epoch, mean_loss, m.scheduler.get_last_lr()[0], rate))
+            m.log.write(train_record(m.global_step, epoch, mean_loss, m.scheduler.get_last_lr()[0], rate,
+                                     unproven_scalars()))  # the pack's count since the last log line
         if end_of_epoch:
             pack.unpack(k)
             m.last_eval = epoch_records(m.log, m.cfg, epoch=epoch, global_step=m.global_step,
