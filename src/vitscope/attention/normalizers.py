@@ -99,7 +99,8 @@ def entmax(x: Tensor, alpha: float | Tensor = 1.5, dim: int = -1) -> Tensor:
     if alpha == 2.0:
         return sparsemax(x, dim)
     row_shape = list(_to_last(x, dim).shape[:-1]) + [1]
-    return _normalize(x, dim, "alpha", torch.full(row_shape, alpha, dtype=compute_dtype(x), device=x.device))
+    one_value = torch.full([1] * len(row_shape), alpha, dtype=compute_dtype(x), device=x.device)
+    return _normalize(x, dim, "alpha", one_value.expand(row_shape))  # a view: no per-row copy
 
 
 class Normalizer(nn.Module):
