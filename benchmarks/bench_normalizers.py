@@ -10,12 +10,16 @@ tensor). ``err`` is the largest deviation from a float64 solution (bisection wit
 Peak memory is the forward's extra memory beyond input and output, in units of the logits tensor (CUDA
 allocator, or the peak resident set on Linux CPUs). ``--clock cpu`` (CPU only) times this process's CPU time on
 one thread instead of wall time on all threads: on a machine that other jobs share, wall-time ratios mostly measure
-the scheduler, CPU-time ratios still measure the kernels.
+the scheduler, CPU-time ratios still measure the kernels. On the CPU with glibc, freed memory stays in the process
+for the whole run (``keep_freed_memory``), so that no row is timed paging in memory the previous row returned to the
+OS.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import platform
 import sys
 import time
 from pathlib import Path
@@ -45,6 +49,20 @@ CASES = {
                        None),
 }
 SHAPES = {"compact": (128, 8, 65, 65), "ViT-S": (32, 6, 197, 197)}  # 65 and 197 keys per row
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc keep freed memory in the process (no trimming, no mmap'd blocks) for the rest of the run;
+    whether it took. By default glibc hands large freed blocks back to the OS, and the next allocation of that size
+    maps fresh pages: at ViT-S one 30 MB tensor is about 7,300 page faults, measured at 8-10 ms on this machine
+    (more than a whole softmax forward + backward). The `entmax` package's row allocates and frees gigabytes, so
+    those faults then land, at random, in whichever row's forward or backward allocates next; with memory kept,
+    every row reuses warm pages after its warm-up."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL(None)
+    m_trim_threshold, m_mmap_max = -1, -4  # mallopt parameters, from glibc's malloc.h
+    return bool(libc.mallopt(m_trim_threshold, 2**31 - 1)) and bool(libc.mallopt(m_mmap_max, 0))
 
 
 def fwd_bwd(fn, x: torch.Tensor, grad: torch.Tensor):
@@ -102,6 +120,8 @@ def main() -> None:
                         help="wall time on all threads, or this process's CPU time on one thread (CPU only)")
     args = parser.parse_args()
     sync = args.device == "cuda"
+    if args.device == "cpu" and not keep_freed_memory():
+        print("note: could not keep freed memory in the process (not glibc): rows may be timed with page faults")
     args.timer = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.clock == "cpu":
         if args.device != "cpu":
