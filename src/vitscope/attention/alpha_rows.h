@@ -156,9 +156,9 @@ void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int m
 
     // The survivors to the lanes (16 x 16 transposes), -inf past each row's end
     const int64_t span = (most + L - 1) / L * L;  // whole tiles
-    for (int l = 0; l < L; ++l) {
+    for (int l = 0; l < L; ++l) {  // whole vectors: packed has L floats of room past any span
         float *packed = work.packed + l * work.width;
-        for (int64_t i = level2[l]; i < span; ++i) packed[i] = -inf;
+        for (int64_t i = level2[l]; i < span; i += L) std::memcpy(packed + i, &ninf, sizeof(vf));
     }
     vf *lanes = work.lanes, *powers = work.powers;
     for (int64_t i0 = 0; i0 < span; i0 += L) {
