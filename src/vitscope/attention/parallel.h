@@ -2,9 +2,10 @@
 // -fopenmp (same soname, hence PyTorch's own thread pool: no second pool spinning beside it), else std::thread.
 //
 // Rows are handed out in chunks as threads become free (dynamic scheduling), not split into one fixed share per
-// thread: rows differ in cost (alpha-entmax keeps more keys at a low alpha, and a learned alpha differs per head),
-// and on a shared machine the OS may preempt one thread for milliseconds; with fixed shares the whole call then
-// waits for that thread's share, with chunks the other threads take the rest.
+// thread: on a shared machine the OS may preempt one thread for milliseconds, and with fixed shares the whole call
+// then waits for that thread's share; with chunks the other threads take the rest. (Rows can also differ in cost,
+// alpha-entmax's with the alpha, though attention rows interleave their heads finely enough that fixed halves get
+// the same mix.)
 #pragma once
 
 #include <atomic>

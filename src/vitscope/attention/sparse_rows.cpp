@@ -11,8 +11,8 @@
 // * Threshold tau on z = scale * (x - max) (shift first: a large common offset costs no digits): start at the lower bound max(-1, mean(z) - n**(-1/p)); per pass,
 //   sums over the support {z > tau} give the closed-form root on that support, which is the exact threshold iff
 //   it keeps exactly that support; otherwise step from below (Newton for entmax-1.5, Michelot for sparsemax).
-// * ok[row] is 1 when the row provably converged within max_iter passes, else 0 (NaN
-//   input, say): the caller finishes those rows with its exact eager solver.
+// * ok[row] is 1 when the row provably converged within max_iter passes, else 0 (NaN input, say): the caller
+//   finishes those rows with its exact eager solver.
 // * While a block iterates, the next block is prefetched, so memory traffic overlaps the arithmetic.
 // * alpha-entmax prunes each row to the keys that can be in its support first: alpha_rows.h.
 //
@@ -168,8 +168,8 @@ void solve_rows(const T *x, T *y, uint8_t *ok, RowChunks &chunks, int64_t n, int
 
 // Closed-form backward on the rows of the chunks this thread takes: grad_x = w g - w sum(w g) / sum(w), with
 // w = y ** (2 - alpha) on the support (sqrt(y) for entmax-1.5, the support's indicator for sparsemax). One row
-// at a time: rows are independent. The weights go to `out` in the first pass and are reused in the second, the row still in L1.
-// alpha-entmax (and its alpha gradient) works on each row's support only: alpha_backward_row. Returns false where
+// at a time: rows are independent. The weights go to `packed` in the first pass and are reused in the second,
+// the row still in L1. alpha-entmax (and its alpha gradient) works on each row's support only: alpha_backward_row. Returns false where
 // its buffer cannot be had.
 template <Kind kind, typename T>
 bool backward_rows(const T *grad, const T *y, T *out, float *d_alpha, RowChunks &chunks, int64_t n,
