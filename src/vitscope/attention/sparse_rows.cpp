@@ -169,8 +169,8 @@ void solve_rows(const T *x, T *y, uint8_t *ok, RowChunks &chunks, int64_t n, int
 // Closed-form backward on the rows of the chunks this thread takes: grad_x = w g - w sum(w g) / sum(w), with
 // w = y ** (2 - alpha) on the support (sqrt(y) for entmax-1.5, the support's indicator for sparsemax). One row
 // at a time: rows are independent. The weights go to `packed` in the first pass and are reused in the second,
-// the row still in L1. alpha-entmax (and its alpha gradient) works on each row's support only: alpha_backward_row. Returns false where
-// its buffer cannot be had.
+// the row still in L1. alpha-entmax (and its alpha gradient) works on each row's support only:
+// alpha_backward_row. Returns false where its buffer cannot be had.
 template <Kind kind, typename T>
 bool backward_rows(const T *grad, const T *y, T *out, float *d_alpha, RowChunks &chunks, int64_t n,
                    Alphas alpha) {
