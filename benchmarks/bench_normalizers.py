@@ -10,14 +10,19 @@ tensor). ``err`` is the largest deviation from a float64 solution (bisection wit
 Peak memory is the forward's extra memory beyond input and output, in units of the logits tensor (CUDA
 allocator, or the peak resident set on Linux CPUs). ``--clock cpu`` (CPU only) times this process's CPU time on
 one thread instead of wall time on all threads: on a machine that other jobs share, wall-time ratios mostly measure
-the scheduler, CPU-time ratios still measure the kernels.
+the scheduler, CPU-time ratios still measure the kernels. On the CPU with glibc, freed memory stays in the process
+for the whole run (``keep_freed_memory``), so that no row is timed paging in memory the previous row returned to the
+OS.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import platform
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import entmax
@@ -45,6 +50,43 @@ CASES = {
                        None),
 }
 SHAPES = {"compact": (128, 8, 65, 65), "ViT-S": (32, 6, 197, 197)}  # 65 and 197 keys per row
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4  # mallopt parameters, from glibc's malloc.h
+
+
+def _glibc() -> ctypes.CDLL | None:
+    return ctypes.CDLL(None) if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc" else None
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc keep freed memory in the process (no trimming, no mmap'd blocks) for the rest of the run;
+    whether it took. By default glibc hands large freed blocks back to the OS, and the next allocation of that size
+    maps fresh pages: at ViT-S one 30 MB tensor is about 7,300 page faults, measured at 8-10 ms on this machine
+    (more than a whole softmax forward + backward). The `entmax` package's row allocates and frees gigabytes, so
+    those faults then land, at random, in whichever row's forward or backward allocates next; with memory kept,
+    every row reuses warm pages after its warm-up."""
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)) and bool(
+        libc.mallopt(_M_MMAP_MAX, 0))
+
+
+@contextmanager
+def blocks_mapped_one_by_one():
+    """Within: every block above 128 KiB mapped on its own and unmapped when freed, and the kept memory handed
+    back, so that the resident set is the live memory and its peak shows a forward's temporaries; after: memory
+    kept again (``keep_freed_memory``). A no-op without glibc."""
+    libc = _glibc()
+    if libc is None:
+        yield
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+    libc.mallopt(_M_MMAP_MAX, 65536)
+    libc.malloc_trim(0)
+    try:
+        yield
+    finally:
+        libc.mallopt(_M_MMAP_MAX, 0)
 
 
 def fwd_bwd(fn, x: torch.Tensor, grad: torch.Tensor):
@@ -81,10 +123,11 @@ def peak_memory_ratio(fn, x: torch.Tensor) -> str:
             extra = torch.cuda.max_memory_allocated() - base - y.numel() * y.element_size()
         else:
             try:
-                Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set
-                base = _proc_kib("VmRSS") * 1024
-                y = fn(x)
-                extra = _proc_kib("VmHWM") * 1024 - base - y.numel() * y.element_size()
+                with blocks_mapped_one_by_one():  # else the forward reuses kept pages and its peak shows nothing
+                    Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set
+                    base = _proc_kib("VmRSS") * 1024
+                    y = fn(x)
+                    extra = _proc_kib("VmHWM") * 1024 - base - y.numel() * y.element_size()
             except (OSError, RuntimeError):
                 return "n/a"
     return f"{max(extra, 0) / (x.numel() * 4):.2f}"
@@ -102,6 +145,8 @@ def main() -> None:
                         help="wall time on all threads, or this process's CPU time on one thread (CPU only)")
     args = parser.parse_args()
     sync = args.device == "cuda"
+    if args.device == "cpu" and not keep_freed_memory():
+        print("note: could not keep freed memory in the process (not glibc): rows may be timed with page faults")
     args.timer = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.clock == "cpu":
         if args.device != "cpu":

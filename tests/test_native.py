@@ -159,16 +159,55 @@ def test_bfloat16_is_read_and_written_without_conversion(name, native_calls):
     assert native_calls[-2:] == [f"{case.kind} forward", f"{case.kind} backward"] and torch.equal(ours, gx)
 
 
-def test_thread_count_does_not_change_results():
-    x = adversarial_rows(1000, 65, 2.0)
+def test_bfloat16_subnormal_probabilities_round_as_pytorch_rounds():
+    # alpha 1.05 (power 20): the key at z = -0.9875 gets (0.0125)**20, about 8.7e-39, a float32 subnormal that
+    # bfloat16 keeps (its subnormals reach 9.2e-41); the one-instruction conversion would flush it to zero
+    x = torch.tensor([[0.0, -19.75] + [-100.0] * 30] * 20, dtype=torch.bfloat16)
+    y, converged = native.forward("alpha", x, 1.05)
+    y_float, _ = native.forward("alpha", x.float(), 1.05)
+    assert bool(converged.all()) and 0 < float(y_float[0, 1]) < torch.finfo(torch.float32).tiny
+    assert float(y[0, 1]) > 0 and torch.equal(y, y_float.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("kind", ["entmax15", "sparsemax", "alpha"])
+def test_thread_count_does_not_change_results(kind):
+    # 3000 rows of 197 keys: enough elements for two threads and three 1024-row chunks, taken in whichever order
+    # the threads come; every row is computed the same way wherever it runs
+    x = adversarial_rows(3000, 197, 2.0)
+    g = torch.randn_like(x)
+    alphas = torch.rand(3000) * 0.8 + 1.1
+    y = {"entmax15": entmax15, "sparsemax": sparsemax, "alpha": lambda t: entmax(t, alphas[:, None])}[kind](x)
     before = torch.get_num_threads()
+    results = []
     try:
-        torch.set_num_threads(1)
-        one, _ = native.forward("entmax15", x)
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert native._threads(x) == threads
+            results.append((*native.forward(kind, x, alphas),
+                            *native.backward(kind, g, y, alphas, alpha_grad=kind == "alpha")))
     finally:
         torch.set_num_threads(before)
-    many, _ = native.forward("entmax15", x)
-    assert torch.equal(one, many)
+    (one, one_ok, *one_grad), (many, many_ok, *many_grad) = results
+    assert torch.equal(one_ok, many_ok) and one_ok.float().mean() > 0.99
+    assert torch.equal(one[one_ok], many[one_ok]) and torch.equal(one_grad[0], many_grad[0])
+    assert kind != "alpha" or torch.equal(one_grad[1], many_grad[1])
+
+
+def test_one_alpha_for_all_rows_matches_the_same_alpha_per_row():
+    # a float (or a tensor expanded from one value) reaches the kernels as one value, not a per-row copy
+    x = adversarial_rows(600, 197, 2.0)
+    g = torch.randn_like(x)
+    per_row = torch.full((600,), 1.3)
+    y, converged = native.forward("alpha", x, per_row)
+    finished = entmax(x, 1.3)  # every row, for the backward
+    for one in (1.3, torch.tensor(1.3).expand(600, 1)):
+        assert native._row_alphas(one, x.shape[:-1])[1] == 0
+        y_one, converged_one = native.forward("alpha", x, one)
+        assert torch.equal(y_one[converged], y[converged]) and torch.equal(converged_one, converged)
+        d_x, d_alpha = native.backward("alpha", g, finished, one, alpha_grad=True)
+        d_x_rows, d_alpha_rows = native.backward("alpha", g, finished, per_row, alpha_grad=True)
+        assert torch.equal(d_x, d_x_rows) and torch.equal(d_alpha, d_alpha_rows)
+    assert native._row_alphas(per_row, x.shape[:-1])[1] == 1
 
 
 def test_non_contiguous_and_batched_inputs(native_calls):

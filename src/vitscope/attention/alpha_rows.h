@@ -24,6 +24,14 @@
 
 namespace vitscope {
 
+// Each row's alpha: values[r * step], step 1 for one value per row, 0 for one value for all rows
+struct Alphas {
+    const float *values = nullptr;
+    int64_t step = 1;
+    float operator[](int64_t row) const { return values[row * step]; }
+    Alphas from(int64_t row) const { return {values + row * step, step}; }  // rows [row, ...) as 0, 1, ...
+};
+
 // One thread's buffers for blocks of 16 rows of n keys: `width` is n rounded up to L, plus L of room for the
 // whole-vector stores of the compaction.
 struct AlphaScratch {
@@ -53,7 +61,7 @@ struct AlphaScratch {
 
 template <typename T>
 void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int max_iter, AlphaScratch &work,
-                       const float *alpha) {
+                       Alphas alpha) {
     const float tol = 16.0f * 1.1920929e-7f, inf = INFINITY;
     const vf zero{}, one = splat(1.0f), ninf = splat(-inf);
     vf a;
@@ -148,9 +156,9 @@ void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int m
 
     // The survivors to the lanes (16 x 16 transposes), -inf past each row's end
     const int64_t span = (most + L - 1) / L * L;  // whole tiles
-    for (int l = 0; l < L; ++l) {
+    for (int l = 0; l < L; ++l) {  // whole vectors: packed has L floats of room past any span
         float *packed = work.packed + l * work.width;
-        for (int64_t i = level2[l]; i < span; ++i) packed[i] = -inf;
+        for (int64_t i = level2[l]; i < span; i += L) std::memcpy(packed + i, &ninf, sizeof(vf));
     }
     vf *lanes = work.lanes, *powers = work.powers;
     for (int64_t i0 = 0; i0 < span; i0 += L) {
@@ -201,7 +209,7 @@ void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int m
         for (int l = 0; l < L; ++l) std::memcpy(work.packed + l * work.width + i0, &t[l], sizeof(vf));
     }
     for (int l = 0; l < rows; ++l) {
-        ok[l] = uint8_t(passes[l] > 255 ? 255 : passes[l]);
+        ok[l] = passes[l] > 0;
         if (!ok[l]) continue;  // the caller's solver writes this row
         const float *packed = work.packed + l * work.width;
         const uint32_t *kept = work.kept + l * work.chunks, *again = work.kept + (L + l) * (work.chunks + 1);

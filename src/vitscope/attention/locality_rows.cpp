@@ -170,9 +170,9 @@ void vitscope_softmax_locality(const float *q, const float *k, const float *dist
     std::vector<float> aligned(out_rows * padded, 0.0f);  // each query's distances in panel order
     for (int64_t i = 0; i < out_rows; ++i)
         std::memcpy(aligned.data() + i * padded, dist + i * patches, patches * sizeof(float));
-    in_parallel(batch * heads, 1, threads, [&](int64_t first, int64_t last) {
+    in_parallel(batch * heads, 1, threads, [&](RowChunks &maps) {
         std::vector<float> panel(dim * padded), block(dim * G), rows(G * padded);
-        for (int64_t map = first; map < last; ++map) {
+        for (int64_t map, last; maps.next(map, last);) {  // chunks of one map
             const int64_t b = map / heads, h = map % heads;
             locality_map(q + b * q_strides[0] + h * q_strides[1], k + b * k_strides[0] + h * k_strides[1],
                          aligned.data(), scale, shape, panel.data(), block.data(), rows.data(), sums + map * 4);

@@ -44,7 +44,7 @@ HEADERS = (HERE / "vector_math.h", HERE / "parallel.h", HERE / "row_tiles.h", HE
 FLAG_SETS = (("-march=native", "-fopenmp"), ("-mcpu=native", "-fopenmp"), ("-march=native", "-fopenmp-simd"),
              ("-mcpu=native", "-fopenmp-simd"), ("-fopenmp-simd",), ())
 _COMMON_FLAGS = ("-O3", "-fno-math-errno", "-shared", "-fPIC", "-pthread", "-std=c++17")
-_ABI_VERSION = 6
+_ABI_VERSION = 7
 _MIN_ELEMENTS_PER_THREAD = 1 << 15
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # read and written by the kernels; float16 is converted first
 
@@ -127,8 +127,8 @@ class NativeKernels:
         if lib.vitscope_abi_version() != _ABI_VERSION:
             raise RuntimeError(f"{path} is stale: delete it to rebuild")
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.vitscope_forward.argtypes = [i32, i32, p, p, p, p, i64, i64, i32, i32]
-        lib.vitscope_backward.argtypes = [i32, i32, p, p, p, p, p, i64, i64, i32]
+        lib.vitscope_forward.argtypes = [i32, i32, p, i64, p, p, p, i64, i64, i32, i32]
+        lib.vitscope_backward.argtypes = [i32, i32, p, i64, p, p, p, p, i64, i64, i32]
         lib.vitscope_softmax_locality.argtypes = [p] * 6 + [i64] * 6 + [ctypes.c_float, i32]
         lib.vitscope_softmax_locality.restype = None
         return lib
@@ -150,12 +150,12 @@ class NativeKernels:
         n = rows_in.shape[-1]
         rows = rows_in.numel() // n
         y = torch.empty(rows_in.shape, dtype=rows_in.dtype)
-        passes = torch.empty(rows_in.shape[:-1], dtype=torch.uint8)
-        alphas = _row_alphas(alpha, x.shape[:-1]) if kind == "alpha" else None
-        _check(lib.vitscope_forward(kind_named(kind).code, _DTYPES[rows_in.dtype], _pointer(alphas),
-                                    rows_in.data_ptr(), y.data_ptr(), passes.data_ptr(), rows, n, _threads(y),
+        converged = torch.empty(rows_in.shape[:-1], dtype=torch.bool)  # written as 0 / 1 bytes
+        alphas, step = _row_alphas(alpha, x.shape[:-1]) if kind == "alpha" else (None, 0)
+        _check(lib.vitscope_forward(kind_named(kind).code, _DTYPES[rows_in.dtype], _pointer(alphas), step,
+                                    rows_in.data_ptr(), y.data_ptr(), converged.data_ptr(), rows, n, _threads(y),
                                     self.max_passes if max_passes is None else max_passes))
-        return y, passes > 0
+        return y, converged
 
     def backward(self, kind: str, grad: Tensor, y: Tensor, alpha: Tensor | float | None = None,
                  alpha_grad: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -167,11 +167,11 @@ class NativeKernels:
         y = y.detach().to(dtype).contiguous()
         grad = grad.detach().to(dtype).contiguous()
         out = torch.empty_like(y)
-        alphas = _row_alphas(alpha, y.shape[:-1]) if kind == "alpha" else None
+        alphas, step = _row_alphas(alpha, y.shape[:-1]) if kind == "alpha" else (None, 0)
         d_alpha = torch.empty(y.shape[:-1]) if alpha_grad and kind == "alpha" else None
-        _check(lib.vitscope_backward(kind_named(kind).code, _DTYPES[grad.dtype], _pointer(alphas), grad.data_ptr(),
-                                     y.data_ptr(), out.data_ptr(), _pointer(d_alpha), y.numel() // y.shape[-1],
-                                     y.shape[-1], _threads(y)))
+        _check(lib.vitscope_backward(kind_named(kind).code, _DTYPES[grad.dtype], _pointer(alphas), step,
+                                     grad.data_ptr(), y.data_ptr(), out.data_ptr(), _pointer(d_alpha),
+                                     y.numel() // y.shape[-1], y.shape[-1], _threads(y)))
         return out, d_alpha
 
     def softmax_locality(self, q: Tensor, k: Tensor, scale: float, distances: Tensor, prefix: int) -> Tensor:
@@ -251,14 +251,19 @@ def _kernel_input(x: Tensor) -> Tensor:
     return (x if x.dtype in _DTYPES else x.to(torch.float32)).contiguous()
 
 
-def _row_alphas(alpha: Tensor | float | None, rows_shape: torch.Size) -> Tensor:
-    """One float32 alpha per row (contiguous, rows_shape)."""
+def _row_alphas(alpha: Tensor | float | None, rows_shape: torch.Size) -> tuple[Tensor, int]:
+    """The kernels' alphas: (one float32 value, step 0) where every row has the same one (a float, or a tensor
+    expanded from one value: no per-row copy), else (one per row, contiguous rows_shape, step 1)."""
     if alpha is None:
         raise ValueError("kind 'alpha' needs alpha: a float or one value per row")
     alpha = torch.as_tensor(alpha, dtype=torch.float32).detach()
     if alpha.dim() == len(rows_shape) + 1 and alpha.shape[-1] == 1:
         alpha = alpha[..., 0]
-    return alpha.to(torch.float32).expand(rows_shape).contiguous()
+    rows = alpha.expand(rows_shape)  # a view; raises where alpha does not broadcast to the rows
+    if rows.numel() > 0 and all(stride == 0 or size == 1 for stride, size in zip(rows.stride(), rows.shape,
+                                                                                  strict=True)):
+        return rows[(0,) * rows.dim()].reshape(1), 0
+    return rows.contiguous(), 1
 
 
 def _pointer(t: Tensor | None) -> int | None:

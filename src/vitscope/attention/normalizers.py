@@ -101,8 +101,9 @@ def entmax(x: Tensor, alpha: float | Tensor = 1.5, dim: int = -1) -> Tensor:
     if alpha == 2.0:
         return sparsemax(x, dim)
     row_shape = list(_to_last(x, dim).shape[:-1]) + [1]
+    one_value = torch.full([1] * len(row_shape), alpha, dtype=compute_dtype(x), device=x.device)
     # the compiled kernels solve alpha in (1, 2] only: other alphas go to the exact solvers without a try
-    return _normalize(x, dim, "alpha", torch.full(row_shape, alpha, dtype=compute_dtype(x), device=x.device),
+    return _normalize(x, dim, "alpha", one_value.expand(row_shape),  # a view: no per-row copy
                       compiled_path=1.0 < alpha <= 2.0)
 
 

@@ -71,11 +71,25 @@ inline vf load_part(const uint16_t *p, int width, float fill) {
 
 // Float vectors as bfloat16, rounded to nearest even as PyTorch does it (NaN stays a quiet NaN), and stored
 typedef uint16_t vh __attribute__((vector_size(2 * L)));
-inline vh to_bf16(vf v) {
+inline vh to_bf16_rounded(vf v) {
     typedef uint32_t vu __attribute__((vector_size(4 * L)));
     const vu bits = (vu)v;
     const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
     return __builtin_convertvector((v != v) ? ((bits >> 16) | 0x40u) : rounded, vh);
+}
+// With AVX512_BF16, one vcvtneps2bf16: the same rounding and the same quiet NaN, but it reads float32 subnormals as
+// zero, so a vector holding one (rare: probabilities below 1.2e-38) takes the arithmetic above instead.
+inline vh to_bf16(vf v) {
+#if defined(__AVX512BF16__)
+    const __m512 a = (__m512)v;
+    const __mmask16 subnormal = _mm512_mask_cmp_ps_mask(
+        _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_NEQ_UQ),
+        _mm512_abs_ps(a), _mm512_set1_ps(1.17549435e-38f), _CMP_LT_OQ);
+    if (__builtin_expect(subnormal != 0, 0)) return to_bf16_rounded(v);
+    return (vh)_mm512_cvtneps_pbh(a);
+#else
+    return to_bf16_rounded(v);
+#endif
 }
 inline void store16(float *p, vf v) { std::memcpy(p, &v, sizeof v); }
 inline void store16(uint16_t *p, vf v) {
@@ -84,7 +98,11 @@ inline void store16(uint16_t *p, vf v) {
 }
 inline void store_part(uint16_t *p, int width, vf v) {
     const vh h = to_bf16(v);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    _mm256_mask_storeu_epi16(p, __mmask16((1u << width) - 1), (__m256i)h);
+#else
     for (int l = 0; l < width; ++l) p[l] = h[l];
+#endif
 }
 
 // Elements [i, i + L) of a row of n as a float vector, `fill` past its end; and the store of such a chunk

@@ -11,8 +11,8 @@
 // * Threshold tau on z = scale * (x - max) (shift first: a large common offset costs no digits): start at the lower bound max(-1, mean(z) - n**(-1/p)); per pass,
 //   sums over the support {z > tau} give the closed-form root on that support, which is the exact threshold iff
 //   it keeps exactly that support; otherwise step from below (Newton for entmax-1.5, Michelot for sparsemax).
-// * ok[row] is the number of passes the row needed, 0 when it did not provably converge within max_iter (NaN
-//   input, say): the caller finishes those rows with its exact eager solver.
+// * ok[row] is 1 when the row provably converged within max_iter passes, else 0 (NaN input, say): the caller
+//   finishes those rows with its exact eager solver.
 // * While a block iterates, the next block is prefetched, so memory traffic overlaps the arithmetic.
 // * alpha-entmax prunes each row to the keys that can be in its support first: alpha_rows.h.
 //
@@ -39,6 +39,11 @@ enum Kind {
 };
 #undef VITSCOPE_KIND
 constexpr Kind SPARSEMAX = KIND_sparsemax, ENTMAX15 = KIND_entmax15, ALPHA = KIND_alpha;
+
+// Rows per chunk handed to a thread (a multiple of the 16-row blocks): small enough that the threads finish
+// together when rows differ in cost or a thread is preempted, large enough (about 0.8 MB of 197-key float32 rows)
+// that each thread still streams long runs of memory (64-row chunks measured 10-40% slower than static halves)
+constexpr int64_t CHUNK_ROWS = 64 * L;
 
 template <Kind kind, typename T>
 void solve_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int max_iter, vf *buf) {
@@ -132,59 +137,65 @@ void solve_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int max_ite
             g = g > zero ? g : zero;
             store_chunk(yr, i, n, kind == ENTMAX15 ? g * g : g);
         }
-        ok[l] = uint8_t(passes[l] > 255 ? 255 : passes[l]);
+        ok[l] = passes[l] > 0;
     }
 }
 
+// The rows of the chunks this thread takes, 16 at a time, with one scratch buffer for all of them
 template <Kind kind, typename T>
-void solve_rows(const T *x, T *y, uint8_t *ok, int64_t first, int64_t last, int64_t n, int max_iter,
-                const float *alpha) {
+void solve_rows(const T *x, T *y, uint8_t *ok, RowChunks &chunks, int64_t n, int max_iter, Alphas alpha) {
     if constexpr (kind == ALPHA) {
         AlphaScratch work(n);
         if (!work.ok()) return;  // ok stays 0: the caller's exact solver takes these rows
-        for (int64_t r = first; r < last; r += L) {
-            const int rows = last - r < L ? int(last - r) : L;
-            solve_alpha_block(x + r * n, y + r * n, ok + r, rows, n, max_iter, work, alpha + r);
+        for (int64_t first, last; chunks.next(first, last);) {
+            for (int64_t r = first; r < last; r += L) {
+                const int rows = last - r < L ? int(last - r) : L;
+                solve_alpha_block(x + r * n, y + r * n, ok + r, rows, n, max_iter, work, alpha.from(r));
+            }
         }
         return;
     }
     vf *buf = static_cast<vf *>(std::aligned_alloc(sizeof(vf), size_t(n) * sizeof(vf)));
     if (!buf) return;  // ok stays 0: the caller's exact solver takes these rows
-    for (int64_t r = first; r < last; r += L) {
-        const int rows = last - r < L ? int(last - r) : L;
-        solve_block<kind>(x + r * n, y + r * n, ok + r, rows, n, max_iter, buf);
+    for (int64_t first, last; chunks.next(first, last);) {
+        for (int64_t r = first; r < last; r += L) {
+            const int rows = last - r < L ? int(last - r) : L;
+            solve_block<kind>(x + r * n, y + r * n, ok + r, rows, n, max_iter, buf);
+        }
     }
     std::free(buf);
 }
 
-// Closed-form backward on rows [first, last): grad_x = w g - w sum(w g) / sum(w), with w = y ** (2 - alpha) on
-// the support (sqrt(y) for entmax-1.5, the support's indicator for sparsemax). One row at a time: rows are
-// independent. The weights go to `out` in the first pass and are reused in the second, the row still in L1.
-// alpha-entmax (and its alpha gradient) works on each row's support only: alpha_backward_row. Returns false where
-// its buffer cannot be had.
+// Closed-form backward on the rows of the chunks this thread takes: grad_x = w g - w sum(w g) / sum(w), with
+// w = y ** (2 - alpha) on the support (sqrt(y) for entmax-1.5, the support's indicator for sparsemax). One row
+// at a time: rows are independent. The weights go to `packed` in the first pass and are reused in the second,
+// the row still in L1. alpha-entmax (and its alpha gradient) works on each row's support only:
+// alpha_backward_row. Returns false where its buffer cannot be had.
 template <Kind kind, typename T>
-bool backward_rows(const T *grad, const T *y, T *out, float *d_alpha, int64_t first, int64_t last, int64_t n,
-                   const float *alpha) {
-    const int64_t width = (n + L - 1) / L * L + L, chunks = (n + L - 1) / L;
-    float *packed = static_cast<float *>(std::aligned_alloc(sizeof(vf), size_t(3 * width + chunks) * 4));
+bool backward_rows(const T *grad, const T *y, T *out, float *d_alpha, RowChunks &chunks, int64_t n,
+                   Alphas alpha) {
+    const int64_t width = (n + L - 1) / L * L + L, row_chunks = (n + L - 1) / L;
+    float *packed = static_cast<float *>(std::aligned_alloc(sizeof(vf), size_t(3 * width + row_chunks) * 4));
     if (!packed) return false;
-    for (int64_t r = first; r < last; ++r) {
-        const T *g = grad + r * n, *yr = y + r * n;
-        T *o = out + r * n;
-        if constexpr (kind == ALPHA) {
-            alpha_backward_row(g, yr, o, d_alpha ? d_alpha + r : nullptr, n, alpha[r], packed, width);
-        } else {  // the weights in float32 in `packed`, reused while the row is still in L1
-            vf wg{}, w{};
-            for (int64_t i = 0; i < n; i += L) {
-                const vf yv = load_chunk(yr, i, n, 0.0f);
-                const vf wi = kind == ENTMAX15 ? vsqrt(yv) : (yv > vf{} ? splat(1.0f) : vf{});
-                store16(packed + i, wi);
-                wg += wi * load_chunk(g, i, n, 0.0f);
-                w += wi;
+    for (int64_t first, last; chunks.next(first, last);) {
+        for (int64_t r = first; r < last; ++r) {
+            const T *g = grad + r * n, *yr = y + r * n;
+            T *o = out + r * n;
+            if constexpr (kind == ALPHA) {
+                alpha_backward_row(g, yr, o, d_alpha ? d_alpha + r : nullptr, n, alpha[r], packed, width);
+            } else {  // the weights in float32 in `packed`, reused while the row is still in L1
+                vf wg{}, w{};
+                for (int64_t i = 0; i < n; i += L) {
+                    const vf yv = load_chunk(yr, i, n, 0.0f);
+                    const vf wi = kind == ENTMAX15 ? vsqrt(yv) : (yv > vf{} ? splat(1.0f) : vf{});
+                    store16(packed + i, wi);
+                    wg += wi * load_chunk(g, i, n, 0.0f);
+                    w += wi;
+                }
+                const vf mean = splat(hsum(wg) / hsum(w));
+                for (int64_t i = 0; i < n; i += L)
+                    store_chunk(o, i, n, load16(packed + i) * (load_chunk(g, i, n, 0.0f) - mean));
             }
-            const vf mean = splat(hsum(wg) / hsum(w));
-            for (int64_t i = 0; i < n; i += L)
-                store_chunk(o, i, n, load16(packed + i) * (load_chunk(g, i, n, 0.0f) - mean));
         }
     }
     std::free(packed);
@@ -193,26 +204,26 @@ bool backward_rows(const T *grad, const T *y, T *out, float *d_alpha, int64_t fi
 
 template <Kind kind, typename T>
 void forward(const T *x, T *y, uint8_t *ok, int64_t rows, int64_t n, int threads, int max_iter,
-             const float *alpha) {
+             Alphas alpha) {
     std::memset(ok, 0, size_t(rows));
-    in_parallel(rows, L, threads, [&](int64_t first, int64_t last) {
-        solve_rows<kind>(x, y, ok, first, last, n, max_iter, alpha);
+    in_parallel(rows, CHUNK_ROWS, threads, [&](RowChunks &chunks) {
+        solve_rows<kind>(x, y, ok, chunks, n, max_iter, alpha);
     });
 }
 
 template <Kind kind, typename T>
 int backward(const T *grad, const T *y, T *out, float *d_alpha, int64_t rows, int64_t n, int threads,
-              const float *alpha) {
+              Alphas alpha) {
     int failed = 0;
-    in_parallel(rows, 1, threads, [&](int64_t first, int64_t last) {
-        if (!backward_rows<kind>(grad, y, out, d_alpha, first, last, n, alpha)) __atomic_store_n(&failed, 1, 0);
+    in_parallel(rows, CHUNK_ROWS, threads, [&](RowChunks &chunks) {
+        if (!backward_rows<kind>(grad, y, out, d_alpha, chunks, n, alpha)) __atomic_store_n(&failed, 1, 0);
     });
     return failed ? -3 : 0;
 }
 
 template <Kind kind>
 int forward_typed(int dtype, const void *x, void *y, uint8_t *ok, int64_t rows, int64_t n, int threads,
-                  int max_iter, const float *alpha) {
+                  int max_iter, Alphas alpha) {
     switch (dtype) {
         case F32:
             forward<kind>(static_cast<const float *>(x), static_cast<float *>(y), ok, rows, n, threads, max_iter, alpha);
@@ -227,7 +238,7 @@ int forward_typed(int dtype, const void *x, void *y, uint8_t *ok, int64_t rows, 
 
 template <Kind kind>
 int backward_typed(int dtype, const void *grad, const void *y, void *out, float *d_alpha, int64_t rows, int64_t n,
-                   int threads, const float *alpha) {
+                   int threads, Alphas alpha) {
     switch (dtype) {
         case F32:
             return backward<kind>(static_cast<const float *>(grad), static_cast<const float *>(y),
@@ -243,12 +254,15 @@ int backward_typed(int dtype, const void *grad, const void *y, void *out, float 
 
 extern "C" {
 
-int vitscope_abi_version() { return 6; }
+int vitscope_abi_version() { return 7; }
 
-// kind: a code of kinds.def; dtype: 0 float32, 1 bfloat16, of x and y; alpha: one float per row (kind alpha only,
-// else ignored and may be null). Returns 0, -1 for an unknown kind, -2 for an unknown dtype.
-int vitscope_forward(int kind, int dtype, const float *alpha, const void *x, void *y, uint8_t *ok, int64_t rows,
-                     int64_t n, int threads, int max_iter) {
+// kind: a code of kinds.def; dtype: 0 float32, 1 bfloat16, of x and y; row r's alpha is
+// alpha_values[r * alpha_step] (kind alpha only, else ignored and may be null; step 0: one alpha for all rows);
+// ok: one byte per row, 1 where the row is proven exact, else 0 (a bool array). Returns 0, -1 for an unknown kind,
+// -2 for an unknown dtype.
+int vitscope_forward(int kind, int dtype, const float *alpha_values, int64_t alpha_step, const void *x, void *y,
+                     uint8_t *ok, int64_t rows, int64_t n, int threads, int max_iter) {
+    const Alphas alpha{alpha_values, alpha_step};
     switch (kind) {
         case SPARSEMAX: return forward_typed<SPARSEMAX>(dtype, x, y, ok, rows, n, threads, max_iter, alpha);
         case ENTMAX15: return forward_typed<ENTMAX15>(dtype, x, y, ok, rows, n, threads, max_iter, alpha);
@@ -257,10 +271,12 @@ int vitscope_forward(int kind, int dtype, const float *alpha, const void *x, voi
     }
 }
 
-// grad, y -> out, all of dtype as above; d_alpha (float32, one per row, kind alpha only) may be null.
+// grad, y -> out, all of dtype as above; alpha as above; d_alpha (float32, one per row, kind alpha only) may be
+// null.
 // Returns 0, -1 or -2 as above, -3 when a work buffer could not be allocated (out is then incomplete).
-int vitscope_backward(int kind, int dtype, const float *alpha, const void *grad, const void *y, void *out,
-                      float *d_alpha, int64_t rows, int64_t n, int threads) {
+int vitscope_backward(int kind, int dtype, const float *alpha_values, int64_t alpha_step, const void *grad,
+                      const void *y, void *out, float *d_alpha, int64_t rows, int64_t n, int threads) {
+    const Alphas alpha{alpha_values, alpha_step};
     switch (kind) {
         case SPARSEMAX: return backward_typed<SPARSEMAX>(dtype, grad, y, out, nullptr, rows, n, threads, alpha);
         case ENTMAX15: return backward_typed<ENTMAX15>(dtype, grad, y, out, nullptr, rows, n, threads, alpha);
