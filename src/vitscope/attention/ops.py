@@ -53,8 +53,8 @@ def sparse_normalize(x: Tensor, alpha: Tensor | None, kind: str, native_path: bo
     if deferred_check and path == "compiled":  # the native kernels run on the CPU, where a host read is free
         exactness.count_unproven(converged)
         return y
-    redo = ~converged.reshape(-1)
-    if bool(redo.any()):
+    if not bool(converged.all()):  # one reduction on the common, all-proven path
+        redo = ~converged.reshape(-1)
         n = x.shape[-1]
         y = y.contiguous()
         rows = None if alpha is None else alpha.reshape(-1, 1)[redo]
