@@ -67,10 +67,11 @@ def _texture(rng: np.random.Generator, yy: np.ndarray, xx: np.ndarray) -> np.nda
 
 def _class_texture(rng: np.random.Generator, label: int, yy: np.ndarray, xx: np.ndarray) -> np.ndarray:
     """The texture that *is* class ``label`` under ``cue='texture'``: TEXTURES[label] (pattern x period), in a
-    random colour and its complement (colours carry no class; the contrast is always high) at a random phase
-    and orientation, (H, W, 3) in [0, 1]."""
+    random dark grey and its light complement at a random phase and orientation, (H, W, 3) in [0, 1]. Grey, not
+    colour: a colour pair is a per-image cue that every crop keeps and DINO's colour jitter does not remove, so
+    self-distillation matches views by it instead of by the pattern."""
     pattern, period = TEXTURES[label]
-    c1 = rng.uniform(0.0, 1.0, size=3)
+    c1 = np.full(3, rng.uniform(0.0, 0.3))
     c2 = 1.0 - c1
     angle = rng.uniform(0, np.pi)
     u = xx * np.cos(angle) + yy * np.sin(angle) + rng.uniform(0, period)
