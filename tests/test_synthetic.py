@@ -47,7 +47,9 @@ def test_load_dataset_entry_point_and_batches():
 def test_texture_cue_puts_the_class_in_the_texture_and_not_in_the_colour():
     """cue='texture': the object's texture is the class (the amplitude spectrum, blind to colour and position,
     recovers it at twice chance or better, and better than the object's mean colour, which only knows the
-    patterns' fill fraction), and the masks still mark the object."""
+    patterns' fill fraction), the objects are grey (no per-image colour for self-supervision to match views
+    by) on a coloured background, one in every quadrant (so every crop shows the class), and the masks mark
+    them."""
     from vitscope.metrics.knn import knn_top1
 
     train = synthetic_scenes("train", 768, cue="texture")
@@ -55,6 +57,14 @@ def test_texture_cue_puts_the_class_in_the_texture_and_not_in_the_colour():
     assert train.classes[0] == "stripes-4px" and len(set(train.classes)) == 8
     masks = test.extras["masks"]
     assert all(set(masks[i].unique().tolist()) == {0, int(test.labels[i]) + 1} for i in range(len(test)))
+    red, green, blue = test.images.unbind(1)
+    inside = masks > 0
+    assert torch.equal(red[inside], green[inside]) and torch.equal(red[inside], blue[inside])
+    assert (red[~inside] != green[~inside]).float().mean() > 0.5  # the background keeps its colours
+    quadrants = inside.unflatten(1, (2, 16)).unflatten(3, (2, 16)).float().mean((2, 4))  # (N, 2, 2) coverage
+    assert quadrants.min() > 0.2, quadrants.min()
+    greys = torch.tensor([len(red[i][inside[i]].unique()) for i in range(len(test))])  # one object: 2 levels
+    assert (greys >= 6).float().mean() > 0.9, greys  # four objects, each with its own dark and light grey
 
     def spectrum(data):  # the grey image's amplitude spectrum: blind to colour, phase and position
         return torch.fft.rfft2(data.images.float().mean(1) / 255).abs().flatten(1)
