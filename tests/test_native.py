@@ -200,14 +200,49 @@ def test_one_alpha_for_all_rows_matches_the_same_alpha_per_row():
     per_row = torch.full((600,), 1.3)
     y, converged = native.forward("alpha", x, per_row)
     finished = entmax(x, 1.3)  # every row, for the backward
+    d_x_rows, d_alpha_rows = native.backward("alpha", g, finished, per_row, alpha_grad=True)
     for one in (1.3, torch.tensor(1.3).expand(600, 1)):
-        assert native._row_alphas(one, x.shape[:-1])[1] == 0
+        assert native._row_alphas(one, x.shape[:-1]).values.numel() == 1
         y_one, converged_one = native.forward("alpha", x, one)
         assert torch.equal(y_one[converged], y[converged]) and torch.equal(converged_one, converged)
-        d_x, d_alpha = native.backward("alpha", g, finished, one, alpha_grad=True)
-        d_x_rows, d_alpha_rows = native.backward("alpha", g, finished, per_row, alpha_grad=True)
-        assert torch.equal(d_x, d_x_rows) and torch.equal(d_alpha, d_alpha_rows)
-    assert native._row_alphas(per_row, x.shape[:-1])[1] == 1
+        d_x, _ = native.backward("alpha", g, finished, one)
+        assert torch.equal(d_x, d_x_rows)
+    # the gradient of one value is the sum over its rows; of an expanded tensor, one per element (row)
+    d_one = native.backward("alpha", g, finished, 1.3, alpha_grad=True)[1]
+    assert d_one.shape == () and torch.allclose(d_one, d_alpha_rows.double().sum().float(), rtol=1e-6)
+    d_expanded = native.backward("alpha", g, finished, torch.tensor(1.3).expand(600, 1), alpha_grad=True)[1]
+    assert d_expanded.shape == (600, 1) and torch.equal(d_expanded[:, 0], d_alpha_rows)
+    assert native._row_alphas(per_row, x.shape[:-1]).values.numel() == 600
+
+
+def test_per_head_alpha_is_read_per_head_and_its_gradient_summed_per_head():
+    # (batch, heads, queries) rows with one alpha per head: the kernels read the heads' own values (no per-row copy)
+    # and sum the gradient per head; against the same alphas expanded to one per row, summed here in float64
+    batch, heads, queries, keys = 3, 4, 37, 65
+    x = adversarial_rows(batch * heads * queries, keys, 2.0).reshape(batch, heads, queries, keys)
+    g = torch.randn_like(x)
+    heads_alpha = torch.tensor([1.0, 1.25, 1.5, 1.9])[None, :, None, None]  # alpha = 1 (softmax): gradient 0
+    per_row = heads_alpha.expand(batch, heads, queries, 1).contiguous()
+    read = native._row_alphas(heads_alpha, x.shape[:-1])
+    assert (read.values.numel(), read.inner, read.period, read.per_row) == (heads, queries, heads, False)
+    y_rows, ok_rows = native.forward("alpha", x, per_row)
+    y_heads, ok_heads = native.forward("alpha", x, heads_alpha)
+    assert torch.equal(ok_heads, ok_rows) and torch.equal(y_heads[ok_heads], y_rows[ok_rows])
+    finished = entmax(x, per_row)
+    d_x_rows, d_alpha_rows = native.backward("alpha", g, finished, per_row, alpha_grad=True)
+    d_x_heads, d_alpha_heads = native.backward("alpha", g, finished, heads_alpha, alpha_grad=True)
+    assert torch.equal(d_x_heads, d_x_rows) and d_alpha_heads.shape == heads_alpha.shape
+    assert torch.all(d_alpha_rows[:, 0] == 0) and d_alpha_heads[0, 0, 0, 0] == 0
+    expected = d_alpha_rows.double().sum((0, 2)).reshape(1, heads, 1, 1)
+    torch.testing.assert_close(d_alpha_heads.double(), expected, rtol=1e-6, atol=1e-6)
+    # alphas that vary along dims that are not one run (per batch and query) come per row, summed to their shape
+    odd = torch.rand(batch, 1, queries, 1) * 0.8 + 1.1
+    assert native._row_alphas(odd, x.shape[:-1]).per_row
+    d_odd = native.backward("alpha", g, finished, odd, alpha_grad=True)[1]
+    expected = native.backward("alpha", g, finished, odd.expand(batch, heads, queries, 1).contiguous(),
+                               alpha_grad=True)[1].double().sum(1, keepdim=True)
+    assert d_odd.shape == odd.shape
+    torch.testing.assert_close(d_odd.double(), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_non_contiguous_and_batched_inputs(native_calls):

@@ -24,12 +24,15 @@
 
 namespace vitscope {
 
-// Each row's alpha: values[r * step], step 1 for one value per row, 0 for one value for all rows
+// Each row's alpha: values[((first + row) / inner) % period]. One value for all rows: inner = period = 1; one
+// per row: inner 1, period = the rows; one per head of (batch, heads, queries) rows: inner = queries, period =
+// heads. The values are those of the caller's alpha tensor itself, never a per-row copy.
 struct Alphas {
     const float *values = nullptr;
-    int64_t step = 1;
-    float operator[](int64_t row) const { return values[row * step]; }
-    Alphas from(int64_t row) const { return {values + row * step, step}; }  // rows [row, ...) as 0, 1, ...
+    int64_t inner = 1, period = 1, first = 0;
+    int64_t index(int64_t row) const { return (first + row) / inner % period; }
+    float operator[](int64_t row) const { return values[index(row)]; }
+    Alphas from(int64_t row) const { return {values, inner, period, first + row}; }  // rows [row, ...) as 0, 1, ...
 };
 
 // One thread's buffers for blocks of 16 rows of n keys: `width` is n rounded up to L, plus L of room for the
@@ -229,7 +232,7 @@ void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int m
 
 // The backward of one row on its support only (packed by vector compaction): w = y ** (2 - alpha),
 // grad_x = w g - w sum(w g) / sum(w); with d_alpha, also (Correia et al., 2019, as in the entmax package)
-// (sum g y - m) / (a - 1)**2 - (sum g y log y - m sum y log y) / (a - 1), m = sum(w g) / sum(w).
+// (sum g y - m) / (a - 1)**2 - (sum g y log y - m sum y log y) / (a - 1), m = sum(w g) / sum(w); 0 for a = 1.
 // `packed` holds 3 x width floats and then `chunks` uint32 (width and chunks as AlphaScratch's).
 template <typename T>
 void alpha_backward_row(const T *g, const T *yr, T *o, float *d_alpha, int64_t n, float a, float *packed,
@@ -273,7 +276,8 @@ void alpha_backward_row(const T *g, const T *yr, T *o, float *d_alpha, int64_t n
     }
     if (d_alpha) {
         const float am1 = a - 1.0f;
-        *d_alpha = (hsum(gyv) - mean) / (am1 * am1) - (hsum(gsv) - mean * hsum(sv)) / am1;
+        *d_alpha = am1 == 0.0f ? 0.0f  // alpha = 1 is softmax, whose alpha gradient is taken as 0
+                               : (hsum(gyv) - mean) / (am1 * am1) - (hsum(gsv) - mean * hsum(sv)) / am1;
     }
 }
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -26,6 +27,7 @@ import threading
 import warnings
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -44,7 +46,7 @@ HEADERS = (HERE / "vector_math.h", HERE / "parallel.h", HERE / "row_tiles.h", HE
 FLAG_SETS = (("-march=native", "-fopenmp"), ("-mcpu=native", "-fopenmp"), ("-march=native", "-fopenmp-simd"),
              ("-mcpu=native", "-fopenmp-simd"), ("-fopenmp-simd",), ())
 _COMMON_FLAGS = ("-O3", "-fno-math-errno", "-shared", "-fPIC", "-pthread", "-std=c++17")
-_ABI_VERSION = 7
+_ABI_VERSION = 8
 _MIN_ELEMENTS_PER_THREAD = 1 << 15
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # read and written by the kernels; float16 is converted first
 
@@ -127,8 +129,8 @@ class NativeKernels:
         if lib.vitscope_abi_version() != _ABI_VERSION:
             raise RuntimeError(f"{path} is stale: delete it to rebuild")
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.vitscope_forward.argtypes = [i32, i32, p, i64, p, p, p, i64, i64, i32, i32]
-        lib.vitscope_backward.argtypes = [i32, i32, p, i64, p, p, p, p, i64, i64, i32]
+        lib.vitscope_forward.argtypes = [i32, i32, p, i64, i64, p, p, p, i64, i64, i32, i32]
+        lib.vitscope_backward.argtypes = [i32, i32, p, i64, i64, p, p, p, p, i64, i64, i32]
         lib.vitscope_softmax_locality.argtypes = [p] * 6 + [i64] * 6 + [ctypes.c_float, i32]
         lib.vitscope_softmax_locality.restype = None
         return lib
@@ -144,15 +146,17 @@ class NativeKernels:
         ``converged`` flags (x.shape[:-1]); a row not proven exact within ``max_passes`` (default: the object's)
         threshold passes is flagged False for the caller to finish, as is every row of kind "alpha" whose alpha lies
         outside (1, 2].
-        ``alpha`` (kind "alpha" only): a float or one value per row, broadcastable to x.shape[:-1]."""
+        ``alpha`` (kind "alpha" only): a float or a tensor broadcastable to x.shape[:-1] (or to x.shape[:-1] + (1,)):
+        one value, one per head, one per row."""
         lib = self._loaded()
         rows_in = _kernel_input(x)
         n = rows_in.shape[-1]
         rows = rows_in.numel() // n
         y = torch.empty(rows_in.shape, dtype=rows_in.dtype)
         converged = torch.empty(rows_in.shape[:-1], dtype=torch.bool)  # written as 0 / 1 bytes
-        alphas, step = _row_alphas(alpha, x.shape[:-1]) if kind == "alpha" else (None, 0)
-        _check(lib.vitscope_forward(kind_named(kind).code, _DTYPES[rows_in.dtype], _pointer(alphas), step,
+        alphas = _row_alphas(alpha, x.shape[:-1]) if kind == "alpha" else RowAlphas(None, 1, 1)
+        _check(lib.vitscope_forward(kind_named(kind).code, _DTYPES[rows_in.dtype], _pointer(alphas.values),
+                                    alphas.inner, alphas.period,
                                     rows_in.data_ptr(), y.data_ptr(), converged.data_ptr(), rows, n, _threads(y),
                                     self.max_passes if max_passes is None else max_passes))
         return y, converged
@@ -160,18 +164,25 @@ class NativeKernels:
     def backward(self, kind: str, grad: Tensor, y: Tensor, alpha: Tensor | float | None = None,
                  alpha_grad: bool = False) -> tuple[Tensor, Tensor | None]:
         """Closed-form VJP (shape and dtype of ``y``: bfloat16 or float32) of the forward whose output is ``y``,
-        and with ``alpha_grad`` (kind "alpha") the gradient with respect to each row's alpha (float32,
-        y.shape[:-1]). ``grad`` is read in ``y``'s dtype."""
+        and with ``alpha_grad`` (kind "alpha") the gradient with respect to ``alpha`` (float32, alpha's shape: one
+        value per head for a per-head alpha, summed over its rows inside the kernel; () for a float), 0 where alpha
+        is 1. ``grad`` is read in ``y``'s dtype."""
         lib = self._loaded()
         dtype = y.dtype if y.dtype in _DTYPES else torch.float32
         y = y.detach().to(dtype).contiguous()
         grad = grad.detach().to(dtype).contiguous()
         out = torch.empty_like(y)
-        alphas, step = _row_alphas(alpha, y.shape[:-1]) if kind == "alpha" else (None, 0)
-        d_alpha = torch.empty(y.shape[:-1]) if alpha_grad and kind == "alpha" else None
-        _check(lib.vitscope_backward(kind_named(kind).code, _DTYPES[grad.dtype], _pointer(alphas), step,
-                                     grad.data_ptr(), y.data_ptr(), out.data_ptr(), _pointer(d_alpha),
-                                     y.numel() // y.shape[-1], y.shape[-1], _threads(y)))
+        with_grad = alpha_grad and kind == "alpha"
+        alphas = (_row_alphas(alpha, y.shape[:-1], collapse_expanded=not with_grad) if kind == "alpha"
+                  else RowAlphas(None, 1, 1))
+        d_alpha = torch.empty(alphas.period) if with_grad else None
+        _check(lib.vitscope_backward(kind_named(kind).code, _DTYPES[grad.dtype], _pointer(alphas.values),
+                                     alphas.inner, alphas.period, grad.data_ptr(), y.data_ptr(), out.data_ptr(),
+                                     _pointer(d_alpha), y.numel() // y.shape[-1], y.shape[-1], _threads(y)))
+        if d_alpha is not None:
+            shape = torch.as_tensor(alpha).shape
+            rows = y.shape[:-1] + (1,) * (len(shape) - len(y.shape[:-1]))  # alpha may carry the rows' (..., 1)
+            d_alpha = d_alpha.reshape(rows).sum_to_size(shape) if alphas.per_row else d_alpha.reshape(shape)
         return out, d_alpha
 
     def softmax_locality(self, q: Tensor, k: Tensor, scale: float, distances: Tensor, prefix: int) -> Tensor:
@@ -251,19 +262,38 @@ def _kernel_input(x: Tensor) -> Tensor:
     return (x if x.dtype in _DTYPES else x.to(torch.float32)).contiguous()
 
 
-def _row_alphas(alpha: Tensor | float | None, rows_shape: torch.Size) -> tuple[Tensor, int]:
-    """The kernels' alphas: (one float32 value, step 0) where every row has the same one (a float, or a tensor
-    expanded from one value: no per-row copy), else (one per row, contiguous rows_shape, step 1)."""
+class RowAlphas(NamedTuple):
+    """The kernels' alphas: row r's alpha is values[r // inner % period] (float32, contiguous); ``per_row``: one
+    value per row, where the alpha given did not map onto the rows that way (then its gradient is summed here)."""
+
+    values: Tensor | None
+    inner: int
+    period: int
+    per_row: bool = False
+
+
+def _row_alphas(alpha: Tensor | float | None, rows_shape: torch.Size, collapse_expanded: bool = True) -> RowAlphas:
+    """``alpha`` (broadcastable to ``rows_shape``, or to it + (1,)) as the kernels read it: its own values where
+    the dims along which it varies are one run of ``rows_shape``'s (one value for all rows; one per head of
+    (batch, heads, queries) rows), else one per row. With ``collapse_expanded``, dims of a tensor expanded from
+    fewer values (stride 0) count as not varying: no per-row copy of an expanded alpha."""
     if alpha is None:
         raise ValueError("kind 'alpha' needs alpha: a float or one value per row")
     alpha = torch.as_tensor(alpha, dtype=torch.float32).detach()
     if alpha.dim() == len(rows_shape) + 1 and alpha.shape[-1] == 1:
         alpha = alpha[..., 0]
-    rows = alpha.expand(rows_shape)  # a view; raises where alpha does not broadcast to the rows
-    if rows.numel() > 0 and all(stride == 0 or size == 1 for stride, size in zip(rows.stride(), rows.shape,
-                                                                                  strict=True)):
-        return rows[(0,) * rows.dim()].reshape(1), 0
-    return rows.contiguous(), 1
+    alpha.expand(rows_shape)  # raises where alpha does not broadcast to the rows
+    alpha = alpha[(None,) * (len(rows_shape) - alpha.dim())]
+    if collapse_expanded:
+        alpha = alpha[tuple(slice(0, 1) if step == 0 else slice(None) for step in alpha.stride())]
+    varying = [d for d, size in enumerate(alpha.shape) if size > 1]
+    if not varying:
+        return RowAlphas(alpha.reshape(1), 1, 1)
+    first, last = varying[0], varying[-1]
+    if alpha.shape[first:last + 1] == rows_shape[first:last + 1]:
+        return RowAlphas(alpha.reshape(-1).contiguous(), math.prod(rows_shape[last + 1:]),
+                         math.prod(rows_shape[first:last + 1]))
+    return RowAlphas(alpha.expand(rows_shape).reshape(-1).contiguous(), 1, math.prod(rows_shape), per_row=True)
 
 
 def _pointer(t: Tensor | None) -> int | None:

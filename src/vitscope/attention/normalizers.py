@@ -33,7 +33,7 @@ def _to_last(x: Tensor, dim: int) -> Tensor:
 
 
 def _normalize(x: Tensor, dim: int, kind: str, alpha: Tensor | None = None, compiled_path: bool = True) -> Tensor:
-    """Run ``kind`` along ``dim``; ``alpha`` is already (x moved to the last dim).shape[:-1] + (1,).
+    """Run ``kind`` along ``dim``; ``alpha`` already broadcasts to (x moved to the last dim).shape[:-1] + (1,).
     ``compiled_path=False`` keeps the call off the compiled kernels (which cannot solve it)."""
     last = _to_last(x, dim)
     if last.numel() == 0:
@@ -74,17 +74,19 @@ def check_alpha(alpha: float) -> float:
 
 
 def _row_alpha(alpha: Tensor, x: Tensor, dim: int) -> Tensor:
-    """alpha broadcast to x's shape with size 1 along ``dim``, moved to the last dim, in the compute dtype."""
+    """alpha with x's rank and size 1 along ``dim``, moved to the last dim, in the compute dtype: not expanded to
+    the rows (the kernels read a per-head alpha as it is, and return its gradient per head)."""
     if not alpha.is_floating_point():
         raise TypeError(f"entmax alpha is a {alpha.dtype} tensor; pass a floating-point tensor")
     target = list(x.shape)
     target[dim] = 1
     try:
-        expanded = alpha.expand(target)
+        alpha.expand(target)  # a view, only to check that alpha broadcasts
     except RuntimeError:
         raise ValueError(f"entmax alpha of shape {tuple(alpha.shape)} does not broadcast to {tuple(target)} "
                          f"(x {tuple(x.shape)} with size 1 along dim {dim})") from None
-    return _to_last(expanded.to(device=x.device, dtype=compute_dtype(x)), dim)
+    alpha = alpha[(None,) * (len(target) - alpha.dim())]
+    return _to_last(alpha.to(device=x.device, dtype=compute_dtype(x)), dim)
 
 
 def entmax(x: Tensor, alpha: float | Tensor = 1.5, dim: int = -1) -> Tensor:
@@ -100,11 +102,9 @@ def entmax(x: Tensor, alpha: float | Tensor = 1.5, dim: int = -1) -> Tensor:
         return entmax15(x, dim)
     if alpha == 2.0:
         return sparsemax(x, dim)
-    row_shape = list(_to_last(x, dim).shape[:-1]) + [1]
-    one_value = torch.full([1] * len(row_shape), alpha, dtype=compute_dtype(x), device=x.device)
+    one_value = torch.full([1] * x.dim(), alpha, dtype=compute_dtype(x), device=x.device)  # broadcast, not copied
     # the compiled kernels solve alpha in (1, 2] only: other alphas go to the exact solvers without a try
-    return _normalize(x, dim, "alpha", one_value.expand(row_shape),  # a view: no per-row copy
-                      compiled_path=1.0 < alpha <= 2.0)
+    return _normalize(x, dim, "alpha", one_value, compiled_path=1.0 < alpha <= 2.0)
 
 
 class Normalizer(nn.Module):

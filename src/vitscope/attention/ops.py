@@ -44,7 +44,8 @@ def output_dtype(x: Tensor) -> torch.dtype:
 def sparse_normalize(x: Tensor, alpha: Tensor | None, kind: str, native_path: bool, compiled_path: bool,
                      deferred_check: bool = False) -> Tensor:
     """Probabilities of normaliser ``kind`` (a name of ``kinds.def``) along the last dim of ``x``, in
-    ``output_dtype(x)``; ``alpha`` (x.shape[:-1] + (1,)) for kind "alpha"."""
+    ``output_dtype(x)``; ``alpha`` (broadcastable to x.shape[:-1] + (1,): one value, one per head, one per row)
+    for kind "alpha"."""
     fast = _fast_forward(x, alpha, kind, native_path, compiled_path, deferred_check)
     if fast is None:
         return solvers.forward(kind, x, alpha).to(output_dtype(x))
@@ -53,11 +54,13 @@ def sparse_normalize(x: Tensor, alpha: Tensor | None, kind: str, native_path: bo
     if deferred_check and path == "compiled":  # the native kernels run on the CPU, where a host read is free
         exactness.count_unproven(converged)
         return y
-    if not bool(converged.all()):  # one reduction on the common, all-proven path
+    # one reduction on the common, all-proven path; the native kernels' flags are read by numpy on this thread
+    # (torch's all() starts the thread pool for it, about 0.15 ms at ViT-S)
+    if not bool(converged.numpy().all() if path == "native" else converged.all()):
         redo = ~converged.reshape(-1)
         n = x.shape[-1]
         y = y.contiguous()
-        rows = None if alpha is None else alpha.reshape(-1, 1)[redo]
+        rows = None if alpha is None else alpha.expand(*x.shape[:-1], 1).reshape(-1, 1)[redo]
         y.view(-1, n)[redo] = solvers.forward(kind, x.reshape(-1, n)[redo], rows).to(y.dtype)
     return y
 
@@ -71,16 +74,15 @@ def _(x: Tensor, alpha: Tensor | None, kind: str, native_path: bool, compiled_pa
 @torch.library.custom_op("vitscope::sparse_normalize_backward", mutates_args=())
 def sparse_normalize_backward(grad: Tensor, y: Tensor, alpha: Tensor | None, kind: str, alpha_grad: bool,
                               native_path: bool, compiled_path: bool) -> tuple[Tensor, Tensor]:
-    """The closed-form VJP with respect to x (y's dtype) and, with ``alpha_grad``, to alpha (alpha's shape;
-    an empty tensor otherwise). The native kernels read and write bfloat16 directly; the other paths compute in
-    the compute dtype."""
+    """The closed-form VJP with respect to x (y's dtype) and, with ``alpha_grad``, to alpha (alpha's shape,
+    summed over the rows that share a value; an empty tensor otherwise). The native kernels read and write
+    bfloat16 directly, and sum a per-head alpha's gradient themselves; the other paths compute in the compute
+    dtype."""
     d_alpha = None
     if y.dtype in (torch.float32, torch.bfloat16) and use_native_backward(y, native_path):
         try:
-            d_x, d_alpha = native.backward(kind, grad, y, alpha, alpha_grad)
-            if d_alpha is not None:
-                d_alpha = torch.where(alpha.reshape(d_alpha.shape) == 1.0, 0.0, d_alpha).reshape(alpha.shape)
-            return d_x, d_alpha if d_alpha is not None else y.new_zeros(0)
+            d_x, d_alpha = native.backward(kind, grad, y, alpha, alpha_grad)  # d_alpha 0 where alpha is 1
+            return d_x, d_alpha.to(alpha.dtype) if d_alpha is not None else y.new_zeros(0)
         except RuntimeError as err:
             warnings.warn(f"vitscope: native {kind} backward failed ({err}); this call takes the next path",
                           stacklevel=2)
@@ -89,7 +91,9 @@ def sparse_normalize_backward(grad: Tensor, y: Tensor, alpha: Tensor | None, kin
         d_x, d_alpha = fused.backward(kind, grad, probs, alpha, alpha_grad)
     else:
         d_x, d_alpha = solvers.backward(kind, grad, probs, alpha, alpha_grad)
-    return d_x.to(y.dtype), d_alpha.to(alpha.dtype) if d_alpha is not None else y.new_zeros(0)
+    if d_alpha is None:
+        return d_x.to(y.dtype), y.new_zeros(0)
+    return d_x.to(y.dtype), d_alpha.sum_to_size(alpha.shape).to(alpha.dtype)  # per row, to alpha's shape
 
 
 def use_native_backward(y: Tensor, native_path: bool) -> bool:

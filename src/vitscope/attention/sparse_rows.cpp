@@ -211,13 +211,28 @@ void forward(const T *x, T *y, uint8_t *ok, int64_t rows, int64_t n, int threads
     });
 }
 
+// d_alpha: one value per alpha value (alpha.period of them), each the sum over the rows that share it (the
+// gradient of a per-head alpha, say), summed in double after the rows' own values; 0 for alpha = 1
 template <Kind kind, typename T>
 int backward(const T *grad, const T *y, T *out, float *d_alpha, int64_t rows, int64_t n, int threads,
               Alphas alpha) {
+    const bool shared = d_alpha && !(alpha.inner == 1 && alpha.period == rows);  // else one per row already
+    float *row_d = shared ? static_cast<float *>(std::malloc(size_t(rows) * sizeof(float))) : d_alpha;
+    if (shared && !row_d) return -3;
     int failed = 0;
     in_parallel(rows, CHUNK_ROWS, threads, [&](RowChunks &chunks) {
-        if (!backward_rows<kind>(grad, y, out, d_alpha, chunks, n, alpha)) __atomic_store_n(&failed, 1, 0);
+        if (!backward_rows<kind>(grad, y, out, row_d, chunks, n, alpha)) __atomic_store_n(&failed, 1, 0);
     });
+    if (shared) {
+        double *sums = static_cast<double *>(std::calloc(size_t(alpha.period), sizeof(double)));
+        if (sums) {
+            for (int64_t r = 0; r < rows; ++r) sums[alpha.index(r)] += row_d[r];
+            for (int64_t k = 0; k < alpha.period; ++k) d_alpha[k] = float(sums[k]);
+        }
+        std::free(sums);
+        std::free(row_d);
+        failed |= !sums;
+    }
     return failed ? -3 : 0;
 }
 
@@ -254,15 +269,15 @@ int backward_typed(int dtype, const void *grad, const void *y, void *out, float 
 
 extern "C" {
 
-int vitscope_abi_version() { return 7; }
+int vitscope_abi_version() { return 8; }
 
 // kind: a code of kinds.def; dtype: 0 float32, 1 bfloat16, of x and y; row r's alpha is
-// alpha_values[r * alpha_step] (kind alpha only, else ignored and may be null; step 0: one alpha for all rows);
-// ok: one byte per row, 1 where the row is proven exact, else 0 (a bool array). Returns 0, -1 for an unknown kind,
-// -2 for an unknown dtype.
-int vitscope_forward(int kind, int dtype, const float *alpha_values, int64_t alpha_step, const void *x, void *y,
-                     uint8_t *ok, int64_t rows, int64_t n, int threads, int max_iter) {
-    const Alphas alpha{alpha_values, alpha_step};
+// alpha_values[r / alpha_inner % alpha_period] (kind alpha only, else ignored and may be null; 1, 1: one alpha for
+// all rows); ok: one byte per row, 1 where the row is proven exact, else 0 (a bool array). Returns 0, -1 for an
+// unknown kind, -2 for an unknown dtype.
+int vitscope_forward(int kind, int dtype, const float *alpha_values, int64_t alpha_inner, int64_t alpha_period,
+                     const void *x, void *y, uint8_t *ok, int64_t rows, int64_t n, int threads, int max_iter) {
+    const Alphas alpha{alpha_values, alpha_inner, alpha_period};
     switch (kind) {
         case SPARSEMAX: return forward_typed<SPARSEMAX>(dtype, x, y, ok, rows, n, threads, max_iter, alpha);
         case ENTMAX15: return forward_typed<ENTMAX15>(dtype, x, y, ok, rows, n, threads, max_iter, alpha);
@@ -271,12 +286,13 @@ int vitscope_forward(int kind, int dtype, const float *alpha_values, int64_t alp
     }
 }
 
-// grad, y -> out, all of dtype as above; alpha as above; d_alpha (float32, one per row, kind alpha only) may be
-// null.
+// grad, y -> out, all of dtype as above; alpha as above; d_alpha (float32, kind alpha only; may be null): the
+// gradient with respect to each alpha value (alpha_period of them, each summed over the rows that share it).
 // Returns 0, -1 or -2 as above, -3 when a work buffer could not be allocated (out is then incomplete).
-int vitscope_backward(int kind, int dtype, const float *alpha_values, int64_t alpha_step, const void *grad,
-                      const void *y, void *out, float *d_alpha, int64_t rows, int64_t n, int threads) {
-    const Alphas alpha{alpha_values, alpha_step};
+int vitscope_backward(int kind, int dtype, const float *alpha_values, int64_t alpha_inner, int64_t alpha_period,
+                      const void *grad, const void *y, void *out, float *d_alpha, int64_t rows, int64_t n,
+                      int threads) {
+    const Alphas alpha{alpha_values, alpha_inner, alpha_period};
     switch (kind) {
         case SPARSEMAX: return backward_typed<SPARSEMAX>(dtype, grad, y, out, nullptr, rows, n, threads, alpha);
         case ENTMAX15: return backward_typed<ENTMAX15>(dtype, grad, y, out, nullptr, rows, n, threads, alpha);

@@ -167,7 +167,9 @@ inline void compress_store(float *dst, vf v, uint32_t bits) {
 }
 
 inline vf expand_load(const float *src, uint32_t bits) {
-    return (vf)_mm512_maskz_expand_ps(__mmask16(bits), _mm512_loadu_ps(src));
+    __m512 v = _mm512_loadu_ps(src);
+    asm("" : "+v"(v));  // keeps the load apart: compilers fold it into vexpandps' memory form, slow on Zen 4
+    return (vf)_mm512_maskz_expand_ps(__mmask16(bits), v);
 }
 #else
 inline uint32_t lane_bits(vi mask) {
