@@ -316,10 +316,11 @@ def test_dino_resumes_bit_exactly_after_sigkill(tmp_path):
     assert all(torch.equal(a["student"][k], b["student"][k]) for k in b["student"])
 
 
-def test_two_gloo_ranks_give_the_centre_and_loss_of_one_process(tmp_path):
-    single = dino_config(tmp_path, "single", epochs=1)
+def assert_two_ranks_match_one_process(single: TrainConfig, double: TrainConfig, tmp_path: Path,
+                                       log_lines: int) -> None:
+    """Train ``single`` in this process and ``double`` on 2 gloo ranks (torchrun); their DINO centres and
+    logged losses must agree."""
     train(single)
-    double = dino_config(tmp_path, "double", epochs=1)
     path = tmp_path / "double.json"
     path.write_text(json.dumps(double.to_dict()))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -334,8 +335,13 @@ def test_two_gloo_ranks_give_the_centre_and_loss_of_one_process(tmp_path):
     two = load_state(latest_checkpoint(Path(double.out)))["objective"]
     torch.testing.assert_close(two["centre"], one["centre"], atol=1e-5, rtol=1e-4)
     losses = [[m["loss"] for m in read_metrics(Path(c.out)) if m["kind"] == "train"] for c in (single, double)]
-    assert len(losses[0]) == len(losses[1]) == 2
+    assert len(losses[0]) == len(losses[1]) == log_lines
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+
+
+def test_two_gloo_ranks_give_the_centre_and_loss_of_one_process(tmp_path):
+    assert_two_ranks_match_one_process(dino_config(tmp_path, "single", epochs=1),
+                                       dino_config(tmp_path, "double", epochs=1), tmp_path, log_lines=2)
 
 
 def test_shipped_configs_and_bad_options(tmp_path):

@@ -12,7 +12,7 @@ import webdataset as wds
 from safetensors.torch import load_file
 from torchvision.io import encode_jpeg, encode_png
 
-from test_dino import TINY_DINO
+from test_dino import TINY_DINO, assert_two_ranks_match_one_process
 from test_train import kill_and_resume, launch, wait_for_checkpoint
 from vitscope.data import ImageDataset, load_dataset
 from vitscope.data.augment import image_uniforms
@@ -239,6 +239,18 @@ def test_streamed_dino_resumes_after_sigkill_to_the_uninterrupted_weights(tmp_pa
     assert json.loads((Path(victim.out) / "summary.json").read_text())["steps"] == 8
     ours, theirs = (load_file(str(Path(run.out) / "model.safetensors")) for run in (victim, reference))
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_streamed_dino_on_two_gloo_ranks_gives_the_centre_and_loss_of_one_process(tmp_path):
+    """Crops cut in DataLoader workers are seeded by (seed, epoch, image index), not by rank: 2 ranks with half
+    the batch each see the crops of 1 process with the whole batch."""
+    root = make_imagenet(tmp_path / "imagenet", per_class=8)
+    common = {**TINY_DINO, "dataset": "imagenet", "data_dir": str(root), "dataset_options": {"image_size": 32},
+              "stream": True, "data_workers": 1, "batch_size": 8, "eval_images": None, "epochs": 1,
+              "log_every_steps": 1, "objective_options": {**TINY_DINO["objective_options"], "knn_bank": 16}}
+    assert_two_ranks_match_one_process(TrainConfig.from_dict({**common, "out": str(tmp_path / "single")}),
+                                       TrainConfig.from_dict({**common, "out": str(tmp_path / "double")}),
+                                       tmp_path, log_lines=2)
 
 
 def test_streamed_supervised_run_and_objectives_that_need_whole_images(tmp_path):
