@@ -72,40 +72,39 @@ void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int m
     const vi valid = (a > one) & (a <= splat(2.0f));
     const vf scale = valid ? a - one : splat(0.5f), power = one / scale, power_m1 = power - one;
 
-    // Row-major, each row: its maximum, then its survivors z > -1 packed (with their sum), NaN, and the largest
-    // pruned z (the final tau must not fall below it). Rows with NaN, +inf, nothing above -inf or alpha outside
-    // (1, 2] stay open (passes 0): the caller's solver decides those.
+    // Row-major, each row: its maximum (and its sum, NaN if it holds a NaN), then its survivors z > -1 packed,
+    // with their sum. The keys pruned here have z <= -1, at or below the root (it is at least -1): -1 stands for
+    // the largest of them in the final check. Rows with NaN, +inf, nothing above -inf or alpha outside (1, 2] stay
+    // open (passes 0): the caller's solver decides those.
     vi live{};
     vf pruned_top = ninf, count{}, sum{};
     for (int l = 0; l < rows; ++l) {
         const T *xr = x + l * n;
-        vf top = ninf;
+        vf top = ninf, nan_sum{};  // the row's sum: NaN if the row holds a NaN (or both infinities)
         for (int64_t i = 0; i < n; i += L) {
             const vf v = load_chunk(xr, i, n, -inf);
             top = v > top ? v : top;
+            nan_sum += v;
             __builtin_prefetch(xr + L * n + i, 0, 1);  // the same row of the next block
         }
         const float max = hmax(top);
-        if (!(valid[l] && max > -inf && max < inf)) continue;
+        if (!(valid[l] && max > -inf && max < inf) || lane_bits(nan_sum != nan_sum)) continue;
         float *packed = work.packed + l * work.width;
         uint32_t *kept = work.kept + l * work.chunks;
         const vf m = splat(max), s = splat(scale[l]);
-        vf out = ninf, total{};
-        vi nan{};
+        vf total{};
         int survivors = 0;
         for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
             const vf z = s * (load_chunk(xr, i, n, -inf) - m);
             const vi in = z > -one;
-            nan |= z != z;
-            out = in ? out : (z > out ? z : out);
             total += in ? z : zero;
-            kept[c] = lane_bits(in);
-            compress_store(packed + survivors, z, kept[c]);
-            survivors += count_bits(kept[c]);
+            const uint32_t bits = lane_bits(in);  // kept in a register: the vector store below may alias `kept`
+            kept[c] = bits;
+            compress_store(packed + survivors, z, bits);
+            survivors += count_bits(bits);
         }
-        if (lane_bits(nan)) continue;
         live[l] = -1;
-        pruned_top[l] = hmax(out);
+        pruned_top[l] = -1.0f;
         count[l] = float(survivors);
         sum[l] = hsum(total);
     }
@@ -146,9 +145,10 @@ void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int m
             const vf z = lane < int(count[l] - i) ? load16(packed + i) : ninf;
             const vi in = z > t;
             out = in ? out : (z > out ? z : out);
-            again[c] = lane_bits(in);
-            compress_store(packed + survivors, z, again[c]);
-            survivors += count_bits(again[c]);
+            const uint32_t bits = lane_bits(in);
+            again[c] = bits;
+            compress_store(packed + survivors, z, bits);
+            survivors += count_bits(bits);
             again[c + 1] = 0;  // read past the last chunk's bits, as zeros
         }
         const float pruned = hmax(out);
@@ -230,54 +230,78 @@ void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int m
     }
 }
 
-// The backward of one row on its support only (packed by vector compaction): w = y ** (2 - alpha),
-// grad_x = w g - w sum(w g) / sum(w); with d_alpha, also (Correia et al., 2019, as in the entmax package)
-// (sum g y - m) / (a - 1)**2 - (sum g y log y - m sum y log y) / (a - 1), m = sum(w g) / sum(w); 0 for a = 1.
-// `packed` holds 3 x width floats and then `chunks` uint32 (width and chunks as AlphaScratch's).
-template <typename T>
-void alpha_backward_row(const T *g, const T *yr, T *o, float *d_alpha, int64_t n, float a, float *packed,
-                        int64_t width) {
-    float *py = packed, *pg = packed + width, *pw = packed + 2 * width;
-    uint32_t *bits = reinterpret_cast<uint32_t *>(packed + 3 * width);
-    const vf zero{};
-    int kept = 0;
-    for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
-        const vf yv = load_chunk(yr, i, n, 0.0f);
-        bits[c] = lane_bits(yv > zero);
-        compress_store(pg + kept, load_chunk(g, i, n, 0.0f), bits[c]);
-        compress_store(py + kept, yv, bits[c]);
-        kept += count_bits(bits[c]);
+// The backward of G consecutive rows (n apart) on their supports only (packed by vector compaction):
+// w = y ** (2 - alpha), grad_x = w g - w sum(w g) / sum(w); with d_alpha (one per row), also (Correia et al.,
+// 2019, as in the entmax package) (sum g y - m) / (a - 1)**2 - (sum g y log y - m sum y log y) / (a - 1),
+// m = sum(w g) / sum(w); 0 for a = 1. Each phase runs over the G rows before the next: the rows' chains (powers,
+// then sums, then the mean the output needs) are independent and overlap. `packed` holds G x 3 x width floats
+// and then G x chunks uint32 (width and chunks as AlphaScratch's).
+constexpr int BACKWARD_ROWS = 2;  // G: 2 is 5-18% faster than 1 on Zen 4 (fp32 / bf16); 4 and 8 are slower
+
+template <int G, typename T>
+void alpha_backward_rows(const T *g, const T *y, T *o, float *d_alpha, int64_t n, const float *alphas,
+                         float *packed, int64_t width) {
+    const int64_t chunks = (n + L - 1) / L;
+    uint32_t *all_bits = reinterpret_cast<uint32_t *>(packed + G * 3 * width);
+    const vf zero{}, ln2 = splat(0.693147180559945309f);
+    int kept[G];
+    for (int k = 0; k < G; ++k) {
+        const T *gr = g + k * n, *yr = y + k * n;
+        float *py = packed + k * 3 * width, *pg = py + width;
+        uint32_t *bits = all_bits + k * chunks;
+        int count = 0;
+        for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
+            const vf yv = load_chunk(yr, i, n, 0.0f);
+            const uint32_t support = lane_bits(yv > zero);  // in a register: the vector stores may alias `bits`
+            bits[c] = support;
+            compress_store(pg + count, load_chunk(gr, i, n, 0.0f), support);
+            compress_store(py + count, yv, support);
+            count += count_bits(support);
+        }
+        kept[k] = count;
     }
-    const vf exponent = splat(2.0f - a), ln2 = splat(0.693147180559945309f);
     vi lane;
     for (int l = 0; l < L; ++l) lane[l] = l;
-    vf wgv{}, wv{}, gyv{}, gsv{}, sv{};
-    for (int64_t i = 0; i < kept; i += L) {
-        const vi inside = lane < int(kept - i);  // the packed entries: all of them have y > 0
-        const vf yv = inside ? load16(py + i) : zero, gv = inside ? load16(pg + i) : zero;
-        const vf log2y = vlog2(inside ? yv : splat(1.0f));
-        const vf weight = inside ? vexp2(exponent * log2y) : zero;
-        std::memcpy(pw + i, &weight, sizeof weight);
-        wgv += weight * gv;
-        wv += weight;
+    float mean[G];
+    for (int k = 0; k < G; ++k) {
+        float *py = packed + k * 3 * width, *pg = py + width, *pw = pg + width;
+        const vf exponent = splat(2.0f - alphas[k]);
+        vf wgv{}, wv{}, gyv{}, gsv{}, sv{};
+        for (int64_t i = 0; i < kept[k]; i += L) {
+            const vi inside = lane < int(kept[k] - i);  // the packed entries: all of them have y > 0
+            const vf yv = inside ? load16(py + i) : zero, gv = inside ? load16(pg + i) : zero;
+            const vf log2y = vlog2(inside ? yv : splat(1.0f));
+            const vf weight = inside ? vexp2(exponent * log2y) : zero;
+            std::memcpy(pw + i, &weight, sizeof weight);
+            wgv += weight * gv;
+            wv += weight;
+            if (d_alpha) {
+                const vf ylogy = yv * log2y * ln2;
+                gyv += gv * yv;
+                gsv += gv * ylogy;
+                sv += ylogy;
+            }
+        }
+        mean[k] = hsum(wgv) / hsum(wv);
         if (d_alpha) {
-            const vf ylogy = yv * log2y * ln2;
-            gyv += gv * yv;
-            gsv += gv * ylogy;
-            sv += ylogy;
+            const float am1 = alphas[k] - 1.0f;
+            d_alpha[k] = am1 == 0.0f ? 0.0f  // alpha = 1 is softmax, whose alpha gradient is taken as 0
+                                     : (hsum(gyv) - mean[k]) / (am1 * am1) - (hsum(gsv) - mean[k] * hsum(sv)) / am1;
         }
     }
-    const float mean = hsum(wgv) / hsum(wv);
-    int used = 0;
-    for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
-        const vf weight = expand_load(pw + used, bits[c]);
-        used += count_bits(bits[c]);
-        store_chunk(o, i, n, weight * (load_chunk(g, i, n, 0.0f) - splat(mean)));
-    }
-    if (d_alpha) {
-        const float am1 = a - 1.0f;
-        *d_alpha = am1 == 0.0f ? 0.0f  // alpha = 1 is softmax, whose alpha gradient is taken as 0
-                               : (hsum(gyv) - mean) / (am1 * am1) - (hsum(gsv) - mean * hsum(sv)) / am1;
+    for (int k = 0; k < G; ++k) {
+        const T *gr = g + k * n;
+        T *orow = o + k * n;
+        const float *pw = packed + k * 3 * width + 2 * width;
+        const uint32_t *bits = all_bits + k * chunks;
+        const vf m = splat(mean[k]);
+        int used = 0;
+        for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
+            const uint32_t support = bits[c];
+            const vf weight = expand_load(pw + used, support);
+            used += count_bits(support);
+            store_chunk(orow, i, n, weight * (load_chunk(gr, i, n, 0.0f) - m));
+        }
     }
 }
 

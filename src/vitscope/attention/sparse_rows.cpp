@@ -170,20 +170,32 @@ void solve_rows(const T *x, T *y, uint8_t *ok, RowChunks &chunks, int64_t n, int
 // w = y ** (2 - alpha) on the support (sqrt(y) for entmax-1.5, the support's indicator for sparsemax). One row
 // at a time: rows are independent. The weights go to `packed` in the first pass and are reused in the second,
 // the row still in L1. alpha-entmax (and its alpha gradient) works on each row's support only:
-// alpha_backward_row. Returns false where its buffer cannot be had.
+// alpha_backward_rows, BACKWARD_ROWS rows at a time. Returns false where its buffer cannot be had.
 template <Kind kind, typename T>
 bool backward_rows(const T *grad, const T *y, T *out, float *d_alpha, RowChunks &chunks, int64_t n,
                    Alphas alpha) {
+    constexpr int G = BACKWARD_ROWS;
     const int64_t width = (n + L - 1) / L * L + L, row_chunks = (n + L - 1) / L;
-    float *packed = static_cast<float *>(std::aligned_alloc(sizeof(vf), size_t(3 * width + row_chunks) * 4));
+    float *packed = static_cast<float *>(std::aligned_alloc(sizeof(vf), size_t(G * (3 * width + row_chunks)) * 4));
     if (!packed) return false;
     for (int64_t first, last; chunks.next(first, last);) {
-        for (int64_t r = first; r < last; ++r) {
-            const T *g = grad + r * n, *yr = y + r * n;
-            T *o = out + r * n;
-            if constexpr (kind == ALPHA) {
-                alpha_backward_row(g, yr, o, d_alpha ? d_alpha + r : nullptr, n, alpha[r], packed, width);
-            } else {  // the weights in float32 in `packed`, reused while the row is still in L1
+        if constexpr (kind == ALPHA) {
+            int64_t r = first;
+            for (; r + G <= last; r += G) {
+                float alphas[G];
+                for (int k = 0; k < G; ++k) alphas[k] = alpha[r + k];
+                alpha_backward_rows<G>(grad + r * n, y + r * n, out + r * n, d_alpha ? d_alpha + r : nullptr, n,
+                                       alphas, packed, width);
+            }
+            for (; r < last; ++r) {
+                const float one_alpha[1] = {alpha[r]};
+                alpha_backward_rows<1>(grad + r * n, y + r * n, out + r * n, d_alpha ? d_alpha + r : nullptr, n,
+                                       one_alpha, packed, width);
+            }
+        } else {  // the weights in float32 in `packed`, reused while the row is still in L1
+            for (int64_t r = first; r < last; ++r) {
+                const T *g = grad + r * n, *yr = y + r * n;
+                T *o = out + r * n;
                 vf wg{}, w{};
                 for (int64_t i = 0; i < n; i += L) {
                     const vf yv = load_chunk(yr, i, n, 0.0f);
