@@ -1,20 +1,25 @@
-// alpha-entmax on the CPU, one alpha per row in (1, 2]: the forward for a block of up to 16 rows and the
-// closed-form backward of one row, with the gradient with respect to alpha. Included by sparse_rows.cpp.
+// alpha-entmax's forward on the CPU, one alpha per row in (1, 2], for a block of up to 64 rows. Included by
+// sparse_rows.cpp (the backward is alpha_backward.h).
 //
-// Forward: y = [z - tau]_+ ** p / sum, z = (alpha - 1) (x - max), p = 1 / (alpha - 1).
+// y = [z - tau]_+ ** p / sum, z = (alpha - 1) (x - max), p = 1 / (alpha - 1).
 // * Pruning. tau >= -1 (the top key alone has mass 1 there), so only keys with z > -1 can be in the support.
-//   Each row is read row-major (vector loads, no transpose), and its survivors are packed (vector compaction);
-//   only those, transposed 16 rows to the 16 lanes, enter the Newton passes: on attention-like rows a fifth to
-//   a twentieth of the keys. A row is accepted only if its final tau is at or above every pruned key.
+//   Each row is read row-major (vector loads, no transpose), and its survivors are packed (vector compaction).
+//   After a first Newton pass, row by row, they are pruned again at its result (a lower bound of tau): on
+//   attention-like rows a fifth to a twentieth of the keys are left. A row is accepted only if its final tau is
+//   at or above every pruned key.
 // * Newton on ||[z - tau]_+||_p - 1 (convex: from below it never overshoots the root), from the lower bound
 //   max(-1, mean(z) - k**(-1/p)) over the k survivors (Jensen: their mass alone is at least 1 there). Each pass
 //   takes one power per survivor: q = gap**(p - 1), with sum(q gap) and sum(q). A row is done when its step is
 //   below 16 float32 ulps of 1 (the eager solver's tolerance).
+// * The later passes run in the lanes: 16 rows transposed to the 16 lanes, each pass as long as the longest of
+//   them. The block's rows are sorted by survivors first, so that each 16 are alike: on the bench's rows at
+//   alpha 1.3, a pass over 22 survivors per lane instead of 32 (the mean is 18).
 // * No separate output pass: that last pass's q give y at tau + step to first order, q (gap - p step), the
 //   neglected term being of order step**2 (step <= 2e-6 there); then renormalised, and written back to the
 //   rows through the same transposes and a vector expansion.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -35,21 +40,25 @@ struct Alphas {
     Alphas from(int64_t row) const { return {values, inner, period, first + row}; }  // rows [row, ...) as 0, 1, ...
 };
 
-// One thread's buffers for blocks of 16 rows of n keys: `width` is n rounded up to L, plus L of room for the
-// whole-vector stores of the compaction.
+constexpr int ALPHA_BLOCK = 64;  // rows per block: 16 were 4-10% slower at alpha 1.3 (less alike), 128 no faster
+
+// One thread's buffers for blocks of ALPHA_BLOCK rows of n keys: `width` is n rounded up to L, plus L of room for
+// the whole-vector stores of the compaction.
 struct AlphaScratch {
     int64_t width = 0, chunks = 0;
-    vf *lanes = nullptr;       // width: the survivors' z, one row per lane, then the output
+    vf *lanes = nullptr;       // width: 16 rows' survivors' z, one row per lane, then the output
     vf *powers = nullptr;      // width: q = gap ** (p - 1) at the current tau
-    float *packed = nullptr;   // L x width: each row's survivors, row-major
-    uint32_t *kept = nullptr;  // which keys of each 16 survived, as bits: L x chunks, then from L (chunks + 1)
-                               // on, L x (chunks + 1) for the second level (over the first level's survivors)
+    float *packed = nullptr;   // (ALPHA_BLOCK + 1) x width: each row's survivors, row-major; the last row is
+                               // -inf, for the lanes no row takes
+    uint32_t *kept = nullptr;  // which keys of each 16 survived, as bits: ALPHA_BLOCK x chunks, then
+                               // ALPHA_BLOCK x (chunks + 1) for the second level (over the first level's survivors)
 
     explicit AlphaScratch(int64_t n) : width((n + L - 1) / L * L + L), chunks((n + L - 1) / L) {
         lanes = static_cast<vf *>(std::aligned_alloc(sizeof(vf), size_t(width) * sizeof(vf)));
         powers = static_cast<vf *>(std::aligned_alloc(sizeof(vf), size_t(width) * sizeof(vf)));
-        packed = static_cast<float *>(std::aligned_alloc(sizeof(vf), size_t(width) * L * sizeof(float)));
-        kept = static_cast<uint32_t *>(std::malloc(size_t(chunks + 1) * 2 * L * sizeof(uint32_t)));
+        packed = static_cast<float *>(
+            std::aligned_alloc(sizeof(vf), size_t(width) * (ALPHA_BLOCK + 1) * sizeof(float)));
+        kept = static_cast<uint32_t *>(std::malloc(size_t(2 * chunks + 1) * ALPHA_BLOCK * sizeof(uint32_t)));
     }
     ~AlphaScratch() {
         std::free(lanes);
@@ -60,38 +69,47 @@ struct AlphaScratch {
     AlphaScratch(const AlphaScratch &) = delete;
     AlphaScratch &operator=(const AlphaScratch &) = delete;
     bool ok() const { return lanes && powers && packed && kept; }
+    float *row(int r) const { return packed + r * width; }
+    uint32_t *first_bits(int r) const { return kept + r * chunks; }
+    uint32_t *second_bits(int r) const { return kept + ALPHA_BLOCK * chunks + r * (chunks + 1); }
 };
 
-template <typename T>
-void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int max_iter, AlphaScratch &work,
-                       Alphas alpha) {
-    const float tol = 16.0f * 1.1920929e-7f, inf = INFINITY;
-    const vf zero{}, one = splat(1.0f), ninf = splat(-inf);
-    vf a;
-    for (int l = 0; l < L; ++l) a[l] = alpha[l < rows ? l : 0];
-    const vi valid = (a > one) & (a <= splat(2.0f));
-    const vf scale = valid ? a - one : splat(0.5f), power = one / scale, power_m1 = power - one;
+// What the block's rows carry from one stage to the next, one entry per row (arrays, not vectors: inserting per-row
+// results into a vector one by one would chain the rows' latencies together)
+struct BlockRows {
+    alignas(64) float scale[ALPHA_BLOCK], power[ALPHA_BLOCK];  // alpha - 1 and p = 1 / (alpha - 1)
+    alignas(64) float count[ALPHA_BLOCK], sum[ALPHA_BLOCK];    // first-level survivors: how many, and their sum
+    alignas(64) float tau[ALPHA_BLOCK], pruned[ALPHA_BLOCK];   // lower bound of tau; largest pruned z
+    alignas(64) float totals[ALPHA_BLOCK], slopes[ALPHA_BLOCK];
+    alignas(64) int32_t live[ALPHA_BLOCK], survivors[ALPHA_BLOCK];  // solved here (-1); second-level survivors
+    uint8_t done[ALPHA_BLOCK];                                       // proven exact
+};
 
-    // Row-major, each row: its maximum (and its sum, NaN if it holds a NaN), then its survivors z > -1 packed,
-    // with their sum. The keys pruned here have z <= -1, at or below the root (it is at least -1): -1 stands for
-    // the largest of them in the final check. Rows with NaN, +inf, nothing above -inf or alpha outside (1, 2] stay
-    // open (passes 0): the caller's solver decides those.
-    vi live{};
-    vf pruned_top = ninf, count{}, sum{};
+// Each row: its maximum (and its sum, NaN if it holds a NaN), then its survivors z > -1 packed, with their sum.
+// The keys pruned here have z <= -1, at or below the root (it is at least -1): -1 stands for the largest of them
+// in the final check. Rows with NaN, +inf or nothing above -inf stay open (live 0): the caller's solver takes them.
+template <typename T>
+void prune_rows(const T *x, int rows, int64_t n, AlphaScratch &work, BlockRows &b) {
+    const float inf = INFINITY;
+    const vf zero{}, one = splat(1.0f), ninf = splat(-inf);
     for (int l = 0; l < rows; ++l) {
+        if (!b.live[l]) continue;
         const T *xr = x + l * n;
-        vf top = ninf, nan_sum{};  // the row's sum: NaN if the row holds a NaN (or both infinities)
+        vf top = ninf, nan_sum{};
         for (int64_t i = 0; i < n; i += L) {
             const vf v = load_chunk(xr, i, n, -inf);
             top = v > top ? v : top;
             nan_sum += v;
-            __builtin_prefetch(xr + L * n + i, 0, 1);  // the same row of the next block
+            __builtin_prefetch(xr + ALPHA_BLOCK * n + i, 0, 1);  // the same row of the next block
         }
         const float max = hmax(top);
-        if (!(valid[l] && max > -inf && max < inf) || lane_bits(nan_sum != nan_sum)) continue;
-        float *packed = work.packed + l * work.width;
-        uint32_t *kept = work.kept + l * work.chunks;
-        const vf m = splat(max), s = splat(scale[l]);
+        if (!(max > -inf && max < inf) || lane_bits(nan_sum != nan_sum)) {
+            b.live[l] = 0;
+            continue;
+        }
+        float *packed = work.row(l);
+        uint32_t *kept = work.first_bits(l);
+        const vf m = splat(max), s = splat(b.scale[l]);
         vf total{};
         int survivors = 0;
         for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
@@ -103,46 +121,61 @@ void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int m
             compress_store(packed + survivors, z, bits);
             survivors += count_bits(bits);
         }
-        live[l] = -1;
-        pruned_top[l] = -1.0f;
-        count[l] = float(survivors);
-        sum[l] = hsum(total);
+        b.count[l] = float(survivors);
+        b.sum[l] = hsum(total);
     }
+}
 
-    // The first Newton pass, row by row on the packed survivors, from the lower bound mean(z) - k**(-1/p) over
-    // the k survivors (Jensen: their mass alone is 1 there), or -1. Its result is a tighter lower bound.
+// The first Newton pass, row by row on the packed survivors, from the lower bound mean(z) - k**(-1/p) over the k
+// survivors (Jensen: their mass alone is 1 there), or -1; its result, a tighter lower bound, to b.tau
+inline void first_pass(int rows, AlphaScratch &work, BlockRows &b) {
+    const vf one = splat(1.0f), zero{}, ninf = splat(-INFINITY);
+    for (int g = 0; g < ALPHA_BLOCK; g += L) {
+        const vf count = load16(b.count + g), scale = load16(b.scale + g);
+        vf tau = load16(b.sum + g) / count - vexp2(-scale * vlog2(count));
+        tau = tau > -one ? tau : -one;
+        std::memcpy(b.tau + g, &tau, sizeof tau);
+    }
     vi lane;
     for (int l = 0; l < L; ++l) lane[l] = l;
-    vf tau = sum / count - vexp2(-scale * vlog2(count));
-    tau = tau > -one ? tau : -one;
-    vf totals{}, slopes{};
     for (int l = 0; l < rows; ++l) {
-        if (!live[l]) continue;
-        const float *packed = work.packed + l * work.width;
-        const vf t = splat(tau[l]), e = splat(power_m1[l]);
+        if (!b.live[l]) continue;
+        const float *packed = work.row(l);
+        const vf t = splat(b.tau[l]), e = splat(b.power[l] - 1.0f);
+        const int count = int(b.count[l]);
         vf total{}, slope{};
-        for (int64_t i = 0; i < int64_t(count[l]); i += L) {
-            const vf gap = (lane < int(count[l] - i) ? load16(packed + i) : ninf) - t;
+        for (int64_t i = 0; i < count; i += L) {
+            const vf gap = (lane < int(count - i) ? load16(packed + i) : ninf) - t;
             const vf q = vpow_gap(gap, e);
             total += q * (gap > zero ? gap : zero);
             slope += q;
         }
-        totals[l] = hsum(total);
-        slopes[l] = hsum(slope);
+        b.totals[l] = hsum(total);
+        b.slopes[l] = hsum(slope);
     }
-    tau = live ? tau + (totals - vexp2((one - scale) * vlog2(totals))) / slopes : tau;
+    for (int g = 0; g < ALPHA_BLOCK; g += L) {
+        const vf totals = load16(b.totals + g), scale = load16(b.scale + g), tau = load16(b.tau + g);
+        const vf next = tau + (totals - vexp2((one - scale) * vlog2(totals))) / load16(b.slopes + g);
+        const vf kept = load16i(b.live + g) ? next : tau;
+        std::memcpy(b.tau + g, &kept, sizeof kept);
+    }
+}
 
-    // Prune again at that tau, in place: the second-level survivors, with their bits over the first level's
-    int level2[L] = {}, most = 0;
+// Each row's survivors pruned again at b.tau, in place: the second level, with its bits over the first level's
+inline void prune_again(int rows, AlphaScratch &work, BlockRows &b) {
+    const vf ninf = splat(-INFINITY);
+    vi lane;
+    for (int l = 0; l < L; ++l) lane[l] = l;
     for (int l = 0; l < rows; ++l) {
-        if (!live[l]) continue;
-        float *packed = work.packed + l * work.width;
-        uint32_t *again = work.kept + (L + l) * (work.chunks + 1);
-        const vf t = splat(tau[l]);
+        if (!b.live[l]) continue;
+        float *packed = work.row(l);
+        uint32_t *again = work.second_bits(l);
+        const vf t = splat(b.tau[l]);
+        const int count = int(b.count[l]);
         vf out = ninf;
         int survivors = 0;
-        for (int64_t i = 0, c = 0; i < int64_t(count[l]); i += L, ++c) {
-            const vf z = lane < int(count[l] - i) ? load16(packed + i) : ninf;
+        for (int64_t i = 0, c = 0; i < count; i += L, ++c) {
+            const vf z = lane < int(count - i) ? load16(packed + i) : ninf;
             const vi in = z > t;
             out = in ? out : (z > out ? z : out);
             const uint32_t bits = lane_bits(in);
@@ -152,21 +185,42 @@ void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int m
             again[c + 1] = 0;  // read past the last chunk's bits, as zeros
         }
         const float pruned = hmax(out);
-        pruned_top[l] = pruned > pruned_top[l] ? pruned : pruned_top[l];
-        level2[l] = survivors;
-        most = survivors > most ? survivors : most;
+        b.pruned[l] = pruned > -1.0f ? pruned : -1.0f;
+        b.survivors[l] = survivors;
     }
+}
+
+// The Newton passes for 16 rows (`members` of them: row numbers in the block, the other lanes idle) in the lanes,
+// then their normalised output back in place of their packed survivors; b.done says which are proven exact
+inline void solve_in_lanes(const int *members_of, int members, int max_iter, AlphaScratch &work, BlockRows &b) {
+    const float tol = 16.0f * 1.1920929e-7f;
+    const vf zero{}, one = splat(1.0f), ninf = splat(-INFINITY);
+    float *row_of[L];
+    vf tau, scale, power, pruned_top;
+    vi live{};
+    int most = 0;
+    for (int l = 0; l < L; ++l) {
+        const int r = l < members ? members_of[l] : -1;
+        row_of[l] = r >= 0 ? work.row(r) : work.row(ALPHA_BLOCK);
+        tau[l] = r >= 0 ? b.tau[r] : 0.0f;
+        scale[l] = r >= 0 ? b.scale[r] : 0.5f;
+        power[l] = r >= 0 ? b.power[r] : 2.0f;
+        pruned_top[l] = r >= 0 ? b.pruned[r] : -1.0f;
+        live[l] = r >= 0 ? -1 : 0;
+        if (r >= 0 && b.survivors[r] > most) most = b.survivors[r];
+    }
+    const vf power_m1 = power - one;
 
     // The survivors to the lanes (16 x 16 transposes), -inf past each row's end
     const int64_t span = (most + L - 1) / L * L;  // whole tiles
     for (int l = 0; l < L; ++l) {  // whole vectors: packed has L floats of room past any span
-        float *packed = work.packed + l * work.width;
-        for (int64_t i = level2[l]; i < span; i += L) std::memcpy(packed + i, &ninf, sizeof(vf));
+        for (int64_t i = l < members ? b.survivors[members_of[l]] : 0; i < span; i += L)
+            std::memcpy(row_of[l] + i, &ninf, sizeof(vf));
     }
     vf *lanes = work.lanes, *powers = work.powers;
     for (int64_t i0 = 0; i0 < span; i0 += L) {
         vf t[L];
-        for (int l = 0; l < L; ++l) t[l] = load16(work.packed + l * work.width + i0);
+        for (int l = 0; l < L; ++l) t[l] = load16(row_of[l] + i0);
         transpose16(t);
         for (int c = 0; c < L; ++c) lanes[i0 + c] = t[c];
     }
@@ -190,13 +244,12 @@ void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int m
         passes = (open & small) ? vi{} + pass : passes;
         tau = (open & ~small) ? tau + next : tau;
         bool left = false;
-        for (int l = 0; l < rows; ++l) left |= passes[l] == 0 && live[l];
+        for (int l = 0; l < members; ++l) left |= passes[l] == 0;
         if (!left) break;
     }
     passes = (pruned_top <= tau + step) ? passes : vi{};  // a pruned key would be in the support: not exact
 
-    // y at tau + step from the last pass's powers, renormalised, back to the rows through the transposes and the
-    // two levels of expansion
+    // y at tau + step from the last pass's powers, renormalised, back through the transposes
     vf total{};
     const vf shift = power * step;
     for (int64_t i = 0; i < span; ++i) {
@@ -209,13 +262,46 @@ void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int m
         vf t[L];
         for (int c = 0; c < L; ++c) t[c] = lanes[i0 + c] * inverse;
         transpose16(t);
-        for (int l = 0; l < L; ++l) std::memcpy(work.packed + l * work.width + i0, &t[l], sizeof(vf));
+        for (int l = 0; l < L; ++l) std::memcpy(row_of[l] + i0, &t[l], sizeof(vf));
     }
+    for (int l = 0; l < members; ++l) b.done[members_of[l]] = passes[l] > 0;
+}
+
+// The forward of up to ALPHA_BLOCK rows: y and ok (proven exact) for each; rows not proven are left to the caller
+template <typename T>
+void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int max_iter, AlphaScratch &work,
+                       Alphas alpha) {
+    BlockRows b;
+    for (int l = 0; l < ALPHA_BLOCK; ++l) {
+        const float a = l < rows ? alpha[l] : 2.0f;
+        const bool valid = a > 1.0f && a <= 2.0f;  // else the caller's solver decides
+        b.scale[l] = valid ? a - 1.0f : 0.5f;
+        b.power[l] = 1.0f / b.scale[l];
+        b.live[l] = valid && l < rows ? -1 : 0;
+        b.count[l] = 1.0f;
+        b.sum[l] = 0.0f;
+        b.totals[l] = b.slopes[l] = 1.0f;
+        b.survivors[l] = 0;
+        b.done[l] = 0;
+    }
+    prune_rows(x, rows, n, work, b);
+    first_pass(rows, work, b);
+    prune_again(rows, work, b);
+
+    // the live rows by survivors, then 16 at a time through the lanes
+    int order[ALPHA_BLOCK], live_rows = 0;
+    for (int l = 0; l < rows; ++l)
+        if (b.live[l]) order[live_rows++] = l;
+    std::sort(order, order + live_rows, [&](int i, int j) { return b.survivors[i] < b.survivors[j]; });
+    for (int g = 0; g < live_rows; g += L)
+        solve_in_lanes(order + g, live_rows - g < L ? live_rows - g : L, max_iter, work, b);
+
+    // each proven row back through the two levels of expansion
     for (int l = 0; l < rows; ++l) {
-        ok[l] = passes[l] > 0;
+        ok[l] = b.done[l];
         if (!ok[l]) continue;  // the caller's solver writes this row
-        const float *packed = work.packed + l * work.width;
-        const uint32_t *kept = work.kept + l * work.chunks, *again = work.kept + (L + l) * (work.chunks + 1);
+        const float *packed = work.row(l);
+        const uint32_t *kept = work.first_bits(l), *again = work.second_bits(l);
         T *yr = y + l * n;
         int first = 0, used = 0;  // entries of the first level and of the second seen so far
         for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
@@ -226,81 +312,6 @@ void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int m
             store_chunk(yr, i, n, expand_load(packed + used, bits));
             first += count;
             used += count_bits(bits);
-        }
-    }
-}
-
-// The backward of G consecutive rows (n apart) on their supports only (packed by vector compaction):
-// w = y ** (2 - alpha), grad_x = w g - w sum(w g) / sum(w); with d_alpha (one per row), also (Correia et al.,
-// 2019, as in the entmax package) (sum g y - m) / (a - 1)**2 - (sum g y log y - m sum y log y) / (a - 1),
-// m = sum(w g) / sum(w); 0 for a = 1. Each phase runs over the G rows before the next: the rows' chains (powers,
-// then sums, then the mean the output needs) are independent and overlap. `packed` holds G x 3 x width floats
-// and then G x chunks uint32 (width and chunks as AlphaScratch's).
-constexpr int BACKWARD_ROWS = 2;  // G: 2 is 5-18% faster than 1 on Zen 4 (fp32 / bf16); 4 and 8 are slower
-
-template <int G, typename T>
-void alpha_backward_rows(const T *g, const T *y, T *o, float *d_alpha, int64_t n, const float *alphas,
-                         float *packed, int64_t width) {
-    const int64_t chunks = (n + L - 1) / L;
-    uint32_t *all_bits = reinterpret_cast<uint32_t *>(packed + G * 3 * width);
-    const vf zero{}, ln2 = splat(0.693147180559945309f);
-    int kept[G];
-    for (int k = 0; k < G; ++k) {
-        const T *gr = g + k * n, *yr = y + k * n;
-        float *py = packed + k * 3 * width, *pg = py + width;
-        uint32_t *bits = all_bits + k * chunks;
-        int count = 0;
-        for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
-            const vf yv = load_chunk(yr, i, n, 0.0f);
-            const uint32_t support = lane_bits(yv > zero);  // in a register: the vector stores may alias `bits`
-            bits[c] = support;
-            compress_store(pg + count, load_chunk(gr, i, n, 0.0f), support);
-            compress_store(py + count, yv, support);
-            count += count_bits(support);
-        }
-        kept[k] = count;
-    }
-    vi lane;
-    for (int l = 0; l < L; ++l) lane[l] = l;
-    float mean[G];
-    for (int k = 0; k < G; ++k) {
-        float *py = packed + k * 3 * width, *pg = py + width, *pw = pg + width;
-        const vf exponent = splat(2.0f - alphas[k]);
-        vf wgv{}, wv{}, gyv{}, gsv{}, sv{};
-        for (int64_t i = 0; i < kept[k]; i += L) {
-            const vi inside = lane < int(kept[k] - i);  // the packed entries: all of them have y > 0
-            const vf yv = inside ? load16(py + i) : zero, gv = inside ? load16(pg + i) : zero;
-            const vf log2y = vlog2(inside ? yv : splat(1.0f));
-            const vf weight = inside ? vexp2(exponent * log2y) : zero;
-            std::memcpy(pw + i, &weight, sizeof weight);
-            wgv += weight * gv;
-            wv += weight;
-            if (d_alpha) {
-                const vf ylogy = yv * log2y * ln2;
-                gyv += gv * yv;
-                gsv += gv * ylogy;
-                sv += ylogy;
-            }
-        }
-        mean[k] = hsum(wgv) / hsum(wv);
-        if (d_alpha) {
-            const float am1 = alphas[k] - 1.0f;
-            d_alpha[k] = am1 == 0.0f ? 0.0f  // alpha = 1 is softmax, whose alpha gradient is taken as 0
-                                     : (hsum(gyv) - mean[k]) / (am1 * am1) - (hsum(gsv) - mean[k] * hsum(sv)) / am1;
-        }
-    }
-    for (int k = 0; k < G; ++k) {
-        const T *gr = g + k * n;
-        T *orow = o + k * n;
-        const float *pw = packed + k * 3 * width + 2 * width;
-        const uint32_t *bits = all_bits + k * chunks;
-        const vf m = splat(mean[k]);
-        int used = 0;
-        for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
-            const uint32_t support = bits[c];
-            const vf weight = expand_load(pw + used, support);
-            used += count_bits(support);
-            store_chunk(orow, i, n, weight * (load_chunk(gr, i, n, 0.0f) - m));
         }
     }
 }

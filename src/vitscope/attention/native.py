@@ -40,7 +40,7 @@ MAX_PASSES = 32  # a row still open after this many passes is left to the exact 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "sparse_rows.cpp", HERE / "locality_rows.cpp")
 HEADERS = (HERE / "vector_math.h", HERE / "parallel.h", HERE / "row_tiles.h", HERE / "alpha_rows.h",
-           HERE / "kinds.def")
+           HERE / "alpha_backward.h", HERE / "kinds.def")
 # tried in order: OpenMP (PyTorch's thread pool) where the compiler has it, else std::thread with OpenMP's
 # vectorisation pragmas only; -march=native on x86 and most compilers, -mcpu=native where that is the spelling
 FLAG_SETS = (("-march=native", "-fopenmp"), ("-mcpu=native", "-fopenmp"), ("-march=native", "-fopenmp-simd"),

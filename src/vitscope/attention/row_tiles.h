@@ -28,6 +28,11 @@ inline vf load16(const float *p) {
     std::memcpy(&v, p, sizeof v);
     return v;
 }
+inline vi load16i(const int32_t *p) {
+    vi v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
 inline vf load16(const uint16_t *p) {
     typedef uint16_t vh __attribute__((vector_size(2 * L)));
     typedef uint32_t vu __attribute__((vector_size(4 * L)));

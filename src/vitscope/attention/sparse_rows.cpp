@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "alpha_backward.h"
 #include "alpha_rows.h"
 #include "parallel.h"
 #include "row_tiles.h"
@@ -141,15 +142,16 @@ void solve_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int max_ite
     }
 }
 
-// The rows of the chunks this thread takes, 16 at a time, with one scratch buffer for all of them
+// The rows of the chunks this thread takes, 16 at a time (alpha-entmax: ALPHA_BLOCK at a time), with one scratch
+// buffer for all of them
 template <Kind kind, typename T>
 void solve_rows(const T *x, T *y, uint8_t *ok, RowChunks &chunks, int64_t n, int max_iter, Alphas alpha) {
     if constexpr (kind == ALPHA) {
         AlphaScratch work(n);
         if (!work.ok()) return;  // ok stays 0: the caller's exact solver takes these rows
         for (int64_t first, last; chunks.next(first, last);) {
-            for (int64_t r = first; r < last; r += L) {
-                const int rows = last - r < L ? int(last - r) : L;
+            for (int64_t r = first; r < last; r += ALPHA_BLOCK) {
+                const int rows = last - r < ALPHA_BLOCK ? int(last - r) : ALPHA_BLOCK;
                 solve_alpha_block(x + r * n, y + r * n, ok + r, rows, n, max_iter, work, alpha.from(r));
             }
         }
