@@ -147,6 +147,15 @@ inline vf vlog2(vf x) { return vlog(x) * splat(1.44269504088896341f); }
 inline vf vexp2(vf y) { return vexp(y * splat(0.693147180559945309f)); }
 #endif
 
+// 1 / x to about 14 bits (AVX-512's estimate), exact elsewhere
+inline vf vrcp(vf x) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_rcp14_ps((__m512)x);
+#else
+    return splat(1.0f) / x;
+#endif
+}
+
 // x ** e for x > 0, and 0 where x <= 0 (the gaps outside the support); e > 0, one per lane
 inline vf vpow_gap(vf x, vf e) {
     const vi positive = x > splat(0.0f);
