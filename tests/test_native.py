@@ -297,16 +297,18 @@ def test_a_failed_build_is_not_sticky(monkeypatch, tmp_path):
 def test_the_build_without_openmp_threads_gives_the_same_results(monkeypatch, tmp_path):
     # compilers without OpenMP (Apple's clang, say) get the std::thread build
     monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path))
+    # (and, built for any x86-64, the portable lane loops and bit deposits instead of AVX-512's and BMI2's)
     threaded = native.NativeKernels(flag_sets=(("-fopenmp-simd",),))
-    x = adversarial_rows(1000, 65, 2.0)
-    g = torch.randn_like(x)
-    alphas = torch.rand(1000) * 0.9 + 1.1  # near 1 the alpha gradient is ill-conditioned in float32
-    kinds = ("entmax15", "sparsemax", "alpha")
-    expected = [native.forward(kind, x, alphas)[0] for kind in kinds]
-    expected_grad = native.backward("alpha", g, expected[2], alphas, alpha_grad=True)
     assert threaded.library() is not None and Path(threaded.library()._name).parent == tmp_path / "native"
-    for kind, before in zip(kinds, expected, strict=True):  # the same arithmetic, other threads (and FMA choices)
-        torch.testing.assert_close(threaded.forward(kind, x, alphas)[0], before, atol=1e-6, rtol=0)
-    ours = threaded.backward("alpha", g, expected[2], alphas, alpha_grad=True)
-    torch.testing.assert_close(ours[0], expected_grad[0], atol=1e-6, rtol=0)
-    torch.testing.assert_close(ours[1], expected_grad[1], atol=1e-4, rtol=1e-4)  # 1 / (alpha - 1)**2 amplifies
+    for rows, n in ((1000, 65), (300, 1025)):  # 1025 keys: supports spanning many 64-key words
+        x = adversarial_rows(rows, n, 2.0 if n < 100 else 0.5)
+        g = torch.randn_like(x)
+        alphas = torch.rand(rows) * 0.9 + 1.1  # near 1 the alpha gradient is ill-conditioned in float32
+        kinds = ("entmax15", "sparsemax", "alpha")
+        expected = [native.forward(kind, x, alphas)[0] for kind in kinds]
+        expected_grad = native.backward("alpha", g, expected[2], alphas, alpha_grad=True)
+        for kind, before in zip(kinds, expected, strict=True):  # the same arithmetic, other threads (and FMAs)
+            torch.testing.assert_close(threaded.forward(kind, x, alphas)[0], before, atol=1e-6, rtol=0)
+        ours = threaded.backward("alpha", g, expected[2], alphas, alpha_grad=True)
+        torch.testing.assert_close(ours[0], expected_grad[0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(ours[1], expected_grad[1], atol=1e-4, rtol=1e-4)  # 1 / (alpha - 1)**2 amplifies

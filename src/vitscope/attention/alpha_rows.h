@@ -50,15 +50,18 @@ struct AlphaScratch {
     vf *powers = nullptr;      // width: q = gap ** (p - 1) at the current tau
     float *packed = nullptr;   // (ALPHA_BLOCK + 1) x width: each row's survivors, row-major; the last row is
                                // -inf, for the lanes no row takes
-    uint32_t *kept = nullptr;  // which keys of each 16 survived, as bits: ALPHA_BLOCK x chunks, then
-                               // ALPHA_BLOCK x (chunks + 1) for the second level (over the first level's survivors)
+    uint16_t *kept = nullptr;  // which keys of each 16 survived, as bits, 16 per chunk (read 64 at a time): for each
+                               // row `words` 64-bit words, zero past its chunks; ALPHA_BLOCK rows of the first
+                               // level, then ALPHA_BLOCK of the second (over the first level's survivors)
+    int64_t words = 0;
 
-    explicit AlphaScratch(int64_t n) : width((n + L - 1) / L * L + L), chunks((n + L - 1) / L) {
+    explicit AlphaScratch(int64_t n)
+        : width((n + L - 1) / L * L + L), chunks((n + L - 1) / L), words((chunks + 3) / 4 + 2) {
         lanes = static_cast<vf *>(std::aligned_alloc(sizeof(vf), size_t(width) * sizeof(vf)));
         powers = static_cast<vf *>(std::aligned_alloc(sizeof(vf), size_t(width) * sizeof(vf)));
         packed = static_cast<float *>(
             std::aligned_alloc(sizeof(vf), size_t(width) * (ALPHA_BLOCK + 1) * sizeof(float)));
-        kept = static_cast<uint32_t *>(std::malloc(size_t(2 * chunks + 1) * ALPHA_BLOCK * sizeof(uint32_t)));
+        kept = static_cast<uint16_t *>(std::malloc(size_t(2 * ALPHA_BLOCK * words) * sizeof(uint64_t)));
     }
     ~AlphaScratch() {
         std::free(lanes);
@@ -70,8 +73,8 @@ struct AlphaScratch {
     AlphaScratch &operator=(const AlphaScratch &) = delete;
     bool ok() const { return lanes && powers && packed && kept; }
     float *row(int r) const { return packed + r * width; }
-    uint32_t *first_bits(int r) const { return kept + r * chunks; }
-    uint32_t *second_bits(int r) const { return kept + ALPHA_BLOCK * chunks + r * (chunks + 1); }
+    uint16_t *first_bits(int r) const { return kept + 4 * r * words; }
+    uint16_t *second_bits(int r) const { return kept + 4 * (ALPHA_BLOCK + r) * words; }
 };
 
 // What the block's rows carry from one stage to the next, one entry per row (arrays, not vectors: inserting per-row
@@ -109,7 +112,7 @@ void prune_rows(const T *x, int rows, int64_t n, AlphaScratch &work, BlockRows &
             continue;
         }
         float *packed = work.row(l);
-        uint32_t *kept = work.first_bits(l);
+        uint16_t *kept = work.first_bits(l);
         const vf m = splat(max), s = splat(b.scale[l]);
         vf total{};
         int survivors = 0;
@@ -118,10 +121,11 @@ void prune_rows(const T *x, int rows, int64_t n, AlphaScratch &work, BlockRows &
             const vi in = z > -one;
             total += in ? z : zero;
             const uint32_t bits = lane_bits(in);  // kept in a register: the vector store below may alias `kept`
-            kept[c] = bits;
+            kept[c] = uint16_t(bits);
             compress_store(packed + survivors, z, bits);
             survivors += count_bits(bits);
         }
+        for (int64_t c = work.chunks; c < 4 * work.words; ++c) kept[c] = 0;
         b.count[l] = float(survivors);
         b.sum[l] = hsum(total);
     }
@@ -205,21 +209,22 @@ inline void prune_again(int rows, AlphaScratch &work, BlockRows &b) {
     for (int l = 0; l < rows; ++l) {
         if (!b.live[l]) continue;
         float *packed = work.row(l);
-        uint32_t *again = work.second_bits(l);
+        uint16_t *again = work.second_bits(l);
         const vf t = splat(b.tau[l]);
         const int count = int(b.count[l]);
         vf out = ninf;
         int survivors = 0;
-        for (int64_t i = 0, c = 0; i < count; i += L, ++c) {
+        int64_t c = 0;
+        for (int64_t i = 0; i < count; i += L, ++c) {
             const vf z = lane < int(count - i) ? load16(packed + i) : ninf;
             const vi in = z > t;
             out = in ? out : (z > out ? z : out);
             const uint32_t bits = lane_bits(in);
-            again[c] = bits;
+            again[c] = uint16_t(bits);
             compress_store(packed + survivors, z, bits);
             survivors += count_bits(bits);
-            again[c + 1] = 0;  // read past the last chunk's bits, as zeros
         }
+        for (; c < 4 * work.words; ++c) again[c] = 0;  // read past the last chunk's bits, as zeros
         const float pruned = hmax(out);
         b.pruned[l] = pruned > -1.0f ? pruned : -1.0f;
         b.survivors[l] = survivors;
@@ -337,16 +342,21 @@ void solve_alpha_block(const T *x, T *y, uint8_t *ok, int rows, int64_t n, int m
         ok[l] = b.done[l];
         if (!ok[l]) continue;  // the caller's solver writes this row
         const float *packed = work.row(l);
-        const uint32_t *kept = work.first_bits(l), *again = work.second_bits(l);
+        const uint16_t *kept = work.first_bits(l), *again = work.second_bits(l);
         T *yr = y + l * n;
         int first = 0, used = 0;  // entries of the first level and of the second seen so far
+        uint64_t row_bits = 0;    // the support's bits for 4 chunks (64 keys) of the row
         for (int64_t i = 0, c = 0; i < n; i += L, ++c) {
-            // the second level's bits for this chunk's first-level survivors, put in their places in the row
-            const int word = first >> 4, count = count_bits(kept[c]);
-            const uint32_t window = count ? (again[word] | (again[word + 1] << 16)) >> (first & 15) : 0;
-            const uint32_t bits = deposit_bits(window & ((1u << count) - 1), kept[c]);
+            if ((c & 3) == 0) {  // the second level's bits for these 64 keys' first-level survivors, put in place
+                const uint64_t mask = bits64(kept + c);
+                const int count = count_bits64(mask), shift = first & 63;
+                const uint16_t *at = again + 4 * (first >> 6);
+                const uint64_t window = shift ? bits64(at) >> shift | bits64(at + 4) << (64 - shift) : bits64(at);
+                row_bits = deposit_bits64(count == 64 ? window : window & ((uint64_t(1) << count) - 1), mask);
+                first += count;
+            }
+            const uint32_t bits = uint32_t(row_bits >> (16 * (c & 3))) & 0xffffu;
             store_chunk(yr, i, n, expand_load(packed + used, bits));
-            first += count;
             used += count_bits(bits);
         }
     }

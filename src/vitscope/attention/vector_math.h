@@ -207,13 +207,20 @@ inline vf expand_load(const float *src, uint32_t bits) {
 
 inline int count_bits(uint32_t bits) { return __builtin_popcount(bits); }
 
+inline int count_bits64(uint64_t bits) { return __builtin_popcountll(bits); }
+
+// 64 bits from 4 consecutive 16-bit words, lowest first (one load on little-endian CPUs)
+inline uint64_t bits64(const uint16_t *p) {
+    return uint64_t(p[0]) | uint64_t(p[1]) << 16 | uint64_t(p[2]) << 32 | uint64_t(p[3]) << 48;
+}
+
 // The low bits of `bits`, in order, into the set positions of `mask` (pdep with BMI2, a loop elsewhere)
-inline uint32_t deposit_bits(uint32_t bits, uint32_t mask) {
+inline uint64_t deposit_bits64(uint64_t bits, uint64_t mask) {
 #if defined(__BMI2__)
-    return _pdep_u32(bits, mask);
+    return _pdep_u64(bits, mask);
 #else
-    uint32_t out = 0;
-    for (uint32_t m = mask; m; m &= m - 1, bits >>= 1) out |= (bits & 1u) ? (m & -m) : 0u;
+    uint64_t out = 0;
+    for (uint64_t m = mask; m; m &= m - 1, bits >>= 1) out |= (bits & 1u) ? (m & -m) : uint64_t(0);
     return out;
 #endif
 }
