@@ -14,7 +14,8 @@
 // * ok[row] is 1 when the row provably converged within max_iter passes, else 0 (NaN input, say): the caller
 //   finishes those rows with its exact eager solver.
 // * While a block iterates, the next block is prefetched, so memory traffic overlaps the arithmetic.
-// * alpha-entmax prunes each row to the keys that can be in its support first: alpha_rows.h.
+// * alpha-entmax prunes each row to the keys that can be in its support first, in blocks of 64 rows sorted by
+//   what is left: alpha_rows.h (forward) and alpha_backward.h.
 //
 // Output y = [z - tau]_+ ** (1 / (alpha - 1)) for each row; x and y are row-major (rows x n).
 
@@ -41,7 +42,7 @@ enum Kind {
 #undef VITSCOPE_KIND
 constexpr Kind SPARSEMAX = KIND_sparsemax, ENTMAX15 = KIND_entmax15, ALPHA = KIND_alpha;
 
-// Rows per chunk handed to a thread (a multiple of the 16-row blocks): small enough that the threads finish
+// Rows per chunk handed to a thread (a multiple of the 16-row blocks and of alpha-entmax's 64-row ones): small enough that the threads finish
 // together when rows differ in cost or a thread is preempted, large enough (about 0.8 MB of 197-key float32 rows)
 // that each thread still streams long runs of memory (64-row chunks measured 10-40% slower than static halves)
 constexpr int64_t CHUNK_ROWS = 64 * L;
