@@ -220,7 +220,8 @@ def test_one_alpha_for_all_rows_matches_the_same_alpha_per_row():
 def test_per_head_alpha_is_read_per_head_and_its_gradient_summed_per_head():
     # (batch, heads, queries) rows with one alpha per head: the kernels read the heads' own values (no per-row copy)
     # and sum the gradient per head; against the same alphas expanded to one per row, summed here in float64
-    batch, heads, queries, keys = 3, 4, 37, 65
+    # (1164 rows: a second 1024-row chunk starts inside a head, 64-row blocks start anywhere in one)
+    batch, heads, queries, keys = 3, 4, 97, 65
     x = adversarial_rows(batch * heads * queries, keys, 2.0).reshape(batch, heads, queries, keys)
     g = torch.randn_like(x)
     heads_alpha = torch.tensor([1.0, 1.25, 1.5, 1.9])[None, :, None, None]  # alpha = 1 (softmax): gradient 0

@@ -183,17 +183,17 @@ bool backward_rows(const T *grad, const T *y, T *out, float *d_alpha, RowChunks 
     if (!packed) return false;
     for (int64_t first, last; chunks.next(first, last);) {
         if constexpr (kind == ALPHA) {
-            int64_t r = first;
-            for (; r + G <= last; r += G) {
-                float alphas[G];
-                for (int k = 0; k < G; ++k) alphas[k] = alpha[r + k];
-                alpha_backward_rows<G>(grad + r * n, y + r * n, out + r * n, d_alpha ? d_alpha + r : nullptr, n,
-                                       alphas, packed, width);
-            }
-            for (; r < last; ++r) {
-                const float one_alpha[1] = {alpha[r]};
-                alpha_backward_rows<1>(grad + r * n, y + r * n, out + r * n, d_alpha ? d_alpha + r : nullptr, n,
-                                       one_alpha, packed, width);
+            float alphas[CHUNK_ROWS];  // the rows' alphas, CHUNK_ROWS at a time
+            for (int64_t start = first; start < last; start += CHUNK_ROWS) {
+                const int64_t end = last - start < CHUNK_ROWS ? last : start + CHUNK_ROWS;
+                alpha.from(start).fill(alphas, end - start);
+                int64_t r = start;
+                for (; r + G <= end; r += G)
+                    alpha_backward_rows<G>(grad + r * n, y + r * n, out + r * n, d_alpha ? d_alpha + r : nullptr,
+                                           n, alphas + (r - start), packed, width);
+                for (; r < end; ++r)
+                    alpha_backward_rows<1>(grad + r * n, y + r * n, out + r * n, d_alpha ? d_alpha + r : nullptr,
+                                           n, alphas + (r - start), packed, width);
             }
         } else {  // the weights in float32 in `packed`, reused while the row is still in L1
             for (int64_t r = first; r < last; ++r) {
