@@ -10,7 +10,9 @@
 // * Newton on ||[z - tau]_+||_p - 1 (convex: from below it never overshoots the root), from the lower bound
 //   max(-1, mean(z) - k**(-1/p)) over the k survivors (Jensen: their mass alone is at least 1 there). Each pass
 //   takes one power per survivor: q = gap**(p - 1), with sum(q gap) and sum(q). A row is done when its step is
-//   below 16 float32 ulps of 1 (the eager solver's tolerance).
+//   below 16 float32 ulps of 1 (the eager solver's tolerance). The first two passes step by Halley's rule
+//   instead (with sum(q / gap) too: cubic, one pass fewer at alpha <= 1.4); it may pass the root, so pruning
+//   uses the Newton iterate, and keys left outside the support by an overshoot join the final check.
 // * The later passes run in the lanes: 16 rows transposed to the 16 lanes, each pass as long as the longest of
 //   them. The block's rows are sorted by survivors first, so that each 16 are alike: on the bench's rows at
 //   alpha 1.3, a pass over 22 survivors per lane instead of 32 (the mean is 18).

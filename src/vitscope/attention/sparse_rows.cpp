@@ -42,9 +42,10 @@ enum Kind {
 #undef VITSCOPE_KIND
 constexpr Kind SPARSEMAX = KIND_sparsemax, ENTMAX15 = KIND_entmax15, ALPHA = KIND_alpha;
 
-// Rows per chunk handed to a thread (a multiple of the 16-row blocks and of alpha-entmax's 64-row ones): small enough that the threads finish
-// together when rows differ in cost or a thread is preempted, large enough (about 0.8 MB of 197-key float32 rows)
-// that each thread still streams long runs of memory (64-row chunks measured 10-40% slower than static halves)
+// Rows per chunk handed to a thread (a multiple of the 16-row blocks and of alpha-entmax's 64-row ones): small
+// enough that the threads finish together when rows differ in cost or a thread is preempted, large enough (about
+// 0.8 MB of 197-key float32 rows) that each thread still streams long runs of memory (64-row chunks measured 10-40%
+// slower than static halves)
 constexpr int64_t CHUNK_ROWS = 64 * L;
 
 template <Kind kind, typename T>
