@@ -1,0 +1,95 @@
+"""Minimum early-layer MAD of every run of a locality study at each kept snapshot (``snapshots/epoch-*.safetensors``).
+
+The study measures each run once, at its end; this script measures the snapshots the trainer keeps, on the same
+evaluation sample, so that a trend over epochs can be read (docs/results/locality-cpu.md). Definitions are those
+of docs/definitions.md (MAD normalised to [0, 1], rows renormalised; minimum over the heads of the first quarter of
+the layers). Writes ``trajectory.csv`` and ``figures/min_early_mad_by_epoch.png`` into the study folder.
+
+    python benchmarks/locality_trajectory.py STUDY_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from vitscope.analyze import measure_locality  # noqa: E402
+from vitscope.data import load_dataset  # noqa: E402
+from vitscope.files import write_csv  # noqa: E402
+from vitscope.models import load  # noqa: E402
+
+UNIFORM_8X8 = 0.4178  # normalised MAD of uniform attention on an 8 x 8 grid (docs/definitions.md)
+PAPER_WITH, PAPER_WITHOUT = 0.024, 0.210  # the paper's bounds: CutMix conditions <=, the others >=
+
+
+def trajectory(study: Path, batch_size: int = 250) -> list[dict]:
+    """One row per (condition, seed, epoch): the snapshot's minimum early MAD and mean MAD per layer."""
+    rows = []
+    eval_sets: dict[tuple, object] = {}
+    for record_path in sorted(study.glob("runs/*/seed-*/locality.json")):
+        record = json.loads(record_path.read_text())
+        cfg = record["train_config"]
+        key = (cfg["dataset"], cfg["data_dir"], cfg["eval_images"])
+        if key not in eval_sets:
+            full = load_dataset(cfg["dataset"], cfg["data_dir"], "eval", **cfg["dataset_options"])
+            eval_sets[key] = full.subset(cfg["eval_images"])
+        for snapshot in sorted((record_path.parent / "snapshots").glob("epoch-*.safetensors")):
+            epoch = int(snapshot.stem.split("-")[1])
+            with torch.no_grad():
+                result = measure_locality(load(str(snapshot)), eval_sets[key], batch_size=batch_size, progress=False)
+            mad = result.stats.mad
+            rows.append({"condition": record["condition"], "seed": record["seed"], "epoch": epoch,
+                         "accuracy": result.accuracy, "min_early_mad": result.stats.min_early_mad(),
+                         **{f"mad_layer{i + 1}": float(mad[i].nanmean()) for i in range(mad.shape[0])}})
+            print(f"{record['condition']:>24} seed {record['seed']} epoch {epoch:>3}: "
+                  f"min early MAD {rows[-1]['min_early_mad']:.4f}, top-1 {result.accuracy:.3f}", flush=True)
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    conditions = list(dict.fromkeys(r["condition"] for r in rows))
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    colours = plt.get_cmap("tab10")
+    for i, condition in enumerate(conditions):
+        mine = [r for r in rows if r["condition"] == condition]
+        epochs = sorted({r["epoch"] for r in mine})
+        values = np.array([[r["min_early_mad"] for r in mine if r["epoch"] == e] for e in epochs])
+        style = "-" if "cutmix" in condition or condition in ("modern", "modern-autoaugment",
+                                                              "modern-labelsmoothing") else "--"
+        ax.plot(epochs, values.mean(axis=1), style, color=colours(i), label=condition, marker="o", ms=3)
+        if values.shape[1] > 1:
+            ax.fill_between(epochs, values.min(axis=1), values.max(axis=1), color=colours(i), alpha=0.12)
+    ax.axhline(UNIFORM_8X8, color="grey", lw=1, ls=":", label="uniform attention (0.4178)")
+    ax.axhline(PAPER_WITHOUT, color="black", lw=0.8, ls="-.", label="paper: without CutMix >= 0.210")
+    ax.axhline(PAPER_WITH, color="black", lw=0.8, ls="--", label="paper: with CutMix <= 0.024")
+    ax.set(xlabel="epoch", ylabel="minimum early-layer MAD (normalised)", ylim=(0, 0.45),
+           title="Minimum early-layer MAD by epoch (solid: with CutMix; band: seed range)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=7, loc="lower left", ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study", type=Path)
+    args = parser.parse_args()
+    rows = trajectory(args.study)
+    write_csv(args.study / "trajectory.csv", rows)
+    plot(rows, args.study / "figures" / "min_early_mad_by_epoch.png")
+    print(f"wrote {args.study / 'trajectory.csv'} and figures/min_early_mad_by_epoch.png")
+
+
+if __name__ == "__main__":
+    main()
