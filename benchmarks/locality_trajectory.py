@@ -35,22 +35,21 @@ def trajectory(study: Path, batch_size: int = 250) -> list[dict]:
     """One row per (condition, seed, epoch): the snapshot's minimum early MAD and mean MAD per layer."""
     rows = []
     eval_sets: dict[tuple, object] = {}
-    for record_path in sorted(study.glob("runs/*/seed-*/locality.json")):
-        record = json.loads(record_path.read_text())
-        cfg = record["train_config"]
+    for config_path in sorted(study.glob("runs/*/seed-*/config.json")):  # finished or not: what is kept so far
+        cfg = json.loads(config_path.read_text())["config"]
         key = (cfg["dataset"], cfg["data_dir"], cfg["eval_images"])
         if key not in eval_sets:
             full = load_dataset(cfg["dataset"], cfg["data_dir"], "eval", **cfg["dataset_options"])
             eval_sets[key] = full.subset(cfg["eval_images"])
-        for snapshot in sorted((record_path.parent / "snapshots").glob("epoch-*.safetensors")):
+        for snapshot in sorted((config_path.parent / "snapshots").glob("epoch-*.safetensors")):
             epoch = int(snapshot.stem.split("-")[1])
             with torch.no_grad():
                 result = measure_locality(load(str(snapshot)), eval_sets[key], batch_size=batch_size, progress=False)
             mad = result.stats.mad
-            rows.append({"condition": record["condition"], "seed": record["seed"], "epoch": epoch,
+            rows.append({"condition": cfg["protocol"], "seed": cfg["seed"], "epoch": epoch,
                          "accuracy": result.accuracy, "min_early_mad": result.stats.min_early_mad(),
                          **{f"mad_layer{i + 1}": float(mad[i].nanmean()) for i in range(mad.shape[0])}})
-            print(f"{record['condition']:>24} seed {record['seed']} epoch {epoch:>3}: "
+            print(f"{cfg['protocol']:>24} seed {cfg['seed']} epoch {epoch:>3}: "
                   f"min early MAD {rows[-1]['min_early_mad']:.4f}, top-1 {result.accuracy:.3f}", flush=True)
     return rows
 
