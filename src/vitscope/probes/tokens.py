@@ -1,9 +1,9 @@
 """Token probes: what a single token carries, layer by layer (local: position, pixels; global: image class).
 
 * **position**: logistic regression from a patch token to its patch index; top-1 and the mean distance (patch
-  units) between the predicted and the true grid cell. Chance: the best constant guess, fitted on the fitting
-  tokens and scored on the held-out ones: the most frequent position (top-1), and the cell with the smallest mean
-  distance to the fitting tokens' positions (3.09 patches on a uniform 8 x 8 grid, not a random guess's 4.14).
+  units) between the predicted and the true grid cell. Chance: the best constant guess over the group's held-out
+  positions: the most frequent position (top-1), and the cell with the smallest mean distance to them (3.09
+  patches on a uniform 8 x 8 grid, not a random guess's 4.14); no probe that beats it reads a mere prior.
 * **pixels**: ridge regression from a patch token to its patch's normalised input pixels (3 p² values); MSE.
   Chance: predicting the mean training patch.
 * **pixels-mlp**: the same target through a 2-layer MLP (``vitscope.probes.mlp``); MSE (chance as pixels).
@@ -141,8 +141,8 @@ class _Prober:
         if picks is not None:
             (fi, fp), (hi, hp) = picks["fit"], picks["held"]
             if "position" in self.probes and len(hi) and len(fi):
-                rows.append(("position_top1", majority_top1(fp, hp), len(hi)))
-                rows.append(("position_distance", best_constant_distance(fp, hp, self.distances), len(hi)))
+                rows.append(("position_top1", majority_top1(hp, hp), len(hi)))  # the best constant guess
+                rows.append(("position_distance", best_constant_distance(hp, hp, self.distances), len(hi)))
             if self.pixels is not None and len(hi) and len(fi):
                 trivial = mean_predictor_mse(self.pixels[fi, fp], self.pixels[hi, hp])
                 rows += [(f"{name.replace('-', '_')}_mse", trivial, len(hi)) for name in ("pixels", "pixels-mlp")
