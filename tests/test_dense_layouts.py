@@ -117,6 +117,7 @@ def test_a_size_limit_draws_from_across_a_scene_grouped_listing(tmp_path):
     scenes = {Path(f).parent.name for f in picked.files}
     assert len(picked) == 8 and len(scenes) >= 3
     assert picked.settings["subset"] == {"count": 8, "of": 40, "seed": 0, "method": "seeded random"}
+    assert picked.settings["eigen_crop"] is True  # NYU is scored in the Eigen crop unless told otherwise
     full = load_dense("nyu", tmp_path, "train", task="depth")
     assert picked.files == full.subset(8, seed=0).files  # the same draw as subsetting the loaded split
     assert picked.files != load_dense("nyu", tmp_path, "train", task="depth", limit=8, seed=1).files

@@ -12,6 +12,7 @@ Segmentation (``split`` train or eval/val):
 Depth:
 * ``nyu``: the widely shared CSV layout: ``data/nyu2_train.csv`` / ``data/nyu2_test.csv`` list ``rgb,depth``
   paths relative to the root. Train depth is 8-bit, value / 255 * 10 m; test depth is 16-bit millimetres.
+  Depth probes score NYU inside the Eigen crop unless told otherwise (``settings["eigen_crop"]``).
   A file is decoded by its encoding (8-bit or 16-bit), whatever the split.
 * ``depthfolder``: ``images/<split>/<stem>.jpg|png`` with ``depth/<split>/<stem>.png`` (8- or 16-bit integers
   times ``scale`` metres, from ``depth.json`` ``{"scale": 0.001}``) or ``<stem>.npy`` (float metres).
@@ -203,7 +204,9 @@ def _nyu(root: Path, split: str, limit: int | None, seed: int) -> DenseDataset:
     for image, depth in sample_pairs(pairs, limit, seed)[0]:
         if not image.exists() or not depth.exists():
             raise ValueError(f"{listing}: listed file {image if not image.exists() else depth} does not exist")
-    return _depth("nyu", split, pairs, root, 10.0 / 255.0, 1e-3, limit, seed)
+    data = _depth("nyu", split, pairs, root, 10.0 / 255.0, 1e-3, limit, seed)
+    data.settings["eigen_crop"] = True  # NYU's evaluation protocol: scored inside the Eigen crop by default
+    return data
 
 
 def _depthfolder(root: Path, split: str, limit: int | None, seed: int) -> DenseDataset:
