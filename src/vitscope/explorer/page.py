@@ -1,0 +1,29 @@
+"""The explorer page: one self-contained HTML file (inline CSS, JavaScript and data; no network)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+from importlib import resources
+from typing import Any
+
+from vitscope.explorer.payload import jsonable
+
+
+def _static(name: str) -> str:
+    return resources.files("vitscope.explorer").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def _script_safe(text: str) -> str:
+    """Text that cannot close the <script> element it sits in."""
+    return text.replace("</", "<\\/")
+
+
+def render_page(meta: dict[str, Any], blob: bytes) -> str:
+    """The page for a payload (``vitscope.explorer.payload.build_payload``)."""
+    data = _script_safe(json.dumps(jsonable(meta), separators=(",", ":"), allow_nan=False))
+    parts = {"title": html.escape(meta["title"]), "css": _static("explorer.css"), "meta": data,
+             "blob": base64.b64encode(blob).decode("ascii"), "js": _script_safe(_static("explorer.js"))}
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], _static("explorer.html"))  # one pass
