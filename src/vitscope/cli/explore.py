@@ -21,7 +21,8 @@ def register(commands) -> None:
                          help="more models side by side with --model (layers matched by relative depth)")
     explore.add_argument("--layers", default="all", help="attention layers to keep, 1-based: e.g. 1,2,12 (default all)")
     explore.add_argument("--heads", default="all", help="heads to keep, 1-based: e.g. 1,3 (default all)")
-    explore.add_argument("--threshold", default="percentile:98", help="high-norm rule: percentile:Q, absolute:T or auto")
+    explore.add_argument("--threshold", default="percentile:98",
+                         help="high-norm rule: percentile:Q, absolute:T or auto")
     explore.add_argument("--detect-layer", default="last", metavar="LAYER",
                          help="token layer 1..L (or last) whose patch-token norms set the threshold")
     explore.add_argument("--max-mb", type=float, default=24.0,

@@ -6,7 +6,8 @@ A row ``p`` (probabilities over its keys) with scale ``s = max(p)`` is coded wit
 * a positive ``p`` gets ``code = ceil(p / s * levels)`` in 1..levels, decoded to the bin centre
   ``(code - 0.5) / levels * s``.
 
-So a shown probability is off by at most ``s / (2 levels)`` <= ``1 / (2 levels)``, and a zero is never confused
+So a shown probability is off by at most ``s / (2 levels)`` <= ``1 / (2 levels)`` (plus float32 rounding of the
+decoded value, about 1e-7 s), and a zero is never confused
 with a small value. ``dequantize`` is the decoder the page's JavaScript mirrors.
 """
 
@@ -23,8 +24,8 @@ def quantize_rows(probs: Tensor, levels: int = 255) -> tuple[Tensor, Tensor]:
         raise ValueError(f"levels={levels} must lie in 1..255 (codes are 8-bit, 0 is reserved for exact zeros)")
     p = probs.detach().float()
     scales = p.amax(dim=-1)
-    safe = scales.clamp(min=torch.finfo(torch.float32).tiny).unsqueeze(-1)
-    codes = torch.ceil(p / safe * levels).clamp(0, levels)
+    safe = scales.double().clamp(min=torch.finfo(torch.float32).tiny).unsqueeze(-1)
+    codes = torch.ceil(p.double() / safe * levels).clamp(0, levels)  # float64: the bin edges hold exactly
     codes = torch.where(p > 0, codes.clamp(min=1), torch.zeros_like(codes))
     return codes.to(torch.uint8), scales
 
