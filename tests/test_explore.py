@@ -160,3 +160,26 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     code = main(["explore", "--model", "vit-micro", "--num-images", "2", "--out", str(tmp_path), *argv])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_demo_builds_its_explorer_page_from_the_sparse_runs_in_seconds(tmp_path):
+    import time
+
+    from vitscope.explorer.demo import explorer_demo
+    from vitscope.models import save_model
+    from vitscope.report.index import write_index
+
+    assert explorer_demo(tmp_path) is None  # no sparse demo yet: no page, no error
+    for name, attention in (("softmax", "softmax"), ("entmax15", "entmax15")):
+        run = tmp_path / "sparse" / "runs" / name / "seed-0"
+        run.mkdir(parents=True)
+        save_model(create("vit-micro", attention=attention, num_classes=0), run / "model.safetensors")
+    started = time.perf_counter()
+    page = explorer_demo(tmp_path)
+    seconds = time.perf_counter() - started
+    meta, _ = page_payload(page.read_text())
+    assert [m["label"] for m in meta["models"]] == ["softmax, before training", "softmax, trained",
+                                                     "entmax-1.5, trained"]
+    assert len(meta["images"]) == 8 and seconds < 30, seconds
+    index = write_index(tmp_path, {"sparse": "Sparse"}).read_text()
+    assert 'href="explorer/explorer.html"' in index
