@@ -15,7 +15,8 @@ from explore_models import PLANTED_PATCH, pictures, planted_attention_model, sha
 from vitscope.explorer import model_inputs
 from vitscope.metrics.visible_keys import swin_window_keys
 from vitscope.models import create
-from vitscope.record import record_attention
+from vitscope.models.planted import plant_outliers
+from vitscope.record import record_attention, record_tokens
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -173,4 +174,25 @@ def test_swin_attention_is_drawn_in_its_window(browser, tmp_path):
     assert 0 < len(in_window) < 36 and 14 in in_window
     assert [cell for cell, v in enumerate(shown["cells"]) if v is not None] == in_window
     assert sorted(np.flatnonzero(drawn >= -1).tolist()) == in_window  # nothing drawn outside the query's window
+    assert not page.errors
+
+
+def test_norm_view_marks_the_planted_high_norm_tokens_and_shows_register_norms(browser, tmp_path):
+    torch.manual_seed(0)
+    model = create("vit-micro", num_registers=2).eval()
+    images = pictures(4, 32, seed=1)
+    with plant_outliers(model, layer=1, count=1, scale=20.0) as planted:  # after block 2 (1-based)
+        explorer = vitscope.explore(model, images, threshold="auto")
+        with torch.no_grad(), record_tokens(model, keep="norms") as tokens:
+            model(model_inputs(model, images))
+    positions = planted.positions[:4, 0].tolist()
+    page = open_page(browser, explorer, tmp_path / "norms.html")
+    page.select_option("#vs-view", "norms")
+    for image in range(4):
+        for layer in (2, 3, 4):
+            shown = page.evaluate(f"window.vitscope.select({{image: {image}, layer: {layer}}})")["models"][0]
+            assert shown["highNorm"] == [positions[image]]
+            expected = tokens.norms[layer - 1][image].numpy()
+            np.testing.assert_allclose(shown["norms"], expected, rtol=1e-5)  # CLS, reg1, reg2, then patches
+    assert page.locator(".vs-norm-list").first.text_content().startswith("high-norm (red): 1 tokens above auto")
     assert not page.errors

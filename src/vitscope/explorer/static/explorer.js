@@ -180,7 +180,22 @@
       const cells = sel.drawn.cells.map((v, i) => v === null ? -1 : i).filter((i) => i >= 0);
       outline(ctx, g, cells, side, '#ffffff', 2);
     }
+    hatchZeros(ctx, layer, sel, side);
     if (sel.query !== 'cls') outline(ctx, g, [sel.query], side, '#ff2d2d', 2.5);
+  }
+  function hatchZeros(ctx, layer, sel, side) {  // exact zeros: hatched on top, whatever the overlay's opacity
+    const g = layer.geometry, rects = [];
+    if (g.kind === 'reduced') {
+      const boxes = view(layer.arrays.key_boxes);
+      sel.values.forEach((v, j) => { if (v === 0) rects.push([boxes[4 * j + 1] * side, boxes[4 * j] * side, (boxes[4 * j + 3] - boxes[4 * j + 1]) * side, (boxes[4 * j + 2] - boxes[4 * j]) * side]); });
+    } else sel.drawn.cells.forEach((v, cell) => { if (v === 0) rects.push(cellRect(g, cell, side)); });
+    if (!rects.length) return;
+    ctx.save(); ctx.strokeStyle = 'rgba(235,235,235,0.95)'; ctx.lineWidth = 1; ctx.beginPath();
+    for (const [x, y, w, h] of rects) {
+      ctx.rect(x + 0.5, y + 0.5, w - 1, h - 1);
+      ctx.moveTo(x + 1, y + h - 1); ctx.lineTo(x + w - 1, y + 1);
+    }
+    ctx.stroke(); ctx.restore();
   }
   function drawBar(canvas, lo, hi) {
     const ctx = canvas.getContext('2d');
@@ -218,7 +233,7 @@
       const bar = el('div', {class: 'vs-bar'});
       const barCanvas = el('canvas', {width: 150, height: 10});
       const lo = el('span'), hi = el('span'), zero = el('span', {class: 'vs-zero'}), zeroText = el('span', {}, 'exactly 0');
-      zero.style.background = rgb(ZERO);
+      zero.style.background = `linear-gradient(135deg, transparent 42%, #ebebeb 42%, #ebebeb 58%, transparent 58%), ${rgb(ZERO)}`;
       bar.append(lo, barCanvas, hi, zero, zeroText);
       panel.append(bar, el('div', {class: 'vs-norm-list'}));
       host.append(panel);
@@ -377,7 +392,9 @@
         return {label: m.label, layer: sel.layer.number, head: sel.slot < 0 ? 'mean' : sel.layer.heads[sel.slot] + 1,
           grid: sel.layer.geometry.grid, kind: sel.layer.geometry.kind, query: sel.query, row: sel.values,
           cells: sel.drawn.cells, prefix: sel.drawn.prefix, labels: sel.layer.geometry.labels, hottest: hottest,
-          exactZeros: sel.values.filter((v) => v === 0).length, maxError: sel.bound};
+          exactZeros: sel.values.filter((v) => v === 0).length, maxError: sel.bound,
+          norms: normsOf(sel.layer), threshold: m.threshold.value,
+          highNorm: normsOf(sel.layer).slice(sel.layer.geometry.prefix).map((v, i) => v > m.threshold.value ? i : -1).filter((i) => i >= 0)};
       }),
     };
   }
