@@ -40,17 +40,19 @@ def test_quantised_rows_keep_exact_zeros_and_stay_within_the_stated_bound():
     probs[..., ::3] = 0.0  # exact zeros (entmax)
     probs[0, 0, 0, 1] = 1e-30  # a tiny positive value must not become a zero
     probs = probs / probs.sum(-1, keepdim=True)
-    for levels in (255, 31, 7):
-        codes, scales = quantize_rows(probs, levels)
-        back = dequantize(codes, scales, levels)
+    for levels, floor in ((255, 0.0), (31, 0.0), (255, 0.01), (7, 1e-4)):
+        codes, steps = quantize_rows(probs, levels, floor)
+        back = dequantize(codes, steps)
         assert torch.equal(codes == 0, probs == 0)
-        bound = max_error_bound(scales, levels)
-        assert bound == pytest.approx(float(probs.amax()) / (2 * levels))
-        rounding = 2e-7 * float(scales.max())  # float32 decoding
-        assert float((back - probs).abs().max()) <= bound + rounding
-        per_row = (back - probs).abs().amax(-1)
-        assert bool((per_row <= scales / (2 * levels) + rounding).all())
-        assert float((back - probs).abs().max()) > 0.5 * bound  # the bound is tight, not a loose guess
+        assert int(codes.max()) <= levels
+        bound = max_error_bound(steps)
+        assert bound == pytest.approx(max(float(probs.amax()) / (2 * levels), floor))
+        rounding = 2e-7 * float(probs.amax())  # float32 decoding
+        error = (back - probs).abs()
+        assert float(error.max()) <= bound + rounding
+        row_bound = torch.maximum(probs.amax(-1) / (2 * levels), torch.tensor(floor))
+        assert bool((error.amax(-1) <= row_bound + rounding).all())
+        assert float(error.max()) > 0.5 * bound  # the bound is tight, not a loose guess
     with pytest.raises(ValueError, match="levels=256"):
         quantize_rows(probs, 256)
 
@@ -113,12 +115,12 @@ def test_the_payload_holds_record_attentions_maps_within_the_stated_error():
     with torch.no_grad(), record_attention(model, layers=[0, 3], keep="maps") as rec:
         model(inputs)
     bound = meta["quantization"]["bound"]
-    assert 0 < bound <= 1 / 510 and meta["quantization"]["levels"] == 255
-    assert str(round(bound, 6))[:4] in page.html or f"{bound:.2g}" in page.html  # the page states it
+    assert 0 < bound <= 1 / 510 and meta["quantization"]["floor"] == 0  # a small page: no floor needed
+    assert f"off by at most {bound:.2g}" in page.html  # the page states it
     for layer, reference in zip(meta["models"][0]["layers"], rec.maps, strict=True):
         assert layer["heads"] == [1, 2] and layer["geometry"]["labels"] == ["CLS", "reg1", "reg2"]
-        codes, scales = stored(blob, layer["codes"]), stored(blob, layer["scales"])
-        back = dequantize(torch.from_numpy(codes.copy()), torch.from_numpy(scales.copy()), 255)
+        codes, steps = stored(blob, layer["codes"]), stored(blob, layer["steps"])
+        back = dequantize(torch.from_numpy(codes.copy()), torch.from_numpy(steps.copy()))
         assert float((back - reference[:, [1, 2]]).abs().max()) <= bound + 1e-7
         norms = stored(blob, layer["norms"])
         assert norms.shape == (3, 3 + 64)
@@ -183,3 +185,18 @@ def test_the_demo_builds_its_explorer_page_from_the_sparse_runs_in_seconds(tmp_p
     assert len(meta["images"]) == 8 and seconds < 30, seconds
     index = write_index(tmp_path, {"sparse": "Sparse"}).read_text()
     assert 'href="explorer/explorer.html"' in index
+
+
+def test_a_tight_size_budget_raises_the_error_floor_and_the_page_says_so():
+    torch.manual_seed(0)
+    model = create("vit-micro").eval()
+    images = pictures(6, 32)
+    free = vitscope.explore(model, images)
+    tight = vitscope.explore(model, images, max_bytes=int(free.size_bytes * 0.6))
+    q = tight.meta["quantization"]
+    assert free.meta["quantization"]["floor"] == 0 and q["floor"] > 0
+    assert tight.size_bytes <= free.size_bytes * 0.6
+    assert q["bound"] >= q["floor"] and q["measured"] <= q["bound"] + 1e-7
+    assert f"no finer than an error of {q['floor']:.2g}" in tight.html
+    with pytest.raises(ValueError, match="do not fit"):
+        vitscope.explore(model, images, max_bytes=100_000)

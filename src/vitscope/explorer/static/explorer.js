@@ -4,7 +4,7 @@
   'use strict';
   const META = JSON.parse(document.getElementById('vitscope-meta').textContent);
   const SIZE = 288, SMALL = 92;
-  const LUT = META.colormap, ZERO = META.zero_colour, LEVELS = META.quantization.levels;
+  const LUT = META.colormap, ZERO = META.zero_colour;
   const state = {image: 0, layer: 0, head: 'mean', cls: false, point: {x: 0.5, y: 0.5}, hover: null,
     view: 'attention', scale: 'row', alpha: 0.6};
   let BUF = null;
@@ -60,16 +60,16 @@
   }
   function rowValues(layer, image, slot, row) {  // dequantised probabilities over the row's keys
     const [, H, Tq, Tk] = layer.codes.shape;
-    const codes = view(layer.codes), scales = view(layer.scales);
+    const codes = view(layer.codes), steps = view(layer.steps);
     const slots = slot < 0 ? [...Array(H).keys()] : [slot];
     const out = new Float64Array(Tk);
     let bound = 0;
     for (const k of slots) {
-      const base = ((image * H + k) * Tq + row), s = scales[base];
-      bound = Math.max(bound, s / (2 * LEVELS));
+      const base = ((image * H + k) * Tq + row), step = steps[base];
+      bound = Math.max(bound, step / 2);
       for (let j = 0; j < Tk; j++) {
         const c = codes[base * Tk + j];
-        if (c > 0) out[j] += (c - 0.5) / LEVELS * s;
+        if (c > 0) out[j] += (c - 0.5) * step;
       }
     }
     for (let j = 0; j < Tk; j++) out[j] /= slots.length;
@@ -384,7 +384,7 @@
   function current() {
     return {
       image: state.image, layer: layerOf(models()[0]).number, head: state.head === 'mean' ? 'mean' : state.head + 1,
-      view: state.view, levels: LEVELS, maxError: META.quantization.bound,
+      view: state.view, maxError: META.quantization.bound,
       models: models().map((m) => {
         const sel = selection(m);
         let hottest = -1, best = -1;
