@@ -14,7 +14,7 @@ import vitscope
 from explore_models import PLANTED_PATCH, pictures, planted_attention_model, sharpened, tiny_swin
 from vitscope.explorer import model_inputs
 from vitscope.metrics.visible_keys import swin_window_keys
-from vitscope.models import create
+from vitscope.models import create, load
 from vitscope.models.planted import plant_outliers
 from vitscope.record import record_attention, record_tokens
 
@@ -195,4 +195,29 @@ def test_norm_view_marks_the_planted_high_norm_tokens_and_shows_register_norms(b
             expected = tokens.norms[layer - 1][image].numpy()
             np.testing.assert_allclose(shown["norms"], expected, rtol=1e-5)  # CLS, reg1, reg2, then patches
     assert page.locator(".vs-norm-list").first.text_content().startswith("high-norm (red): 1 tokens above auto")
+    assert not page.errors
+
+
+def test_pvt_reduced_keys_are_drawn_as_their_cells(browser, tmp_path):
+    torch.manual_seed(0)
+    model = load("timm:pvt_v2_b0").eval()
+    images = pictures(1, 64)
+    page = open_page(browser, vitscope.explore(model, images, layers=[0], labels=["pvt"]), tmp_path / "pvt.html")
+    with torch.no_grad(), record_attention(model, layers=[0], keep="maps") as rec:
+        model(model_inputs(model, images))
+    grid = page.evaluate("window.vitscope.meta.models[0].layers[0].geometry.grid")
+    click_patch(page, 0, 5 * grid[1] + 9, tuple(grid))
+    shown = page.evaluate("window.vitscope.current()")
+    row = shown["models"][0]
+    assert row["kind"] == "reduced" and row["query"] == 5 * grid[1] + 9
+    expected = rec.maps[0][0, :].mean(0)[row["query"]].numpy()  # mean over heads, the default
+    assert np.abs(np.array(row["row"]) - expected).max() <= shown["maxError"] + 1e-7
+    # each reduced key covers a block of stage cells; the colour drawn there is that key's value
+    drawn = drawn_cells(page, 0, tuple(grid))
+    side = int(round(np.sqrt(expected.size)))  # the stride-8 reduction of the stage grid: side x side keys
+    r = grid[0] // side  # stage cells per key along each axis
+    vmax = expected.max()
+    for key, value in enumerate(expected):
+        cell = (key // side) * r * grid[1] + (key % side) * r
+        assert abs(drawn[cell] - int(value / vmax * 255.999)) <= 3
     assert not page.errors

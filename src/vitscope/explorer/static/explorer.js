@@ -305,6 +305,8 @@
         const heat = el('canvas', {width: SMALL, height: SMALL});
         drawHeat(heat.getContext('2d'), layer, sel, SMALL);
         ctx.globalAlpha = state.alpha; ctx.drawImage(heat, 0, 0); ctx.globalAlpha = 1;
+        hatchZeros(ctx, layer, sel, SMALL);
+        if (sel.query !== 'cls') outline(ctx, layer.geometry, [sel.query], SMALL, '#ff2d2d', 1.5);
         fig.append(canvas, el('figcaption', {}, `head ${h + 1}`));
         fig.addEventListener('click', () => { state.head = h; render(); });
         row.append(fig);
