@@ -200,3 +200,21 @@ def test_a_tight_size_budget_raises_the_error_floor_and_the_page_says_so():
     assert f"no finer than an error of {q['floor']:.2g}" in tight.html
     with pytest.raises(ValueError, match="do not fit"):
         vitscope.explore(model, images, max_bytes=100_000)
+
+
+def test_a_timm_vit_with_fused_attention_and_registers_and_the_jupyter_view():
+    torch.manual_seed(0)
+    model = load("timm:vit_small_patch14_reg4_dinov2", img_size=56, depth=2).eval()
+    assert all(block.attn.fused_attn for block in model.blocks)  # recorded without leaving the fused path
+    images = pictures(2, 56)
+    page = vitscope.explore(model, images, heads=[0])
+    meta, blob = page_payload(page.html)
+    with torch.no_grad(), record_attention(model, keep="maps") as rec:
+        model(vitscope.explorer.model_inputs(model, images))
+    for layer, reference in zip(meta["models"][0]["layers"], rec.maps, strict=True):
+        assert layer["geometry"]["labels"] == ["CLS", "reg1", "reg2", "reg3", "reg4"]
+        codes, steps = stored(blob, layer["codes"]), stored(blob, layer["steps"])
+        back = dequantize(torch.from_numpy(codes.copy()), torch.from_numpy(steps.copy()))
+        assert float((back - reference[:, :1]).abs().max()) <= meta["quantization"]["bound"] + 1e-7
+    inline = page._repr_html_()
+    assert inline.startswith("<iframe srcdoc=") and "<script" not in inline  # the page is escaped into the frame

@@ -52,7 +52,10 @@ def compare_entries(items: list[str]):
 
 
 def _label(spec: str) -> str:
-    name = Path(spec.rstrip("/")).name or spec
+    """A page label from a spec: its last path part (a run's ``<condition>/seed-<n>`` keeps both)."""
+    path = Path(spec.rstrip("/"))
+    name = f"{path.parent.name}-{path.name}" if path.name.startswith("seed-") and path.parent.name else path.name
+    name = name or spec
     return "".join(ch if ch.isalnum() or ch in "._+-" else "-" for ch in name)
 
 
