@@ -63,6 +63,7 @@ def run_explore(args: argparse.Namespace) -> int:
     from vitscope.cli.analyze import detect_layer_index
     from vitscope.explorer import explore
     from vitscope.metrics.norms import parse_threshold
+    from vitscope.models import attention_sites
 
     parse_threshold(args.threshold)  # fail before loading anything
     layers, heads = parse_numbers(args.layers, "--layers"), parse_numbers(args.heads, "--heads")
@@ -72,6 +73,13 @@ def run_explore(args: argparse.Namespace) -> int:
     entries = compare_entries(args.compare)
     started = time.perf_counter()
     device, dataset, model, out, _ = prepare_analysis(args, "vitscope-explore")
+    depth = len(attention_sites(model))
+    if layers is not None and max(layers) >= depth:
+        raise ValueError(f"--layers {args.layers}: {args.model} has {depth} attention layers; use numbers 1..{depth}")
+    most_heads = max(int(getattr(site.module, "num_heads", 0)) for site in attention_sites(model))
+    if heads is not None and most_heads and max(heads) >= most_heads:
+        raise ValueError(f"--heads {args.heads}: {args.model} has at most {most_heads} heads per layer; use numbers "
+                         f"1..{most_heads}")
     models = [model] + [entry.load() for entry in entries]
     labels = [_label(args.model)] + [entry.label for entry in entries]
     if len(set(labels)) < len(labels):

@@ -104,8 +104,16 @@ def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDatas
     if dataset is not None and captions is None:
         captions = [dataset.classes[int(y)] if dataset.classes else str(int(y)) for y in dataset.labels]
     captions = list(captions) if captions is not None else [f"image {i + 1}" for i in range(len(pictures))]
-    reference_depth = len(attention_sites(models[0]))
-    reference = list(range(reference_depth)) if layers is None else [int(i) % reference_depth for i in layers]
+    sites = attention_sites(models[0])
+    reference_depth = len(sites)
+    if layers is not None and not all(-reference_depth <= int(i) < reference_depth for i in layers):
+        raise ValueError(f"layers {list(layers)} (0-based) reach past the {reference_depth} attention layers of "
+                         f"{labels[0]}; use 0..{reference_depth - 1}")
+    most_heads = max(int(getattr(site.module, "num_heads", 0)) for site in sites)
+    if heads is not None and most_heads and not all(0 <= int(h) < most_heads for h in heads):
+        raise ValueError(f"heads {list(heads)} (0-based) reach past the {most_heads} heads of {labels[0]}; "
+                         f"use 0..{most_heads - 1}")
+    reference = list(range(reference_depth)) if layers is None else sorted({int(i) % reference_depth for i in layers})
     records: list[ModelRecord] = []
     for model, label in zip(models, labels, strict=True):
         depth = len(attention_sites(model))
