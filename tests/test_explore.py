@@ -153,13 +153,6 @@ def test_cli_writes_one_offline_page(tmp_path, capsys):
     assert meta["models"][0]["layers"][0]["heads"] == [1] and len(meta["images"]) == 3
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--layers", "0"], "numbers start at 1"), (["--heads", "x"], "comma-separated"),
-    (["--threshold", "median"], "threshold 'median' is unknown"), (["--max-mb", "0"], "--max-mb 0"),
-    (["--compare", "a=b=c"], "unknown model spec"),
-    (["--layers", "2,9"], "--layers 2,9: vit-micro has 4 attention layers; use numbers 1..4"),
-    (["--heads", "5"], "--heads 5: vit-micro has at most 4 heads per layer; use numbers 1..4"),
-])
 def test_python_api_refuses_layers_and_heads_the_model_lacks():
     model = create("vit-micro")
     with pytest.raises(ValueError, match="reach past the 4 attention layers"):
@@ -168,6 +161,13 @@ def test_python_api_refuses_layers_and_heads_the_model_lacks():
         vitscope.explore(model, pictures(1, 32), heads=[0, 4])
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--layers", "0"], "numbers start at 1"), (["--heads", "x"], "comma-separated"),
+    (["--threshold", "median"], "threshold 'median' is unknown"), (["--max-mb", "0"], "--max-mb 0"),
+    (["--compare", "a=b=c"], "unknown model spec"),
+    (["--layers", "2,9"], "--layers 2,9: vit-micro has 4 attention layers; use numbers 1..4"),
+    (["--heads", "5"], "--heads 5: vit-micro has at most 4 heads per layer; use numbers 1..4"),
+])
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     code = main(["explore", "--model", "vit-micro", "--num-images", "2", "--out", str(tmp_path), *argv])
     err = capsys.readouterr().err
