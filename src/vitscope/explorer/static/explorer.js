@@ -171,6 +171,15 @@
       for (let c = 1; c < gw; c++) { const x = Math.round(c * side / gw) + 0.5; ctx.moveTo(x, 0); ctx.lineTo(x, side); }
       ctx.stroke();
     }
+    if (g.kind === 'reduced' && state.view !== 'norms') {  // the reduced keys' cells
+      const boxes = view(layer.arrays.key_boxes);
+      ctx.strokeStyle = 'rgba(255,255,255,0.7)'; ctx.lineWidth = 1; ctx.beginPath();
+      for (let j = 0; j < g.keys; j++) {
+        ctx.rect(Math.round(boxes[4 * j + 1] * side) + 0.5, Math.round(boxes[4 * j] * side) + 0.5,
+          Math.round((boxes[4 * j + 3] - boxes[4 * j + 1]) * side) - 1, Math.round((boxes[4 * j + 2] - boxes[4 * j]) * side) - 1);
+      }
+      ctx.stroke();
+    }
     if (state.view === 'norms') {
       const t = m.threshold.value, norms = normsOf(layer).slice(g.prefix);
       outline(ctx, g, norms.map((v, i) => v > t ? i : -1).filter((i) => i >= 0), side, '#ff2d2d', 2);
@@ -222,7 +231,7 @@
         const r = overlay.getBoundingClientRect();
         return {x: (ev.clientX - r.left) / r.width, y: (ev.clientY - r.top) / r.height};
       };
-      overlay.addEventListener('mousemove', (ev) => { state.hover = point(ev); render(); });
+      overlay.addEventListener('mousemove', (ev) => { state.hover = point(ev); renderSoon(); });
       overlay.addEventListener('mouseleave', () => { state.hover = null; render(); });
       overlay.addEventListener('click', (ev) => { state.point = point(ev); state.hover = null; state.cls = false; $('vs-cls').checked = false; render(); });
       panel.append(stack);
@@ -374,6 +383,10 @@
     const cls = $('vs-cls');
     cls.disabled = !hasCls(ref);
     document.querySelectorAll('#vs-strip figure').forEach((f, i) => f.classList.toggle('on', i === state.image));
+  }
+  let pending = 0;
+  function renderSoon() {  // hovering: at most one render per frame
+    if (!pending) pending = requestAnimationFrame(() => { pending = 0; render(); });
   }
   function render() {
     renderControls();
