@@ -21,9 +21,17 @@ def _script_safe(text: str) -> str:
     return text.replace("</", "<\\/")
 
 
+SCRIPT_PARTS = ("data.js", "draw.js", "panels.js", "api.js")  # joined, in this order, inside one function scope
+
+
+def script() -> str:
+    """The page's JavaScript: ``SCRIPT_PARTS`` in one strict-mode function scope."""
+    return "(function () {\n'use strict';\n" + "\n".join(_static(name) for name in SCRIPT_PARTS) + "})();\n"
+
+
 def render_page(meta: dict[str, Any], blob: bytes) -> str:
     """The page for a payload (``vitscope.explorer.payload.build_payload``)."""
     data = _script_safe(json.dumps(jsonable(meta), separators=(",", ":"), allow_nan=False))
     parts = {"title": html.escape(meta["title"]), "css": _static("explorer.css"), "meta": data,
-             "blob": base64.b64encode(blob).decode("ascii"), "js": _script_safe(_static("explorer.js"))}
+             "blob": base64.b64encode(blob).decode("ascii"), "js": _script_safe(script())}
     return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], _static("explorer.html"))  # one pass
