@@ -94,6 +94,9 @@ def record_model(model: nn.Module, inputs: Tensor, label: str, *, layers: Sequen
             maps[index].append(probs[:, kept].cpu())
         norms_seen.append([n.cpu() for n in tokens.norms])
     norms = [torch.cat(per_block) for per_block in zip(*norms_seen, strict=True)]
+    if len(norms) != depth:
+        raise ValueError(f"{label}: {depth} attention layers but {len(norms)} token blocks; the explorer pairs block "
+                         "l's attention with its output tokens, so the two must match")
     detect = detect_layer % len(norms)
     prefix = layouts[chosen[0]].num_prefix_tokens
     rule = high_norm_threshold(norms[detect][:, prefix:], threshold)
@@ -107,7 +110,7 @@ def record_model(model: nn.Module, inputs: Tensor, label: str, *, layers: Sequen
             mad_image=torch.cat([m for m, _ in per_image[index]]), entropy_image=torch.cat([e for _, e in
                                                                                            per_image[index]]),
             mad_set=means.mean("mad", index), entropy_set=means.mean("entropy", index),
-            skipped=means.skipped("mad", index), norms=norms[index] if index < len(norms) else norms[-1],
+            skipped=means.skipped("mad", index), norms=norms[index],
             geometry=geometry, arrays=arrays))
     fraction = float((norms[detect][:, prefix:] > rule.value).float().mean())
     return ModelRecord(label, depth, records, rule, detect, fraction)
