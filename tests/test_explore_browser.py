@@ -148,6 +148,11 @@ def test_compare_shows_exact_zeros_only_on_the_entmax_side(browser, tmp_path):
                 zeros[label] += int((cells == -1).sum())
             assert now["models"][0]["exactZeros"] == 0
     assert zeros["softmax"] == 0 and zeros["entmax-1.5"] > 20
+    page.select_option("#vs-scale", "shared")  # one colour scale for both: the larger row maximum
+    now = page.evaluate("window.vitscope.current()")
+    largest = max(max(v for v in m["cells"]) for m in now["models"])
+    tops = [float(t) for t in page.locator(".vs-bar span:nth-child(3)").all_text_contents()]
+    assert tops[0] == tops[1] == pytest.approx(largest, abs=1e-3)
     shot = tmp_path / "explorer-compare.png"
     page.screenshot(path=str(shot), full_page=True)
     print(f"explorer compare screenshot: {shot}")

@@ -15,8 +15,10 @@ function drawPicture(ctx, side) {
   ctx.imageSmoothingEnabled = img.naturalWidth >= 96;
   ctx.drawImage(img, 0, 0, side, side);
 }
+let sharedMax = null;  // colour scale 'shared': the largest value drawn in any model's main view
 function vmaxOf(values) {
   if (state.scale === 'one') return 1;
+  if (state.scale === 'shared' && sharedMax !== null) return sharedMax;
   let v = 0;
   values.forEach((x) => { if (x !== null && x > v) v = x; });
   return v > 0 ? v : 1;

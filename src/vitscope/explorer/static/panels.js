@@ -177,6 +177,11 @@ function renderSoon() {  // hovering: at most one render per frame
 }
 function render() {
   renderControls();
+  sharedMax = null;
+  if (state.scale === 'shared') {
+    const rows = models().map((m) => { const sel = selection(m); return layerOf(m).geometry.kind === 'reduced' ? sel.values : sel.drawn.cells; });
+    sharedMax = Math.max(1e-12, ...rows.map((r) => r.reduce((a, v) => (v !== null && v > a ? v : a), 0)));
+  }
   models().forEach((m, mi) => renderPanel(panels[mi], m, mi));
   renderMultiples();
   renderMetrics();
