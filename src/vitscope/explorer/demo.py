@@ -3,8 +3,8 @@
 ``vitscope demo`` calls ``explorer_demo(out)`` after its studies; it reads the run folders the sparse demo left
 (``OUT/sparse/runs/<condition>/seed-<seed>``) and writes ``OUT/explorer/explorer.html`` in seconds (8 synthetic
 evaluation images, vit-micro). "Before training" is the softmax run's architecture (its saved config) with the
-random weights of ``torch.manual_seed(seed)``, the seed the trainer starts from (the same kind of initialisation,
-not necessarily the trainer's exact draw).
+random weights of ``torch.manual_seed(seed)``; the trainer seeds the same way before building its model, so these
+are its initial weights (a 2-step demo run was within 6e-6 of them; docs/explore.md).
 """
 
 from __future__ import annotations
