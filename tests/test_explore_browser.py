@@ -1,6 +1,7 @@
 """The explorer page in a real browser: Debian's Chromium driven by Playwright (never a downloaded browser).
 
-Skips when playwright or /usr/bin/chromium is missing. Screenshots go to pytest's tmp dir; their paths are printed.
+Skips when playwright or /usr/bin/chromium is missing. Screenshots go to pytest's tmp dir; their paths are printed
+to the terminal, also when output is captured.
 """
 
 import shutil
@@ -35,6 +36,17 @@ def browser():
                                      args=ARGS)
         yield chromium
         chromium.close()
+
+
+@pytest.fixture
+def announce(capsys):
+    """Print a line to the real terminal even when output is captured (screenshot paths for CI logs)."""
+
+    def write(line: str) -> None:
+        with capsys.disabled():
+            print(f"\n{line}")
+
+    return write
 
 
 def open_page(browser, explorer, path: Path):
@@ -88,7 +100,7 @@ def drawn_cells(page, model: int, grid: tuple[int, int]) -> np.ndarray:
     return np.array(out)
 
 
-def test_clicked_patch_shows_record_attentions_row(browser, tmp_path):
+def test_clicked_patch_shows_record_attentions_row(browser, tmp_path, announce):
     torch.manual_seed(0)
     model = create("vit-micro", num_registers=2).eval()
     images = pictures(3, 32)
@@ -116,7 +128,7 @@ def test_clicked_patch_shows_record_attentions_row(browser, tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     shot = tmp_path / "explorer-one.png"
     page.screenshot(path=str(shot), full_page=True)
-    print(f"explorer screenshot: {shot}")
+    announce(f"explorer screenshot: {shot}")
     assert not page.errors
 
 
@@ -131,7 +143,7 @@ def test_planted_patch_is_the_hottest_cell_drawn(browser, tmp_path):
     assert not page.errors
 
 
-def test_compare_shows_exact_zeros_only_on_the_entmax_side(browser, tmp_path):
+def test_compare_shows_exact_zeros_only_on_the_entmax_side(browser, tmp_path, announce):
     torch.manual_seed(0)
     softmax = sharpened(create("vit-micro").eval(), 6.0)
     entmax = create("vit-micro", attention="entmax15").eval()
@@ -155,7 +167,7 @@ def test_compare_shows_exact_zeros_only_on_the_entmax_side(browser, tmp_path):
     assert tops[0] == tops[1] == pytest.approx(largest, abs=1e-3)
     shot = tmp_path / "explorer-compare.png"
     page.screenshot(path=str(shot), full_page=True)
-    print(f"explorer compare screenshot: {shot}")
+    announce(f"explorer compare screenshot: {shot}")
     assert not page.errors
 
 
