@@ -140,15 +140,15 @@ def test_planted_attention_gives_the_analytic_mad_and_zero_entropy():
 
 def test_cli_writes_one_offline_page(tmp_path, capsys):
     out = tmp_path / "exp"
-    code = main(["explore", "--model", "vit-micro", "--compare", "entmax=vit-micro", "--num-images", "3",
-                 "--layers", "1,4", "--heads", "2", "--out", str(out), "--device", "cpu"])
+    code = main(["explore", "--model", "vit-micro", "--attention", "entmax15", "--compare", "softmax=vit-micro",
+                 "--num-images", "3", "--layers", "1,4", "--heads", "2", "--out", str(out), "--device", "cpu"])
     assert code == 0
     html = (out / "explorer.html").read_text()
     assert "explorer.html" in capsys.readouterr().out
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing fetched from the network
     assert "https://" not in html and "http://" not in html
     meta, _ = page_payload(html)
-    assert [m["label"] for m in meta["models"]] == ["vit-micro", "entmax"]
+    assert [m["label"] for m in meta["models"]] == ["vit-micro +entmax15", "softmax"]
     assert [layer["number"] for layer in meta["models"][0]["layers"]] == [1, 4]
     assert meta["models"][0]["layers"][0]["heads"] == [1] and len(meta["images"]) == 3
 

@@ -81,7 +81,8 @@ def run_explore(args: argparse.Namespace) -> int:
         raise ValueError(f"--heads {args.heads}: {args.model} has at most {most_heads} heads per layer; use numbers "
                          f"1..{most_heads}")
     models = [model] + [entry.load() for entry in entries]
-    labels = [_label(args.model)] + [entry.label for entry in entries]
+    changes = [c for c in (args.attention, f"reg{args.num_registers}" if args.num_registers else None) if c]
+    labels = [_label(args.model) + "".join(f" +{c}" for c in changes)] + [entry.label for entry in entries]
     if len(set(labels)) < len(labels):
         labels = [f"{i + 1}:{label}" for i, label in enumerate(labels)]
     page = explore(models, dataset, labels=labels, layers=layers, heads=heads, threshold=args.threshold,
