@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 def page_payload(html: str) -> tuple[dict, bytes]:
     """The JSON description and the decompressed blob embedded in a page."""
     meta = json.loads(re.search(r'<script id="vitscope-meta" type="application/json">(.*?)</script>', html,
-                                re.S).group(1).replace("<\\/", "</"))
+                                re.S).group(1))
     blob = re.search(r'<script id="vitscope-blob" type="application/octet-stream">(.*?)</script>', html, re.S)
     return meta, gzip.decompress(base64.b64decode(blob.group(1)))
 
@@ -124,6 +124,14 @@ def test_the_payload_holds_record_attentions_maps_within_the_stated_error():
         assert float((back - reference[:, [1, 2]]).abs().max()) <= bound + 1e-7
         norms = stored(blob, layer["norms"])
         assert norms.shape == (3, 3 + 64)
+
+
+def test_captions_cannot_break_out_of_the_page():
+    caption = "</script><script>alert(1)</script><!--"
+    page = vitscope.explore(create("vit-micro"), pictures(1, 32), captions=[caption], labels=["<b>m</b>"])
+    meta, _ = page_payload(page.html)
+    assert meta["captions"] == [caption] and meta["models"][0]["label"] == "<b>m</b>"
+    assert "alert(1)</script>" not in page.html
 
 
 def test_planted_attention_gives_the_analytic_mad_and_zero_entropy():

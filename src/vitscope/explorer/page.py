@@ -31,7 +31,8 @@ def script() -> str:
 
 def render_page(meta: dict[str, Any], blob: bytes) -> str:
     """The page for a payload (``vitscope.explorer.payload.build_payload``)."""
-    data = _script_safe(json.dumps(jsonable(meta), separators=(",", ":"), allow_nan=False))
+    # "<" as its JSON escape: no text in the data (a caption, a label) can end or confuse the <script> element
+    data = json.dumps(jsonable(meta), separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     parts = {"title": html.escape(meta["title"]), "css": _static("explorer.css"), "meta": data,
              "blob": base64.b64encode(blob).decode("ascii"), "js": _script_safe(script())}
     return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], _static("explorer.html"))  # one pass
