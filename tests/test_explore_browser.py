@@ -238,3 +238,13 @@ def test_pvt_reduced_keys_are_drawn_as_their_cells(browser, tmp_path):
         cell = (key // side) * r * grid[1] + (key % side) * r
         assert abs(drawn[cell] - int(value / vmax * 255.999)) <= 3
     assert not page.errors
+
+
+def test_the_jupyter_view_runs_in_its_sandboxed_frame(browser):
+    explorer = vitscope.explore(planted_attention_model(), pictures(1, 32))
+    page = browser.new_page()
+    page.set_content(f"<html><body>{explorer._repr_html_()}</body></html>")
+    frame = page.frame_locator("iframe")
+    frame.locator("body[data-ready='1']").wait_for(timeout=30_000)
+    hottest = page.frames[1].evaluate("window.vitscope.select({layer: 2, query: 5}).models[0].hottest")
+    assert hottest == PLANTED_PATCH
