@@ -17,7 +17,7 @@ from pathlib import Path
 import vitscope
 from vitscope.cli.common import add_shared_to_top, output_dir, quiet_torch_notices, resolve_shared
 
-COMMAND_MODULES = ("models", "analyze", "probe", "train", "study", "demo", "doctor", "export")
+COMMAND_MODULES = ("models", "analyze", "explore", "probe", "train", "study", "demo", "doctor", "export")
 SHARED_EPILOG = """shared options: --device, --batch-size, --seed, --out and --debug go before or after the command
 name; each command lists in its --help the ones it takes (models: --debug only; doctor: --device, --debug;
 train: all, as overrides of its config; study locality: --seed is a single --seeds)."""

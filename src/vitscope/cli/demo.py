@@ -3,7 +3,8 @@
 ``DEMOS`` is the one table of demos: a study adds itself with one line naming a function
 ``(out: Path, device: str, seed: int, batch_size: int | None) -> Path`` (the report it wrote). Bare
 ``vitscope demo`` runs every demo in the table; each writes into ``OUT/<name>/`` and ``OUT/index.html``
-links every report present.
+links every report present, and the explorer page of the sparse demo's backbones (``vitscope.explorer.demo``,
+seconds) when their runs are there.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def selected(names: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vitscope.explorer.demo import explorer_demo
     from vitscope.report.index import write_index
 
     out = Path(args.out)
@@ -64,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
                                                                       args.batch_size)
         minutes = (time.perf_counter() - started) / 60
         print(f"{name}: {report.resolve()} ({minutes:.1f} min)")
+    explorer = explorer_demo(out, device=args.device)
+    if explorer is not None:
+        print(f"explorer: {explorer.resolve()}")
     index = write_index(out, {name: demo.title for name, demo in DEMOS.items()})
     print(f"index: {index.resolve()}")
     return 0

@@ -1,0 +1,131 @@
+"""An interactive attention and token explorer in one offline HTML file (docs/explore.md).
+
+    page = vitscope.explore(model, images)              # or [model_a, model_b] to compare, labels=[...]
+    page                                                # renders inline in Jupyter
+    page.save("explorer.html")
+
+``images`` are the pictures as they look: uint8 (images, 3, H, W) or floats in [0, 1], or an ``ImageDataset``
+(then the model's input size and the dataset's normalisation are used, as ``vitscope analyze`` does).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitscope.analyze.inputs import model_input
+from vitscope.data import ImageDataset, normalize
+from vitscope.explorer.measure import ModelRecord, matched_layers, record_model
+from vitscope.explorer.page import render_page
+from vitscope.explorer.payload import build_payload
+from vitscope.files import atomic_write_bytes
+from vitscope.models import attention_sites
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class Explorer:
+    """A built explorer page: ``html`` (the whole file), ``save(path)``, and ``_repr_html_`` for Jupyter."""
+
+    def __init__(self, page: str, meta: dict):
+        self.html, self.meta = page, meta
+
+    def save(self, path: str | Path) -> Path:
+        """Write the page to ``path`` (a folder gets ``explorer.html``); returns the file written."""
+        path = Path(path)
+        path = path / "explorer.html" if path.is_dir() else path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return atomic_write_bytes(path, self.html.encode("utf-8"))
+
+    def _repr_html_(self) -> str:
+        # an iframe keeps the page's script and styles apart from the notebook's
+        return (f'<iframe srcdoc="{html.escape(self.html, quote=True)}" style="width:100%;height:900px;border:0" '
+                'sandbox="allow-scripts allow-downloads"></iframe>')
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.html.encode("utf-8"))
+
+
+def _pictures(images: Tensor) -> Tensor:
+    """uint8 (images, 3, H, W) from uint8 or [0, 1] float pictures."""
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"images must be (images, 3, H, W), got shape {tuple(images.shape)}")
+    if images.dtype == torch.uint8:
+        return images.cpu()
+    if float(images.min()) < 0 or float(images.max()) > 1:
+        raise ValueError("float images must lie in [0, 1] (the pictures as they look, not normalised inputs); "
+                         "pass uint8 or [0, 1] images")
+    return (images.float() * 255).round().to(torch.uint8).cpu()
+
+
+def model_inputs(model: nn.Module, pictures: Tensor, dataset: ImageDataset | None = None,
+                 mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> Tensor:
+    """Normalised inputs (images, 3, S, S) of ``model`` from uint8 ``pictures``: resized (bilinear, antialiased) to
+    the model's input side and normalised with ``mean``/``std``, else the dataset's, else the model's pretrained
+    ones, else ImageNet's."""
+    pretrained = getattr(model, "pretrained_cfg", None) or {}
+    stats = dataset if dataset is not None else SimpleNamespace(
+        mean=tuple(mean or pretrained.get("mean", IMAGENET_MEAN)),
+        std=tuple(std or pretrained.get("std", IMAGENET_STD)), image_size=pictures.shape[-1])
+    side, m, s = model_input(model, stats)
+    m, s = (tuple(mean), tuple(std)) if mean is not None and std is not None else (m, s)
+    x = pictures.float() / 255.0
+    if x.shape[-2:] != (side, side):
+        x = F.interpolate(x, size=(side, side), mode="bilinear", align_corners=False, antialias=True)
+    return normalize(x, m, s)
+
+
+def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDataset, *,
+            labels: Sequence[str] | None = None, layers: Sequence[int] | None = None,
+            heads: Sequence[int] | None = None, threshold: str = "percentile:98", detect_layer: int = -1,
+            mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+            captions: Sequence[str] | None = None,
+            title: str = "vitscope explorer", max_bytes: int = 24_000_000, batch_size: int = 16,
+            device: torch.device | str = "cpu") -> Explorer:
+    """The explorer page of one model, or several side by side (the first is the reference: ``layers``, 0-based,
+    are its layers, and the others show the layers at the same relative depth). ``heads`` are 0-based (None: all);
+    ``threshold`` and ``detect_layer`` (0-based block, -1 the last) set the high-norm rule as in ``analyze norms``.
+    Maps are quantised to fit ``max_bytes`` (``vitscope.explorer.payload``)."""
+    models = [models] if isinstance(models, nn.Module) else list(models)
+    if not models:
+        raise ValueError("explore needs at least one model")
+    labels = list(labels) if labels is not None else [f"model {i + 1}" for i in range(len(models))]
+    if len(labels) != len(models):
+        raise ValueError(f"{len(labels)} labels for {len(models)} models; give one label per model")
+    dataset = images if isinstance(images, ImageDataset) else None
+    pictures = _pictures(dataset.images if dataset is not None else images)
+    if dataset is not None and captions is None:
+        captions = [dataset.classes[int(y)] if dataset.classes else str(int(y)) for y in dataset.labels]
+    captions = list(captions) if captions is not None else [f"image {i + 1}" for i in range(len(pictures))]
+    sites = attention_sites(models[0])
+    reference_depth = len(sites)
+    if layers is not None and not all(-reference_depth <= int(i) < reference_depth for i in layers):
+        raise ValueError(f"layers {list(layers)} (0-based) reach past the {reference_depth} attention layers of "
+                         f"{labels[0]}; use 0..{reference_depth - 1}")
+    most_heads = max(int(getattr(site.module, "num_heads", 0)) for site in sites)
+    if heads is not None and most_heads and not all(0 <= int(h) < most_heads for h in heads):
+        raise ValueError(f"heads {list(heads)} (0-based) reach past the {most_heads} heads of {labels[0]}; "
+                         f"use 0..{most_heads - 1}")
+    reference = list(range(reference_depth)) if layers is None else sorted({int(i) % reference_depth for i in layers})
+    records: list[ModelRecord] = []
+    for model, label in zip(models, labels, strict=True):
+        depth = len(attention_sites(model))
+        wanted = matched_layers(reference, reference_depth, depth)
+        inputs = model_inputs(model, pictures, dataset, mean, std)
+        record = record_model(model, inputs, label, layers=sorted(set(wanted)), heads=heads, threshold=threshold,
+                              detect_layer=detect_layer, batch_size=batch_size, device=device)
+        by_index = {layer.index: layer for layer in record.layers}
+        record.layers = [by_index[i] for i in wanted]  # aligned with the reference's layers
+        records.append(record)
+    meta, blob = build_payload(records, pictures, captions=captions, title=title, max_bytes=max_bytes)
+    return Explorer(render_page(meta, blob), meta)
+
+
+__all__ = ["Explorer", "explore", "model_inputs"]

@@ -1,0 +1,64 @@
+"""Small models with known attention for the explorer tests (tests/test_explore*.py)."""
+
+from __future__ import annotations
+
+import timm
+import torch
+
+from vitscope.models import create
+
+PLANTED_PATCH = 19  # row 2, column 3 of vit-micro's 8x8 grid
+
+
+@torch.no_grad()
+def planted_attention_model(patch: int = PLANTED_PATCH, strength: float = 5.0):
+    """vit-micro whose every query (CLS and patches), in every layer and head, attends to ``patch``.
+
+    Patch embeddings, CLS and positions are zero except the planted patch's position, so after ``norm1`` every
+    token is 0 but that one (v). Queries are a constant u (the qkv bias); keys are W_k x with W_k v = strength u,
+    so the planted key's logit is strength * |u_head|^2 * scale = 20 and every other key's is 0 (softmax puts
+    1 - 1.3e-7 on it). Attention and MLP outputs are zeroed, so every block sees the same tokens."""
+    model = create("vit-micro").eval()
+    dim = model.embed_dim
+    model.patch_embed.proj.weight.zero_()
+    model.patch_embed.proj.bias.zero_()
+    model.cls_token.zero_()
+    model.pos_embed.zero_()
+    e = torch.cat([torch.ones(dim // 2), -torch.ones(dim // 2)])
+    model.pos_embed[0, 1 + patch] = 3.0 * e
+    v = e  # LayerNorm(3 e) = e: mean 0, unit variance
+    u = torch.ones(dim)
+    for block in model.blocks:
+        qkv = block.attn.qkv
+        qkv.weight.zero_()
+        qkv.bias.zero_()
+        qkv.bias[:dim] = u
+        qkv.weight[dim : 2 * dim] = strength * torch.outer(u, v) / v.dot(v)
+        block.attn.proj.weight.zero_()
+        block.attn.proj.bias.zero_()
+        block.mlp.fc2.weight.zero_()
+        block.mlp.fc2.bias.zero_()
+    return model
+
+
+@torch.no_grad()
+def sharpened(model, factor: float):
+    """``model`` with every query and key projection scaled by ``factor`` (peakier maps, so entmax has zeros)."""
+    for block in model.blocks:
+        qkv = block.attn.qkv
+        dim = qkv.in_features
+        qkv.weight[: 2 * dim] *= factor
+    return model
+
+
+def tiny_swin():
+    """A random-init Swin with shifted, padded windows on a 6x6 stage grid (test_registers_hier.py's)."""
+    torch.manual_seed(0)
+    return timm.create_model("swin_tiny_patch4_window7_224", num_classes=0, img_size=24, patch_size=4, window_size=4,
+                             depths=(2, 2), embed_dim=16, num_heads=(2, 2)).eval()
+
+
+def pictures(count: int, side: int, seed: int = 0) -> torch.Tensor:
+    """Random uint8 pictures (count, 3, side, side)."""
+    return torch.randint(0, 256, (count, 3, side, side), generator=torch.Generator().manual_seed(seed),
+                         dtype=torch.uint8)

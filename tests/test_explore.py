@@ -1,0 +1,238 @@
+"""The explorer's data: quantisation, geometry, the page's payload against record_attention, the CLI (no browser)."""
+
+import base64
+import gzip
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import vitscope
+from explore_models import PLANTED_PATCH, pictures, planted_attention_model, tiny_swin
+from vitscope.cli import main
+from vitscope.explorer.geometry import layer_geometry
+from vitscope.explorer.measure import matched_layers
+from vitscope.explorer.quantize import dequantize, max_error_bound, quantize_rows
+from vitscope.metrics import grid_distances
+from vitscope.models import attention_sites, create, load
+from vitscope.record import record_attention
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def page_payload(html: str) -> tuple[dict, bytes]:
+    """The JSON description and the decompressed blob embedded in a page."""
+    meta = json.loads(re.search(r'<script id="vitscope-meta" type="application/json">(.*?)</script>', html,
+                                re.S).group(1))
+    blob = re.search(r'<script id="vitscope-blob" type="application/octet-stream">(.*?)</script>', html, re.S)
+    return meta, gzip.decompress(base64.b64decode(blob.group(1)))
+
+
+def stored(blob: bytes, ref: dict) -> np.ndarray:
+    return np.frombuffer(blob, dtype=ref["dtype"], count=ref["length"], offset=ref["offset"]).reshape(ref["shape"])
+
+
+def test_quantised_rows_keep_exact_zeros_and_stay_within_the_stated_bound():
+    torch.manual_seed(0)
+    probs = torch.rand(3, 2, 5, 40) ** 6
+    probs[..., ::3] = 0.0  # exact zeros (entmax)
+    probs[0, 0, 0, 1] = 1e-30  # a tiny positive value must not become a zero
+    probs = probs / probs.sum(-1, keepdim=True)
+    for levels, floor in ((255, 0.0), (31, 0.0), (255, 0.01), (7, 1e-4)):
+        codes, steps = quantize_rows(probs, levels, floor)
+        back = dequantize(codes, steps)
+        assert torch.equal(codes == 0, probs == 0)
+        assert int(codes.max()) <= levels
+        bound = max_error_bound(steps)
+        assert bound == pytest.approx(max(float(probs.amax()) / (2 * levels), floor))
+        rounding = 2e-7 * float(probs.amax())  # float32 decoding
+        error = (back - probs).abs()
+        assert float(error.max()) <= bound + rounding
+        row_bound = torch.maximum(probs.amax(-1) / (2 * levels), torch.tensor(floor))
+        assert bool((error.amax(-1) <= row_bound + rounding).all())
+        assert float(error.max()) > 0.5 * bound  # the bound is tight, not a loose guess
+    with pytest.raises(ValueError, match="levels=256"):
+        quantize_rows(probs, 256)
+
+
+def test_layers_are_matched_by_relative_depth():
+    assert matched_layers([0, 1, 2, 3], 4, 12) == [2, 5, 8, 11]
+    assert matched_layers([0, 5, 11], 12, 4) == [0, 1, 3]  # 1/12 -> 0.33 rounds to 0, kept at layer 1
+    assert matched_layers([0, 1], 2, 2) == [0, 1]
+
+
+def test_swin_window_cells_reproduce_the_recorders_distances():
+    model = tiny_swin()
+    sites = attention_sites(model)
+    with torch.no_grad(), record_attention(model, keep="maps") as rec:
+        model(torch.randn(1, 3, 24, 24))
+    checked = 0
+    for slot, site in enumerate(sites):
+        layout = rec.layouts[slot]
+        meta, arrays = layer_geometry(model, site, layout)
+        assert meta["kind"] == "window"
+        h, w = meta["grid"]
+        coords = torch.stack([torch.arange(h * w) // w, torch.arange(h * w) % w], 1).float()
+        query_of_row = torch.empty(h * w, dtype=torch.long)
+        query_of_row[arrays["row_of_cell"].long()] = torch.arange(h * w)
+        keys = arrays["key_cells"].long()
+        visible = keys >= 0
+        assert rec.maps[slot].shape[2:] == keys.shape
+        mine = (coords[query_of_row][:, None] - coords[keys.clamp(min=0)]).norm(dim=-1)
+        torch.testing.assert_close(mine[visible], layout.distances[visible], atol=1e-5, rtol=0)
+        # keys the shift mask hides or padding carry no probability
+        assert float(rec.maps[slot][..., ~visible].abs().sum()) < 1e-6
+        checked += int(visible.sum())
+    assert checked > 0
+
+
+def test_pvt_key_boxes_are_where_the_recorders_keys_are():
+    model = load("timm:pvt_v2_b0").eval()
+    with torch.no_grad(), record_attention(model, layers=[0, 2], keep="maps") as rec:
+        model(torch.randn(1, 3, 64, 64))
+    for slot, index in enumerate([0, 2]):
+        layout = rec.layouts[slot]
+        meta, arrays = layer_geometry(model, attention_sites(model)[index], layout)
+        h, w = meta["grid"]
+        s = meta["stride"]
+        boxes = arrays["key_boxes"]
+        assert boxes.shape[0] == rec.maps[slot].shape[-1]
+        keys = torch.stack([(boxes[:, 0] + boxes[:, 2]) / 2 * h * s, (boxes[:, 1] + boxes[:, 3]) / 2 * w * s], 1)
+        cells = torch.arange(h * w)
+        queries = torch.stack([(cells // w + 0.5) * s, (cells % w + 0.5) * s], 1).float()
+        torch.testing.assert_close(torch.cdist(queries, keys), layout.distances, atol=1e-4, rtol=0)
+
+
+def test_the_payload_holds_record_attentions_maps_within_the_stated_error():
+    torch.manual_seed(0)
+    model = create("vit-micro", num_registers=2).eval()
+    images = pictures(3, 32)
+    page = vitscope.explore(model, images, layers=[0, 3], heads=[1, 2])
+    meta, blob = page_payload(page.html)
+    inputs = vitscope.explorer.model_inputs(model, images)
+    with torch.no_grad(), record_attention(model, layers=[0, 3], keep="maps") as rec:
+        model(inputs)
+    bound = meta["quantization"]["bound"]
+    assert 0 < bound <= 1 / 510 and meta["quantization"]["floor"] == 0  # a small page: no floor needed
+    assert f"off by at most {bound:.2g}" in page.html  # the page states it
+    for layer, reference in zip(meta["models"][0]["layers"], rec.maps, strict=True):
+        assert layer["heads"] == [1, 2] and layer["geometry"]["labels"] == ["CLS", "reg1", "reg2"]
+        codes, steps = stored(blob, layer["codes"]), stored(blob, layer["steps"])
+        back = dequantize(torch.from_numpy(codes.copy()), torch.from_numpy(steps.copy()))
+        assert float((back - reference[:, [1, 2]]).abs().max()) <= bound + 1e-7
+        norms = stored(blob, layer["norms"])
+        assert norms.shape == (3, 3 + 64)
+
+
+def test_captions_cannot_break_out_of_the_page():
+    caption = "</script><script>alert(1)</script><!--"
+    page = vitscope.explore(create("vit-micro"), pictures(1, 32), captions=[caption], labels=["<b>m</b>"])
+    meta, _ = page_payload(page.html)
+    assert meta["captions"] == [caption] and meta["models"][0]["label"] == "<b>m</b>"
+    assert "alert(1)</script>" not in page.html
+
+
+def test_planted_attention_gives_the_analytic_mad_and_zero_entropy():
+    model = planted_attention_model()
+    page = vitscope.explore(model, pictures(2, 32))
+    meta, _ = page_payload(page.html)
+    d = grid_distances((8, 8))
+    expected = float(d[:, PLANTED_PATCH].mean() / d.max())  # every patch query's row is one-hot on the patch
+    for layer in meta["models"][0]["layers"]:
+        assert np.allclose(layer["mad_image"], expected, atol=1e-5)
+        assert np.allclose(layer["mad_set"], expected, atol=1e-5)
+        assert np.allclose(layer["entropy_set"], 0.0, atol=1e-4)
+
+
+def test_cli_writes_one_offline_page(tmp_path, capsys):
+    out = tmp_path / "exp"
+    code = main(["explore", "--model", "vit-micro", "--attention", "entmax15", "--compare", "softmax=vit-micro",
+                 "--num-images", "3", "--layers", "1,4", "--heads", "2", "--out", str(out), "--device", "cpu"])
+    assert code == 0
+    html = (out / "explorer.html").read_text()
+    assert "explorer.html" in capsys.readouterr().out
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing fetched from the network
+    assert "https://" not in html and "http://" not in html
+    meta, _ = page_payload(html)
+    assert [m["label"] for m in meta["models"]] == ["vit-micro +entmax15", "softmax"]
+    assert [layer["number"] for layer in meta["models"][0]["layers"]] == [1, 4]
+    assert meta["models"][0]["layers"][0]["heads"] == [1] and len(meta["images"]) == 3
+
+
+def test_python_api_refuses_layers_and_heads_the_model_lacks():
+    model = create("vit-micro")
+    with pytest.raises(ValueError, match="reach past the 4 attention layers"):
+        vitscope.explore(model, pictures(1, 32), layers=[4])
+    with pytest.raises(ValueError, match="reach past the 4 heads"):
+        vitscope.explore(model, pictures(1, 32), heads=[0, 4])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--layers", "0"], "numbers start at 1"), (["--heads", "x"], "comma-separated"),
+    (["--threshold", "median"], "threshold 'median' is unknown"), (["--max-mb", "0"], "--max-mb 0"),
+    (["--compare", "a=b=c"], "unknown model spec"),
+    (["--layers", "2,9"], "--layers 2,9: vit-micro has 4 attention layers; use numbers 1..4"),
+    (["--heads", "5"], "--heads 5: vit-micro has at most 4 heads per layer; use numbers 1..4"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    code = main(["explore", "--model", "vit-micro", "--num-images", "2", "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_demo_builds_its_explorer_page_from_the_sparse_runs_in_seconds(tmp_path):
+    import time
+
+    from vitscope.explorer.demo import explorer_demo
+    from vitscope.models import save_model
+    from vitscope.report.index import write_index
+
+    assert explorer_demo(tmp_path) is None  # no sparse demo yet: no page, no error
+    for name, attention in (("softmax", "softmax"), ("entmax15", "entmax15")):
+        run = tmp_path / "sparse" / "runs" / name / "seed-0"
+        run.mkdir(parents=True)
+        save_model(create("vit-micro", attention=attention, num_classes=0), run / "model.safetensors")
+    started = time.perf_counter()
+    page = explorer_demo(tmp_path)
+    seconds = time.perf_counter() - started
+    meta, _ = page_payload(page.read_text())
+    assert [m["label"] for m in meta["models"]] == ["softmax, before training", "softmax, trained",
+                                                     "entmax-1.5, trained"]
+    assert len(meta["images"]) == 8 and seconds < 30, seconds
+    index = write_index(tmp_path, {"sparse": "Sparse"}).read_text()
+    assert 'href="explorer/explorer.html"' in index
+
+
+def test_a_tight_size_budget_raises_the_error_floor_and_the_page_says_so():
+    torch.manual_seed(0)
+    model = create("vit-micro").eval()
+    images = pictures(6, 32)
+    free = vitscope.explore(model, images)
+    tight = vitscope.explore(model, images, max_bytes=int(free.size_bytes * 0.6))
+    q = tight.meta["quantization"]
+    assert free.meta["quantization"]["floor"] == 0 and q["floor"] > 0
+    assert tight.size_bytes <= free.size_bytes * 0.6
+    assert q["bound"] >= q["floor"] and q["measured"] <= q["bound"] + 1e-7
+    assert f"no finer than an error of {q['floor']:.2g}" in tight.html
+    with pytest.raises(ValueError, match="do not fit"):
+        vitscope.explore(model, images, max_bytes=100_000)
+
+
+def test_a_timm_vit_with_fused_attention_and_registers_and_the_jupyter_view():
+    torch.manual_seed(0)
+    model = load("timm:vit_small_patch14_reg4_dinov2", img_size=56, depth=2).eval()
+    assert all(block.attn.fused_attn for block in model.blocks)  # recorded without leaving the fused path
+    images = pictures(2, 56)
+    page = vitscope.explore(model, images, heads=[0])
+    meta, blob = page_payload(page.html)
+    with torch.no_grad(), record_attention(model, keep="maps") as rec:
+        model(vitscope.explorer.model_inputs(model, images))
+    for layer, reference in zip(meta["models"][0]["layers"], rec.maps, strict=True):
+        assert layer["geometry"]["labels"] == ["CLS", "reg1", "reg2", "reg3", "reg4"]
+        codes, steps = stored(blob, layer["codes"]), stored(blob, layer["steps"])
+        back = dequantize(torch.from_numpy(codes.copy()), torch.from_numpy(steps.copy()))
+        assert float((back - reference[:, :1]).abs().max()) <= meta["quantization"]["bound"] + 1e-7
+    inline = page._repr_html_()
+    assert inline.startswith("<iframe srcdoc=") and "<script" not in inline  # the page is escaped into the frame
