@@ -63,13 +63,14 @@ class AttentionRecording:
                 self._maps[slot].append(capture.probs().detach())
             if not self.accumulators:
                 return
-            layout = capture.layout
-            device = capture.softmax_qk.k.device if capture.softmax_qk is not None else capture.probs().device
-            batch = AttentionBatch(prefix=layout.num_prefix_tokens, distances=self._distances_on(layout, device),
-                                   patch_size=layout.patch_size, geometry=(id(layout), device),
-                                   load_probs=capture.probs, softmax_qk=capture.softmax_qk)
-            for accumulator in self.accumulators:
-                accumulator.update(index, batch)
+            for part in capture.parts or [capture]:  # images of one layout each, padding removed (NaFlexVit)
+                layout = part.layout
+                device = part.softmax_qk.k.device if part.softmax_qk is not None else part.probs().device
+                batch = AttentionBatch(prefix=layout.num_prefix_tokens, distances=self._distances_on(layout, device),
+                                       patch_size=layout.patch_size, geometry=(id(layout), device),
+                                       load_probs=part.probs, softmax_qk=part.softmax_qk)
+                for accumulator in self.accumulators:
+                    accumulator.update(index, batch)
 
         return observe
 

@@ -64,6 +64,10 @@ def vitscope_attn_layer(model: nn.Module, normalizer: str) -> type[Attention]:
                     if "Attention" in type(m).__name__ and not is_timm_vit_attention(m) and m is not model})
     if other or not found:
         what = f"its {', '.join(other)} modules" if other else "it has no timm ViT Attention modules"
+        rope = sorted(set(other) & {"EvaAttention", "AttentionRope"})
+        if rope:
+            what += (f" apply rotary position embeddings inside attention ({', '.join(rope)}), which vitscope's "
+                     "Attention does not; record it with its own softmax attention instead")
         raise ValueError(f"cannot give {type(model).__name__} vitscope's attention: {what}; attention= works on "
                          "timm VisionTransformer models with timm's Attention (plain, q/k-norm, gated)")
     if len(found) != len(getattr(model, "blocks", ())):
@@ -116,7 +120,12 @@ def load_timm_weights(model: nn.Module, path: str | Path) -> None:
 
 def resize(model: nn.Module, img_size: int | None) -> nn.Module:
     """Resample the positional embedding to ``img_size`` with timm's ``set_input_size``; models without a fixed
-    input size (PVT-v2) take any input as it is."""
+    input size (PVT-v2) take any input as it is; a NaFlexVit takes ``img_size`` as its default input size (its
+    ``pretrained_cfg['input_size']``, which sets its layout and the size the pipelines feed it)."""
+    if img_size is not None and type(model).__name__ == "NaFlexVit":  # any size: img_size becomes its default input
+        check_img_size(img_size, int(model.embeds.patch_size[0]), "NaFlexVit")
+        model.pretrained_cfg = {**(getattr(model, "pretrained_cfg", None) or {}), "input_size": (3, img_size, img_size)}
+        return model
     fixed_size = getattr(getattr(model, "patch_embed", None), "img_size", None) is not None
     if img_size is not None and fixed_size:
         if not hasattr(model, "set_input_size"):
