@@ -17,16 +17,21 @@ from vitscope.models.vit import VisionTransformer
 
 
 def load(spec: str, weights: str | Path | None = None, *, attention: str | None = None, num_registers: int = 0,
-         img_size: int | None = None, **overrides: Any) -> nn.Module:
+         img_size: int | None = None, pos_interp: str | None = None, **overrides: Any) -> nn.Module:
     """A model from ``spec``: a preset name, ``timm:<name>`` or a vitscope run folder / weights file.
 
     Presets and timm architectures start from random weights unless ``weights`` names a local file (timm
     or original-repository key names for timm models). ``attention``, ``num_registers`` and ``img_size``
     modify the model: for vitscope models the normaliser and registers are config options; timm models are built
     with vitscope's attention and timm's registers (``vitscope.models.timm_adapter``). ``img_size`` (pixels, a
-    multiple of the patch size) resamples the positional embedding of loaded weights, for every kind of spec.
+    multiple of the patch size) resamples the positional embedding of loaded weights, for every kind of spec; a
+    foreign checkpoint's table is resampled as its own repository does (``vitscope.models.origins``), or as
+    ``pos_interp`` ('timm' or 'original') says.
     """
     spec = str(spec)
+    if pos_interp not in (None, "timm", "original"):
+        raise ValueError(f"pos_interp={pos_interp!r} is unknown; use 'timm' or 'original' (or leave it unset to follow "
+                         "the checkpoint's origin)")
     if isinstance(num_registers, bool) or not isinstance(num_registers, int) or num_registers < 0:
         raise ValueError(f"num_registers={num_registers!r} must be an integer >= 0 (0 adds none)")
     if spec.startswith("timm:"):
@@ -36,11 +41,11 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
         if weights is not None and img_size is not None:  # build at the weights' size: no resampling round trip
             model = create_timm(name, attention=attention, num_registers=num_registers, img_size=img_size,
                                 **overrides)
-            load_timm_weights(model, weights)
+            load_timm_weights(model, weights, pos_interp)
             return model
         model = create_timm(name, attention=attention, num_registers=num_registers, **overrides)
         if weights is not None:
-            load_timm_weights(model, weights)
+            load_timm_weights(model, weights, pos_interp)
         return resize(model, img_size)
     vit_options = {k: v for k, v in (("attention", attention),) if v is not None}
     if num_registers:
