@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from torch import Tensor, nn
 
@@ -70,8 +71,22 @@ class PlainLayout:
         return lambda: None
 
 
+@dataclass(frozen=True)
+class AdapterLayout:
+    """The layout of an adapted model (Hugging Face, OpenCLIP): the adapter's ``input_layout()`` of its latest
+    input."""
+
+    model: nn.Module
+
+    def capture(self, event: AttentionEvent) -> Capture:
+        return plain_capture(event, self.model.input_layout())
+
+    def watch(self) -> Callable[[], None]:
+        return lambda: None
+
+
 # the token layout of a plain ViT's attention: fixed, or read from each forward pass's input
-PlainTokens = PlainLayout | InputGrid | NaFlexTokens
+PlainTokens = PlainLayout | InputGrid | NaFlexTokens | AdapterLayout
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,7 @@ class AttentionSite:
     index: int
     module: nn.Module
     canonical: PlainTokens | Geometry
+    attach_with: Callable[[Callable[[AttentionEvent], None]], Callable[[], None]] | None = None  # an adapter's own
 
     def attach(self, observer: Observer) -> Callable[[], None]:
         """Hand every forward pass's ``Capture`` to ``observer`` until the returned function is called."""
@@ -91,7 +107,7 @@ class AttentionSite:
             deliver = lambda event: observer(tokens.capture(event))  # noqa: E731
             stop_watching = tokens.watch()
             try:
-                detach = _attach_plain(self.module, deliver)
+                detach = (self.attach_with or partial(_attach_plain, self.module))(deliver)
             except BaseException:
                 stop_watching()
                 raise
@@ -205,6 +221,10 @@ def plain_tokens(model: nn.Module) -> PlainTokens:
 
 def attention_sites(model: nn.Module) -> list[AttentionSite]:
     """Every attention layer of ``model`` in block order."""
+    if hasattr(model, "attach_attention") and hasattr(model, "input_layout"):  # an adapter captures its attention
+        canonical = AdapterLayout(model)
+        return [AttentionSite(f"blocks.{i}.attn", i, module, canonical, partial(model.attach_attention, i))
+                for i, module in enumerate(model.attention_modules)]
     if hasattr(model, "blocks") and hasattr(model, "num_prefix_tokens"):
         canonical = plain_tokens(model)
         for i, block in enumerate(model.blocks):

@@ -1,0 +1,111 @@
+"""Hugging Face transformers models through hf:FOLDER: tiny random configs saved with save_pretrained, recorded with
+the model's SDPA attention on, checked against transformers' eager attention with output_attentions=True."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+import vitscope
+from vitscope.models import load, token_layout
+from vitscope.models.token_map import token_map
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+CLASSES = {  # class: (config options, prefix tokens, registers); 48 px, 16 px patches: a 3 x 3 grid
+    "ViTModel": ({"image_size": 48, "patch_size": 16}, 1, 0),
+    "DeiTModel": ({"image_size": 48, "patch_size": 16}, 2, 0),
+    "Dinov2Model": ({"image_size": 48, "patch_size": 16}, 1, 0),
+    "Dinov2WithRegistersModel": ({"image_size": 48, "patch_size": 16, "num_register_tokens": 2}, 3, 2),
+    "DINOv3ViTModel": ({"image_size": 48, "patch_size": 16, "num_register_tokens": 4}, 5, 4),
+    "CLIPVisionModel": ({"image_size": 48, "patch_size": 16}, 1, 0),
+    "SiglipVisionModel": ({"image_size": 48, "patch_size": 16}, 0, 0),
+    "Siglip2VisionModel": ({"num_patches": 9, "patch_size": 16}, 0, 0),
+}
+
+
+def save(tmp_path, name, seed=0):
+    options, _, _ = CLASSES[name]
+    cls = getattr(transformers, name)
+    torch.manual_seed(seed)
+    model = cls(cls.config_class(**SMALL, **options))
+    with torch.no_grad():  # random LayerNorms and biases, so that a wrong norm or offset cannot pass
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    folder = tmp_path / name
+    model.save_pretrained(folder)
+    return folder
+
+
+def eager_outputs(folder, name, images, adapter):
+    reference = getattr(transformers, name).from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        return reference(**adapter._inputs(images), output_attentions=True)
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_maps_and_features_equal_transformers_eager_attention(tmp_path, name):
+    folder = save(tmp_path, name)
+    model = load(f"hf:{folder}")
+    assert model.hf.config._attn_implementation == "vitscope_sdpa"  # SDPA, observed
+    _, prefix, registers = CLASSES[name]
+    layout = token_layout(model)
+    assert (layout.num_prefix_tokens, layout.num_registers, layout.grid_size) == (prefix, registers, (3, 3))
+    images = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        plain = model.forward_features(images)
+        with vitscope.record_attention(model) as rec, vitscope.record_attention(model, keep="stats") as stats:
+            features = model.forward_features(images)
+    assert all(torch.equal(features[k], plain[k]) for k in ("patches", "prenorm"))  # recording changes nothing
+    want = eager_outputs(folder, name, images, model)
+    assert len(rec.maps) == len(want.attentions) == 2
+    for got, ref in zip(rec.maps, want.attentions, strict=True):
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    hidden = want.last_hidden_state
+    if name == "CLIPVisionModel":  # CLIP's last_hidden_state is before post_layernorm
+        torch.testing.assert_close(features["prenorm"], hidden, atol=1e-5, rtol=0)
+    else:
+        torch.testing.assert_close(features["patches"], hidden[:, prefix:], atol=1e-5, rtol=0)
+        torch.testing.assert_close(features["registers"], hidden[:, prefix - registers:prefix], atol=1e-5, rtol=0)
+        if prefix:
+            torch.testing.assert_close(features["cls"], hidden[:, 0], atol=1e-5, rtol=0)
+    assert stats.stats.mad.shape == (2, 2) and not stats.stats.mad.isnan().any()
+    blocks = model.forward_intermediates(images, [0, 1])
+    torch.testing.assert_close(blocks[-1], features["prenorm"], atol=1e-6, rtol=0)
+
+
+def test_registers_are_prefix_tokens_after_cls(tmp_path):
+    model = load(f"hf:{save(tmp_path, 'DINOv3ViTModel')}")
+    tokens = token_map(model)
+    assert tokens["cls"] == [0] and tokens["registers"] == [1, 2, 3, 4] and tokens["patches"]["start"] == 5
+
+
+def test_cli_analysis_end_to_end(tmp_path, monkeypatch, capsys):
+    from vitscope.cli import main
+
+    monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path / "cache"))
+    folder = save(tmp_path, "Dinov2WithRegistersModel")
+    common = ["--model", f"hf:{folder}", "--dataset", "synthetic", "--num-images", "4", "--batch-size", "4",
+              "--device", "cpu"]
+    assert main(["analyze", "locality", *common, "--out", str(tmp_path / "loc")]) == 0
+    assert main(["analyze", "norms", *common, "--threshold", "auto", "--out", str(tmp_path / "norms")]) == 0
+    loc = json.loads((tmp_path / "loc" / "locality.json").read_text())
+    assert loc["provenance"]["config"]["model_load"]["origin"] == "hf Dinov2WithRegistersModel"
+    norms = json.loads((tmp_path / "norms" / "norms.json").read_text())
+    assert norms["tokens"]["registers"] == [1, 2] and norms["tokens"]["patches"]["grid"] == [3, 3]
+    assert "origin hf Dinov2WithRegistersModel" in capsys.readouterr().err
+
+
+def test_random_architecture_hub_names_and_the_missing_extra(tmp_path, monkeypatch):
+    model = load("hf:Dinov2Model", **SMALL, image_size=32, patch_size=16)
+    assert token_layout(model).grid_size == (2, 2)
+    with pytest.raises(ValueError, match=r"downloads nothing; fetch it with `hf download facebook/dinov2-small "
+                                         r"--local-dir dinov2-small` and use --model hf:dinov2-small"):
+        load("hf:facebook/dinov2-small")
+    with pytest.raises(ValueError, match="does not take attention="):
+        load(f"hf:{tmp_path}", attention="entmax15")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
+    with pytest.raises(ImportError, match=r"pip install 'vitscope\[hf\]'"):
+        load("hf:Dinov2Model")
