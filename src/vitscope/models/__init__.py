@@ -47,7 +47,7 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
         if weights is not None:
             load_timm_weights(model, weights, pos_interp)
         return resize(model, img_size)
-    if spec.startswith("hf:"):
+    if spec.startswith(("hf:", "open_clip:")):
         return _load_adapted(spec, weights, attention, num_registers, img_size, overrides)
     vit_options = {k: v for k, v in (("attention", attention),) if v is not None}
     if num_registers:
@@ -66,7 +66,7 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
         model = load_model(spec, **overrides)
     else:
         raise ValueError(
-            f"unknown model spec {spec!r}; use a preset ({', '.join(PRESETS)}), timm:NAME, hf:FOLDER, "
+            f"unknown model spec {spec!r}; use a preset ({', '.join(PRESETS)}), timm:NAME, hf:FOLDER, open_clip:ARCH, "
             "or the path of a vitscope run folder or .safetensors file"
         )
     return model if img_size is None else resize_input(model, img_size)
@@ -76,11 +76,16 @@ def _load_adapted(spec: str, weights: Any, attention: str | None, num_registers:
                   overrides: dict[str, Any]) -> nn.Module:
     """``hf:`` (and ``open_clip:``) models: their own weights, no normaliser swap or added registers."""
     kind, name = spec.split(":", 1)
-    for option, value, fix in (("weights", weights, f"put the weights in the {kind}: folder or file"),
+    fix_weights = "use open_clip:ARCH@FILE" if kind == "open_clip" else "load the save_pretrained folder"
+    for option, value, fix in (("weights", weights, fix_weights),
                                ("attention", attention, "its attention is the model's own softmax"),
                                ("num_registers", num_registers or None, "its registers are the model's own")):
         if value is not None:
             raise ValueError(f"{spec} does not take {option}={value!r}: {fix}")
+    if kind == "open_clip":
+        from vitscope.models.openclip_adapter import load_open_clip
+
+        return load_open_clip(name, img_size=img_size, **overrides)
     from vitscope.models.hf_adapter import load_hf
 
     return load_hf(name, img_size=img_size, **overrides)
