@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from vitscope.attention import Attention, AttentionEvent, Softmax
 from vitscope.metrics import SoftmaxInputs
+from vitscope.models.capture import Capture, Observer, plain_capture
 from vitscope.models.hierarchical import Geometry, hierarchical_geometry
 from vitscope.models.layout import TokenLayout
 from vitscope.models.timm_families import (
@@ -35,24 +36,7 @@ from vitscope.models.timm_families import (
     attention_inputs,
     is_rope_attention,
     naflex_layout,
-    plain_capture,
 )
-
-
-@dataclass
-class Capture:
-    """One layer's attention on one batch: ``layout``, ``probs()`` (B, heads, Tq, Tk) in canonical form, and
-    ``softmax_qk`` (``SoftmaxInputs``) for an unmasked softmax whose canonical form is its raw one, else None.
-    ``parts``: for a batch whose images have different layouts (NaFlexVit), the same attention split into groups of
-    images with one layout each and padding tokens removed; metrics read the parts, maps the whole."""
-
-    layout: TokenLayout
-    probs: Callable[[], Tensor]
-    softmax_qk: SoftmaxInputs | None = None
-    parts: list[Capture] | None = None
-
-
-Observer = Callable[[Capture], None]
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from vitscope.attention import AttentionEvent, Softmax
 from vitscope.metrics import SoftmaxInputs
+from vitscope.models.capture import Capture, plain_capture
 from vitscope.models.layout import TokenLayout
 
 
@@ -86,14 +87,6 @@ def _removed(handles: list) -> Callable[[], None]:
             handle.remove()
 
     return detach
-
-
-def plain_capture(event: AttentionEvent, layout: TokenLayout, parts: list | None = None):
-    """The ``Capture`` of one plain-ViT attention event (softmax inputs kept for an unmasked softmax)."""
-    from vitscope.models.sites import Capture
-
-    qk = SoftmaxInputs(event.q, event.k, event.scale) if event.is_softmax and event.attn_mask is None else None
-    return Capture(layout, lambda: event.probs, qk, parts)
 
 
 class _Watched:
@@ -203,8 +196,6 @@ class NaFlexTokens(_Watched):
 def _part(event: AttentionEvent, layout: TokenLayout, images: list[int], tokens: Tensor):
     """The capture of ``images`` restricted to ``tokens`` (prefix and valid patches): masked keys carry no mass,
     so the restricted rows are the attention itself, and an unmasked softmax over the kept keys reproduces it."""
-    from vitscope.models.sites import Capture
-
     rows = torch.tensor(images, device=event.q.device)
     tokens = tokens.to(event.q.device)
     q, k = event.q[rows][:, :, tokens], event.k[rows][:, :, tokens]
