@@ -166,3 +166,13 @@ def test_record_tokens_and_swap_refusal_on_rope_models():
     assert [n.shape for n in rec.norms] == [(2, 5 + 12)] * 2
     with pytest.raises(ValueError, match="EvaAttention.*rotary"):
         load("timm:vit_small_patch16_dinov3", attention="entmax15", **TINY)
+
+
+def test_siglip_blocks_take_the_normaliser_and_its_pooling_head_keeps_softmax():
+    from timm.layers import AttentionPoolLatent
+
+    from vitscope.attention import Attention
+
+    model = load("timm:vit_base_patch16_siglip_224", attention="entmax15", img_size=32, **TINY)
+    assert all(isinstance(block.attn, Attention) for block in model.blocks)
+    assert isinstance(model.attn_pool, AttentionPoolLatent)

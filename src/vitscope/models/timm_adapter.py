@@ -63,9 +63,11 @@ def _build(name: str, overrides: dict[str, Any], device: str | None = None) -> n
 def vitscope_attn_layer(model: nn.Module, normalizer: str) -> type[Attention]:
     """The ``attn_layer`` class that makes timm build ``model``'s blocks with vitscope's Attention and
     ``normalizer``; refuses a model whose attention it cannot reproduce exactly."""
-    found = [m for m in model.modules() if is_timm_vit_attention(m)]
-    other = sorted({type(m).__name__ for m in model.modules()
-                    if "Attention" in type(m).__name__ and not is_timm_vit_attention(m) and m is not model})
+    pool = getattr(model, "attn_pool", None)  # a MAP pooling head (SigLIP) keeps its softmax: it is not a block's
+    pooling = set(map(id, pool.modules())) if isinstance(pool, nn.Module) else set()
+    found = [m for m in model.modules() if is_timm_vit_attention(m) and id(m) not in pooling]
+    other = sorted({type(m).__name__ for m in model.modules() if "Attention" in type(m).__name__
+                    and not is_timm_vit_attention(m) and m is not model and id(m) not in pooling})
     if other or not found:
         what = f"its {', '.join(other)} modules" if other else "it has no timm ViT Attention modules"
         rope = sorted(set(other) & {"EvaAttention", "AttentionRope"})
