@@ -159,3 +159,28 @@ def test_cli_records_the_interpolation_used_in_the_provenance(tmp_path, choice, 
     loaded = payload["provenance"]["config"]["model_load"]
     assert loaded["origin"] == "dino" and loaded["pos_interp"] == (choice or "original")
     assert "origin dino" in capsys.readouterr().err
+
+
+def test_an_original_dinov3_file_loads_into_timms_dinov3(tmp_path, capsys):
+    """The DINOv3 repository's names (storage_tokens, ls1.gamma, rope_embed.periods, qkv.bias with its mask)."""
+    model = load("timm:vit_small_patch16_dinov3", img_size=64, num_classes=0, **TINY).eval()
+    state = perturbed(model.state_dict())
+    model.load_state_dict(state)
+    names = {"reg_token": "storage_tokens", "gamma_1": "ls1.gamma", "gamma_2": "ls2.gamma"}
+    original = {}
+    for key, value in state.items():
+        for timm_name, name in names.items():
+            key = key.replace(timm_name, name)
+        original[key] = value
+    original |= {"mask_token": torch.zeros(1, 64), "rope_embed.periods": torch.ones(8),
+                 "blocks.0.attn.qkv.bias": torch.zeros(192), "blocks.0.attn.qkv.bias_mask": torch.ones(192)}
+    torch.save(original, tmp_path / "dinov3.pth")
+    loaded = load("timm:vit_small_patch16_dinov3", weights=tmp_path / "dinov3.pth", img_size=64, **TINY).eval()
+    images = torch.randn(2, 3, 48, 80)  # RoPE: any size, nothing to interpolate
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(images), model(images), atol=0, rtol=0)
+    assert loaded.vitscope_load["origin"] == "dinov3" and "origin dinov3" in capsys.readouterr().err
+    del original["storage_tokens"]
+    torch.save(original, tmp_path / "dinov3_noreg.pth")
+    with pytest.raises(ValueError, match="dinov3_noreg.pth: no register tokens"):
+        load("timm:vit_small_patch16_dinov3", weights=tmp_path / "dinov3_noreg.pth", img_size=64, **TINY)
