@@ -39,5 +39,8 @@ def test_maps_equal_multihead_attention_weights_and_features_follow_ln_post(tmp_
                tmp_path / "bad.pt")
     with pytest.raises(ValueError, match=r"bad.pt: the key 'extra' is not in the tower"):
         load(f"open_clip:ViT-B-16@{tmp_path / 'bad.pt'}", **TINY)
+    by_weights = load("open_clip:ViT-B-16", weights=tmp_path / "clip.pt", **TINY)  # as a study's LABEL=SPEC@FILE
+    with torch.no_grad():
+        torch.testing.assert_close(by_weights(images), expected, atol=0, rtol=0)
     with pytest.raises(ValueError, match="not an OpenCLIP architecture"):
         load("open_clip:ViT-Q-99")

@@ -74,10 +74,14 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
 
 def _load_adapted(spec: str, weights: Any, attention: str | None, num_registers: int, img_size: int | None,
                   overrides: dict[str, Any]) -> nn.Module:
-    """``hf:`` (and ``open_clip:``) models: their own weights, no normaliser swap or added registers."""
+    """``hf:`` and ``open_clip:`` models: their own weights (``weights=`` is an OpenCLIP tower's file), no
+    normaliser swap or added registers."""
     kind, name = spec.split(":", 1)
-    fix_weights = "use open_clip:ARCH@FILE" if kind == "open_clip" else "load the save_pretrained folder"
-    for option, value, fix in (("weights", weights, fix_weights),
+    if kind == "open_clip" and weights is not None:  # weights= is the @FILE of the spec
+        if "@" in name:
+            raise ValueError(f"{spec} already names its file; drop weights={str(weights)!r}")
+        name, weights = f"{name}@{weights}", None
+    for option, value, fix in (("weights", weights, "load the save_pretrained folder with hf:FOLDER"),
                                ("attention", attention, "its attention is the model's own softmax"),
                                ("num_registers", num_registers or None, "its registers are the model's own")):
         if value is not None:
