@@ -59,7 +59,8 @@ def test_origins_detected_from_keys(tmp_path):
     assert detect_origin(dinov2_file(tmp_path)[1]) == "dinov2"
     assert detect_origin({"storage_tokens": 0, "cls_token": 0}) == "dinov3"
     assert detect_origin({"embeddings.cls_token": 0}) == "hf"
-    assert detect_origin({"cls_token": 0, "pos_embed": 0, "head.weight": 0}) == "timm"
+    assert detect_origin({"cls_token": 0, "pos_embed": torch.zeros(1, 17, 4), "head.weight": 0}) == "timm"
+    assert detect_origin({"cls_token": 0, "pos_embed": torch.zeros(1, 16, 4)}) == "timm"  # headless DeiT-III: no CLS
 
 
 def test_dino_at_a_non_native_size_interpolates_as_dino_does(tmp_path, capsys):

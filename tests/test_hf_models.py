@@ -109,3 +109,16 @@ def test_random_architecture_hub_names_and_the_missing_extra(tmp_path, monkeypat
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
     with pytest.raises(ImportError, match=r"pip install 'vitscope\[hf\]'"):
         load("hf:Dinov2Model")
+
+
+@pytest.mark.parametrize("name", ["ViTModel", "DINOv3ViTModel", "Siglip2VisionModel"])
+def test_a_non_native_non_square_input_follows_its_grid(tmp_path, name):
+    folder = save(tmp_path, name)
+    model = load(f"hf:{folder}")
+    images = torch.randn(1, 3, 64, 80)  # a 4 x 5 grid (positions interpolated by the model's own code, or RoPE)
+    with torch.no_grad(), vitscope.record_attention(model) as rec:
+        model.forward_features(images)
+    assert rec.layouts[0].grid_size == (4, 5)
+    want = eager_outputs(folder, name, images, model)
+    for got, ref in zip(rec.maps, want.attentions, strict=True):
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)

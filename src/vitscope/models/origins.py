@@ -80,10 +80,18 @@ def detect_origin(state: dict[str, Tensor]) -> str:
         return "dinov3"
     if "mask_token" in keys or "register_tokens" in keys:
         return "dinov2"
-    if "cls_token" in keys and "pos_embed" in keys and "reg_token" not in keys and not any(
+    if "cls_token" in keys and "reg_token" not in keys and _has_cls_entry(state.get("pos_embed")) and not any(
             k.startswith(HEAD_PREFIXES) for k in keys):
         return "dino"
     return "timm"
+
+
+def _has_cls_entry(table: object) -> bool:
+    """Whether a position table (1, 1 + M*M, D) has a CLS entry before a square patch grid."""
+    if not isinstance(table, Tensor) or table.ndim != 3:
+        return False
+    n = table.shape[1]
+    return math.isqrt(n) ** 2 != n and math.isqrt(n - 1) ** 2 == n - 1
 
 
 def original_pos_embed(table: Tensor, grid: tuple[int, int], *, offset: float, antialias: bool) -> Tensor:
@@ -156,10 +164,8 @@ def resample_positions(state: dict[str, Tensor], model: nn.Module, origin: str, 
     if table.shape[1] - file_prefix == grid[0] * grid[1]:
         return None  # already the model's grid (timm checks squareness itself)
     mode = pos_interp or ("original" if origin in ("dino", "dinov2") else "timm")
-    if mode == "timm" or origin not in ("dino", "dinov2"):
-        return "timm"  # timm's converter resamples it (size = grid, antialiased)
-    if file_prefix != 1:
-        raise ValueError("an original DINO/DINOv2 position table has a CLS entry first; this one has none")
+    if mode == "timm" or origin not in ("dino", "dinov2") or file_prefix != 1:
+        return "timm"  # timm's converter resamples it (size = grid, antialiased); timm's own files are timm's
     registers = "register_tokens" in state
     resampled = original_pos_embed(table, tuple(grid), offset=0.0 if registers else 0.1, antialias=registers)
     state["pos_embed"] = resampled
