@@ -82,20 +82,22 @@ def test_registers_are_prefix_tokens_after_cls(tmp_path):
     assert tokens["cls"] == [0] and tokens["registers"] == [1, 2, 3, 4] and tokens["patches"]["start"] == 5
 
 
-def test_cli_analysis_end_to_end(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_cli_analysis_end_to_end(tmp_path, monkeypatch, capsys, name):
     from vitscope.cli import main
 
     monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path / "cache"))
-    folder = save(tmp_path, "Dinov2WithRegistersModel")
-    common = ["--model", f"hf:{folder}", "--dataset", "synthetic", "--num-images", "4", "--batch-size", "4",
+    folder = save(tmp_path, name)
+    common = ["--model", f"hf:{folder}", "--dataset", "synthetic", "--num-images", "2", "--batch-size", "2",
               "--device", "cpu"]
     assert main(["analyze", "locality", *common, "--out", str(tmp_path / "loc")]) == 0
-    assert main(["analyze", "norms", *common, "--threshold", "auto", "--out", str(tmp_path / "norms")]) == 0
     loc = json.loads((tmp_path / "loc" / "locality.json").read_text())
-    assert loc["provenance"]["config"]["model_load"]["origin"] == "hf Dinov2WithRegistersModel"
-    norms = json.loads((tmp_path / "norms" / "norms.json").read_text())
-    assert norms["tokens"]["registers"] == [1, 2] and norms["tokens"]["patches"]["grid"] == [3, 3]
-    assert "origin hf Dinov2WithRegistersModel" in capsys.readouterr().err
+    assert loc["provenance"]["config"]["model_load"]["origin"] == f"hf {name}"
+    assert f"origin hf {name}" in capsys.readouterr().err
+    if name == "Dinov2WithRegistersModel":
+        assert main(["analyze", "norms", *common, "--threshold", "auto", "--out", str(tmp_path / "norms")]) == 0
+        norms = json.loads((tmp_path / "norms" / "norms.json").read_text())
+        assert norms["tokens"]["registers"] == [1, 2] and norms["tokens"]["patches"]["grid"] == [3, 3]
 
 
 def test_random_architecture_hub_names_and_the_missing_extra(tmp_path, monkeypatch):
