@@ -14,6 +14,8 @@ recording, whichever path (fused or manual) the layer takes.
   coordinates, and the grid of each input for models built with ``dynamic_img_size``.
 - timm's Swin and PVT-v2 attention (a relative-position bias and shift mask, or reduced keys): queries and
   keys at the outputs of their projections (``models.hierarchical``).
+- adapted models (Hugging Face ``hf:``, OpenCLIP ``open_clip:``): through the adapter's own
+  ``attach_attention(index, deliver)``, with the layout of its latest input (``input_layout()``).
 """
 
 from __future__ import annotations
