@@ -124,3 +124,13 @@ def test_a_non_native_non_square_input_follows_its_grid(tmp_path, name):
     want = eager_outputs(folder, name, images, model)
     for got, ref in zip(rec.maps, want.attentions, strict=True):
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+def test_the_probes_random_twin_reinitialises_every_weight(tmp_path):
+    from vitscope.probes.baselines import random_twin
+
+    model = load(f"hf:{save(tmp_path, 'DINOv3ViTModel')}")
+    twin = random_twin(model)
+    trained, fresh = model.hf.state_dict(), twin.hf.state_dict()
+    kept = [k for k in trained if trained[k].numel() > 1 and torch.equal(trained[k], fresh[k])]
+    assert kept == []  # the save() perturbation is gone everywhere: CLS, registers, projections, norms

@@ -44,3 +44,15 @@ def test_maps_equal_multihead_attention_weights_and_features_follow_ln_post(tmp_
         torch.testing.assert_close(by_weights(images), expected, atol=0, rtol=0)
     with pytest.raises(ValueError, match="not an OpenCLIP architecture"):
         load("open_clip:ViT-Q-99")
+
+
+def test_the_probes_random_twin_reinitialises_every_weight():
+    from vitscope.probes.baselines import random_twin
+
+    torch.manual_seed(0)
+    model = load("open_clip:ViT-B-16", **TINY)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.fill_(0.5)
+    twin = random_twin(model)
+    assert [k for k, v in twin.visual.state_dict().items() if v.numel() > 1 and torch.all(v == 0.5)] == []

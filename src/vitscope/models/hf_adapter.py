@@ -196,6 +196,10 @@ class HFVisionTransformer(nn.Module):
     def norm(self) -> nn.Module:
         return getattr(self.hf, self.family.final_norm)
 
+    def init_weights(self) -> None:
+        """Re-initialise every weight with the architecture's own scheme (a random twin for probe floors)."""
+        self.hf.apply(self.hf._init_weights)
+
     def input_layout(self) -> TokenLayout:
         """The layout of the latest input (its grid), registers after CLS (and DeiT's distillation token)."""
         layouts = self.__dict__.setdefault("_layouts", {})

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -117,6 +118,21 @@ class OpenCLIPVisionTransformer(nn.Module):
     @property
     def norm(self) -> nn.Module:
         return self.visual.ln_post
+
+    def init_weights(self) -> None:
+        """Re-initialise as OpenCLIP's constructor does (embeddings and projection ~ N(0, width^-1/2), attention
+        with PyTorch's own init; linear layers and norms by their ``reset_parameters``)."""
+        scale = self.embed_dim ** -0.5
+        with torch.no_grad():
+            for name in ("class_embedding", "positional_embedding", "proj"):
+                param = getattr(self.visual, name, None)
+                if isinstance(param, nn.Parameter):
+                    param.normal_(0, scale)
+            for module in self.visual.modules():
+                if isinstance(module, nn.MultiheadAttention):
+                    module._reset_parameters()
+                elif hasattr(module, "reset_parameters") and module is not self.visual:
+                    module.reset_parameters()
 
     def input_layout(self) -> TokenLayout:
         if self._grid not in self._layouts:
