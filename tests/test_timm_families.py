@@ -176,3 +176,12 @@ def test_siglip_blocks_take_the_normaliser_and_its_pooling_head_keeps_softmax():
     model = load("timm:vit_base_patch16_siglip_224", attention="entmax15", img_size=32, **TINY)
     assert all(isinstance(block.attn, Attention) for block in model.blocks)
     assert isinstance(model.attn_pool, AttentionPoolLatent)
+
+
+def test_maps_of_batches_with_different_token_counts_are_refused_clearly():
+    model, _ = build("dinov3")
+    with torch.no_grad(), vitscope.record_attention(model) as rec:
+        model(torch.randn(1, 3, 32, 32))
+        model(torch.randn(1, 3, 48, 48))
+    with pytest.raises(ValueError, match=r"different token counts \[9, 14\].*keep='stats'"):
+        _ = rec.maps

@@ -79,6 +79,12 @@ class AttentionRecording:
         """Per recorded layer in block order, the probabilities (B, heads, Tq, Tk) of every batch seen."""
         if self.keep != "maps":
             raise ValueError("maps were not kept; record with keep='maps'")
+        for chunks in self._maps:
+            if len({tuple(c.shape[1:]) for c in chunks}) > 1:
+                counts = sorted({c.shape[-1] for c in chunks})
+                raise ValueError(f"the batches' maps have different token counts {counts} (NaFlex batches padded to "
+                                 "different lengths, or inputs of different sizes) and cannot be joined; read "
+                                 "rec.maps after each batch, or record with keep='stats'")
         return [torch.cat(chunks) if len(chunks) > 1 else (chunks[0] if chunks else None) for chunks in self._maps]
 
     @property
