@@ -51,15 +51,18 @@ class LoadReport:
     matched: int = 0
     dropped: list[str] = field(default_factory=list)
     pos_interp: str | None = None  # 'original' or 'timm' when the table was resampled, else None
+    notes: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         dropped = "; dropped " + ", ".join(self.dropped) if self.dropped else ""
         interp = (f"; positions interpolated as {self.pos_interp} does" if self.pos_interp else "")
-        return f"vitscope: loaded {self.file.name}: origin {self.origin}, {self.matched} keys matched{dropped}{interp}"
+        notes = "".join(f"; {note}" for note in self.notes)
+        return (f"vitscope: loaded {self.file.name}: origin {self.origin}, {self.matched} keys matched{dropped}{interp}"
+                f"{notes}")
 
     def to_dict(self) -> dict:
         return {"file": str(self.file), "origin": self.origin, "matched": self.matched, "dropped": self.dropped,
-                "pos_interp": self.pos_interp}
+                "pos_interp": self.pos_interp, "notes": self.notes}
 
 
 def strip_training_prefixes(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -199,6 +202,9 @@ def prepare(state: dict[str, Tensor], model: nn.Module, file: Path, *, own_regis
             state = {k: v for k, v in state.items() if not known_head(k)}
             report.dropped.append(f"the file's {', '.join(heads)} (the model has no head)")
     report.pos_interp = resample_positions(state, model, origin, pos_interp)
+    if origin in ("dino", "dinov2") and getattr(model, "dynamic_img_size", False):
+        report.notes.append("built with dynamic_img_size, inputs of other sizes are resampled by timm at each forward, "
+                            "not as the original code does; build at the input size (img_size=) instead")
     return state, report
 
 
