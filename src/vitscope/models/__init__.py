@@ -18,7 +18,8 @@ from vitscope.models.vit import VisionTransformer
 
 def load(spec: str, weights: str | Path | None = None, *, attention: str | None = None, num_registers: int = 0,
          img_size: int | None = None, pos_interp: str | None = None, **overrides: Any) -> nn.Module:
-    """A model from ``spec``: a preset name, ``timm:<name>`` or a vitscope run folder / weights file.
+    """A model from ``spec``: a preset name, ``timm:<name>``, ``hf:<folder or arch>`` (``models.hf_adapter``),
+    ``open_clip:<arch>[@file]`` (``models.openclip_adapter``) or a vitscope run folder / weights file.
 
     Presets and timm architectures start from random weights unless ``weights`` names a local file (timm
     or original-repository key names for timm models). ``attention``, ``num_registers`` and ``img_size``
