@@ -140,32 +140,47 @@ class InputGrid(_Watched):
 
 
 class NaFlexTokens(_Watched):
-    """The layouts of a ``NaFlexVit`` batch, from the ``patch_coord`` / ``patch_valid`` its ``embeds`` receive."""
+    """The layouts of a ``NaFlexVit`` batch, from the ``patch_coord`` / ``patch_valid`` its ``embeds`` receive.
+
+    The batch's groups (images of one layout, with the token indices of their prefix and valid patches) are worked
+    out once per forward pass, when the embedding runs, and used by every attention layer of that pass."""
 
     def __init__(self, embeds: nn.Module, base: TokenLayout):
         super().__init__(embeds)
         self.base = base
-        self.coords: Tensor | None = None  # (B, N, 2) row, col of each patch token, None for an image batch
-        self.valid: Tensor | None = None  # (B, N) True for a real patch
         self.grid = tuple(base.grid_size)
+        self.groups: list[tuple[TokenLayout, Tensor, Tensor]] | None = None  # None for an image batch
         self._layouts: dict[bytes, TokenLayout] = {}
 
     def _hook(self) -> Any:
         def seen(_m, args, kwargs, out) -> None:
             coords = kwargs.get("patch_coord", args[1] if len(args) > 1 else None)
             valid = kwargs.get("patch_valid", args[2] if len(args) > 2 else None)
-            self.coords = None if coords is None else coords.detach()
-            self.valid = None if coords is None else (
-                valid.detach().bool() if valid is not None else torch.ones(coords.shape[:2], dtype=torch.bool,
-                                                                          device=coords.device))
-            if coords is None and out[1] is not None:
-                self.grid = tuple(int(s) for s in out[1])
+            if coords is None:
+                self.groups = None
+                if out[1] is not None:
+                    self.grid = tuple(int(s) for s in out[1])
+                return
+            valid = torch.ones(coords.shape[:2], dtype=torch.bool) if valid is None else valid.detach().bool()
+            self.groups = self._group(coords.detach().cpu(), valid.cpu(), coords.device)
 
         return self.module.register_forward_hook(seen, with_kwargs=True)
 
+    def _group(self, coords: Tensor, valid: Tensor, device: torch.device) -> list[tuple[TokenLayout, Tensor, Tensor]]:
+        """(layout, image indices, token indices) per distinct layout; ``coords`` (B, N, 2), ``valid`` (B, N)."""
+        npt = self.base.num_prefix_tokens
+        groups: dict[int, tuple[TokenLayout, list[int], Tensor]] = {}
+        for image in range(coords.shape[0]):
+            keep = valid[image].nonzero().squeeze(1)
+            layout = self._layout_of(coords[image, keep])
+            if id(layout) not in groups:
+                groups[id(layout)] = (layout, [], torch.cat([torch.arange(npt), keep + npt]))
+            groups[id(layout)][1].append(image)
+        return [(layout, torch.tensor(images, device=device), tokens.to(device))
+                for layout, images, tokens in groups.values()]
+
     def _layout_of(self, coords: Tensor) -> TokenLayout:
         """The layout of one image's valid patches (N, 2): explicit distances between their coordinates."""
-        coords = coords.cpu()
         key = coords.numpy().tobytes()
         if key not in self._layouts:
             grid = (int(coords[:, 0].max()) + 1, int(coords[:, 1].max()) + 1) if len(coords) else (0, 0)
@@ -175,29 +190,19 @@ class NaFlexTokens(_Watched):
         return self._layouts[key]
 
     def capture(self, event: AttentionEvent):
-        if self.coords is None:  # an image batch: one full grid
+        if self.groups is None:  # an image batch: one full grid
             b = self.base
             layout = self._layouts.setdefault(repr(self.grid).encode(), TokenLayout(
                 b.num_prefix_tokens, self.grid, b.patch_size, b.num_registers))
             return plain_capture(event, layout)
-        groups: dict[int, tuple[TokenLayout, list[int], Tensor]] = {}
-        npt = self.base.num_prefix_tokens
-        for image in range(self.coords.shape[0]):
-            keep = self.valid[image].nonzero().squeeze(1)
-            layout = self._layout_of(self.coords[image, keep])
-            if id(layout) not in groups:
-                tokens = torch.cat([torch.arange(npt, device=keep.device), keep + npt])
-                groups[id(layout)] = (layout, [], tokens)
-            groups[id(layout)][1].append(image)
-        parts = [_part(event, layout, images, tokens) for layout, images, tokens in groups.values()]
+        parts = [_part(event, layout, images, tokens) for layout, images, tokens in self.groups]
         return plain_capture(event, parts[0].layout, parts)
 
 
-def _part(event: AttentionEvent, layout: TokenLayout, images: list[int], tokens: Tensor):
-    """The capture of ``images`` restricted to ``tokens`` (prefix and valid patches): masked keys carry no mass,
-    so the restricted rows are the attention itself, and an unmasked softmax over the kept keys reproduces it."""
-    rows = torch.tensor(images, device=event.q.device)
-    tokens = tokens.to(event.q.device)
+def _part(event: AttentionEvent, layout: TokenLayout, rows: Tensor, tokens: Tensor):
+    """The capture of images ``rows`` restricted to ``tokens`` (prefix and valid patches): masked keys carry no
+    mass, so the restricted rows are the attention itself, and an unmasked softmax over the kept keys reproduces
+    it."""
     q, k = event.q[rows][:, :, tokens], event.k[rows][:, :, tokens]
     qk = SoftmaxInputs(q, k, event.scale) if event.is_softmax else None
     return Capture(layout, lambda: event.probs[rows][:, :, tokens][:, :, :, tokens], qk)
