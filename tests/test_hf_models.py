@@ -134,3 +134,21 @@ def test_the_probes_random_twin_reinitialises_every_weight(tmp_path):
     trained, fresh = model.hf.state_dict(), twin.hf.state_dict()
     kept = [k for k in trained if trained[k].numel() > 1 and torch.equal(trained[k], fresh[k])]
     assert kept == []  # the save() perturbation is gone everywhere: CLS, registers, projections, norms
+
+
+def test_a_full_clip_folder_gives_its_vision_tower(tmp_path, capsys):
+    config = transformers.CLIPConfig(vision_config={**SMALL, "image_size": 32, "patch_size": 16},
+                                     text_config={**SMALL, "vocab_size": 64, "max_position_embeddings": 8},
+                                     projection_dim=16)
+    transformers.CLIPModel(config).save_pretrained(tmp_path / "clip")
+    capsys.readouterr()
+    model = load(f"hf:{tmp_path / 'clip'}")
+    err = capsys.readouterr().err  # transformers' key table and progress bar: said in vitscope's one line
+    assert "UNEXPECTED" not in err and "Loading weights" not in err
+    tower = transformers.CLIPVisionModel.from_pretrained(tmp_path / "clip").eval()
+    images = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_features(images)["prenorm"], tower(pixel_values=images)
+                                   .last_hidden_state, atol=1e-6, rtol=0)
+    assert model.vitscope_load["origin"] == "hf CLIPVisionModel"
+    assert any(key.startswith("text_model.") for key in model.vitscope_load["dropped"])

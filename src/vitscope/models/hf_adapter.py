@@ -110,8 +110,17 @@ def load_hf(name: str, img_size: int | None = None, **overrides: Any) -> HFVisio
         config = transformers.AutoConfig.from_pretrained(folder)
         family = _family(config.model_type, f"hf:{name}")
         cls = getattr(transformers, family.cls)
-        model, info = cls.from_pretrained(folder, attn_implementation=IMPLEMENTATION, output_loading_info=True,
-                                          **overrides)
+        logs = transformers.utils.logging
+        verbosity, bars = logs.get_verbosity(), logs.is_progress_bar_enabled()
+        logs.set_verbosity_error()  # its key table and progress bar: vitscope says in one line what it loaded
+        logs.disable_progress_bar()
+        try:
+            model, info = cls.from_pretrained(folder, attn_implementation=IMPLEMENTATION, output_loading_info=True,
+                                              **overrides)
+        finally:
+            logs.set_verbosity(verbosity)
+            if bars:
+                logs.enable_progress_bar()
         missing = [k for k in info.get("missing_keys", []) if "pooler" not in k and not k.startswith("head.")]
         if missing:
             raise ValueError(f"hf:{name}: the key {sorted(missing)[0]!r} of {family.cls} is missing from the folder's "
