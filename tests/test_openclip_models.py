@@ -56,3 +56,11 @@ def test_the_probes_random_twin_reinitialises_every_weight():
             param.fill_(0.5)
     twin = random_twin(model)
     assert [k for k, v in twin.visual.state_dict().items() if v.numel() > 1 and torch.all(v == 0.5)] == []
+
+
+def test_missing_open_clip_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "open_clip", None)  # as if it were not installed
+    with pytest.raises(ImportError, match=r"pip install 'vitscope\[open_clip\]'"):
+        load("open_clip:ViT-B-16")
