@@ -185,3 +185,24 @@ def test_maps_of_batches_with_different_token_counts_are_refused_clearly():
         model(torch.randn(1, 3, 48, 48))
     with pytest.raises(ValueError, match=r"different token counts \[9, 14\].*keep='stats'"):
         _ = rec.maps
+
+
+@pytest.mark.parametrize("family", ["dinov3", "naflex"])
+def test_probe_features_read_the_new_families(family):
+    from vitscope.data import synthetic_scenes
+    from vitscope.probes.features import extract_features
+
+    model, _ = build(family)
+    data = synthetic_scenes("eval", num_images=4)
+    features = extract_features(model, data, layers="0,last", cache=False, progress=False, batch_size=4)
+    layout = token_layout(model)
+    for layer in (0, 2):
+        got = features[layer]
+        assert got.tokens.shape == (4, layout.num_prefix_tokens + layout.num_patches, 64)
+        assert (got.num_prefix_tokens, got.num_registers) == (layout.num_prefix_tokens, layout.num_registers)
+    with torch.no_grad(), record_tokens(model, layers=[1]) as rec:  # the last layer, after the final norm
+        from vitscope.analyze.inputs import model_batches
+
+        for images, _ in model_batches(model, data, 4, "cpu"):
+            model(images)
+    torch.testing.assert_close(features[2].tokens.float(), rec.normed[0], atol=2e-3, rtol=2e-3)  # stored as fp16
