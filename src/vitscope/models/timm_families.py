@@ -23,9 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.attention import AttentionEvent, Softmax
-from vitscope.metrics import SoftmaxInputs
-from vitscope.models.capture import Capture, plain_capture
+from vitscope.models.capture import plain_capture
 from vitscope.models.layout import TokenLayout
+from vitscope.models.padded import Group, PaddedLayouts, split_capture
 
 
 def is_rope_attention(module: nn.Module | None) -> bool:
@@ -149,8 +149,9 @@ class NaFlexTokens(_Watched):
         super().__init__(embeds)
         self.base = base
         self.grid = tuple(base.grid_size)
-        self.groups: list[tuple[TokenLayout, Tensor, Tensor]] | None = None  # None for an image batch
-        self._layouts: dict[bytes, TokenLayout] = {}
+        self.groups: list[Group] | None = None  # None for an image batch
+        self._layouts: dict[tuple[int, int], TokenLayout] = {}
+        self._padded = PaddedLayouts(base)
 
     def _hook(self) -> Any:
         def seen(_m, args, kwargs, out) -> None:
@@ -162,50 +163,17 @@ class NaFlexTokens(_Watched):
                     self.grid = tuple(int(s) for s in out[1])
                 return
             valid = torch.ones(coords.shape[:2], dtype=torch.bool) if valid is None else valid.detach().bool()
-            self.groups = self._group(coords.detach().cpu(), valid.cpu(), coords.device)
+            self.groups = self._padded.group(coords.detach().cpu(), valid.cpu(), coords.device)
 
         return self.module.register_forward_hook(seen, with_kwargs=True)
-
-    def _group(self, coords: Tensor, valid: Tensor, device: torch.device) -> list[tuple[TokenLayout, Tensor, Tensor]]:
-        """(layout, image indices, token indices) per distinct layout; ``coords`` (B, N, 2), ``valid`` (B, N)."""
-        npt = self.base.num_prefix_tokens
-        groups: dict[int, tuple[TokenLayout, list[int], Tensor]] = {}
-        for image in range(coords.shape[0]):
-            keep = valid[image].nonzero().squeeze(1)
-            layout = self._layout_of(coords[image, keep])
-            if id(layout) not in groups:
-                groups[id(layout)] = (layout, [], torch.cat([torch.arange(npt), keep + npt]))
-            groups[id(layout)][1].append(image)
-        return [(layout, torch.tensor(images, device=device), tokens.to(device))
-                for layout, images, tokens in groups.values()]
-
-    def _layout_of(self, coords: Tensor) -> TokenLayout:
-        """The layout of one image's valid patches (N, 2): explicit distances between their coordinates."""
-        key = coords.numpy().tobytes()
-        if key not in self._layouts:
-            grid = (int(coords[:, 0].max()) + 1, int(coords[:, 1].max()) + 1) if len(coords) else (0, 0)
-            b = self.base
-            self._layouts[key] = TokenLayout(b.num_prefix_tokens, grid, b.patch_size, b.num_registers,
-                                             distances=torch.cdist(coords.double(), coords.double()).float())
-        return self._layouts[key]
 
     def capture(self, event: AttentionEvent):
         if self.groups is None:  # an image batch: one full grid
             b = self.base
-            layout = self._layouts.setdefault(repr(self.grid).encode(), TokenLayout(
+            layout = self._layouts.setdefault(self.grid, TokenLayout(
                 b.num_prefix_tokens, self.grid, b.patch_size, b.num_registers))
             return plain_capture(event, layout)
-        parts = [_part(event, layout, images, tokens) for layout, images, tokens in self.groups]
-        return plain_capture(event, parts[0].layout, parts)
-
-
-def _part(event: AttentionEvent, layout: TokenLayout, rows: Tensor, tokens: Tensor):
-    """The capture of images ``rows`` restricted to ``tokens`` (prefix and valid patches): masked keys carry no
-    mass, so the restricted rows are the attention itself, and an unmasked softmax over the kept keys reproduces
-    it."""
-    q, k = event.q[rows][:, :, tokens], event.k[rows][:, :, tokens]
-    qk = SoftmaxInputs(q, k, event.scale) if event.is_softmax else None
-    return Capture(layout, lambda: event.probs[rows][:, :, tokens][:, :, :, tokens], qk)
+        return split_capture(event, self.groups)
 
 
 def naflex_layout(model: nn.Module) -> TokenLayout:
