@@ -152,3 +152,33 @@ def test_a_full_clip_folder_gives_its_vision_tower(tmp_path, capsys):
                                    .last_hidden_state, atol=1e-6, rtol=0)
     assert model.vitscope_load["origin"] == "hf CLIPVisionModel"
     assert any(key.startswith("text_model.") for key in model.vitscope_load["dropped"])
+
+
+def test_siglip2_padded_batch_of_two_aspect_ratios_padding_enters_no_metric(tmp_path):
+    from vitscope.metrics import mean_attention_distance
+
+    folder = save(tmp_path, "Siglip2VisionModel")
+    model = load(f"hf:{folder}")
+    torch.manual_seed(2)
+    images = [torch.randn(3, 32, 48), torch.randn(3, 48, 32)]  # 2 x 3 and 3 x 2, padded to 7 tokens
+    pieces = [model._inputs(image[None]) for image in images]
+    batch = {"pixel_values": torch.zeros(2, 7, 16 * 16 * 3),
+             "pixel_attention_mask": torch.zeros(2, 7, dtype=torch.long),
+             "spatial_shapes": torch.cat([p["spatial_shapes"] for p in pieces])}
+    for i, piece in enumerate(pieces):
+        batch["pixel_values"][i, :6], batch["pixel_attention_mask"][i, :6] = piece["pixel_values"][0], 1
+    with torch.no_grad(), vitscope.record_attention(model) as rec, vitscope.record_attention(model, keep="stats") as st:
+        model.forward_features(batch)
+    want = eager_outputs(folder, "Siglip2VisionModel", batch, model)
+    for got, ref in zip(rec.maps, want.attentions, strict=True):  # padded maps as transformers' eager gives them
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    alone = []
+    for image in images:  # each image alone, unpadded
+        with torch.no_grad(), vitscope.record_attention(model) as single:
+            model.forward_features(image[None])
+        grid = single.layouts[0].grid_size
+        alone.append(torch.stack([mean_attention_distance(p, num_prefix_tokens=0, grid_size=grid)[0]
+                                  for p in single.maps]))
+    torch.testing.assert_close(st.stats.mad, torch.stack(alone).mean(0), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="dict input is SigLIP2's processor output"):
+        load(f"hf:{save(tmp_path, 'ViTModel')}").forward_features(batch)

@@ -7,7 +7,8 @@ downloaded: a hub name without a local folder is refused with the command that f
 
 Covered: ViTModel, DeiTModel (CLS and distillation token), Dinov2Model, Dinov2WithRegistersModel, DINOv3ViTModel
 (rotary positions, registers), CLIPVisionModel, SiglipVisionModel and Siglip2VisionModel (images are patchified
-as its processor does, one full grid per image).
+as its processor does, one full grid per image; or its processor's padded output, a dict, is passed as it is, each
+image's layout from its ``spatial_shapes`` and padding left out of every metric).
 
 Capture. The model is run with ``attn_implementation="vitscope_sdpa"``: transformers' own SDPA attention function,
 called unchanged, which first hands the queries and keys it receives (after any rotary embedding), the mask and the
@@ -29,6 +30,7 @@ from torch import Tensor, nn
 
 from vitscope.attention import AttentionEvent, Softmax
 from vitscope.models.layout import TokenLayout
+from vitscope.models.padded import Group, PaddedLayouts, row_major_coords
 
 IMPLEMENTATION = "vitscope_sdpa"
 INSTALL = "pip install 'vitscope[hf]'"
@@ -186,6 +188,8 @@ class HFVisionTransformer(nn.Module):
         self.embed_dim = self.num_features = int(config.hidden_size)
         self.pretrained_cfg = {"input_size": (3, side, side), **stats}
         self._grid = self.grid_size
+        self._groups: list[Group] | None = None  # the latest input's layout groups, when it was a padded batch
+        self._padded: PaddedLayouts | None = None
         layers = [m for name, m in hf_model.named_modules() if isinstance(m, nn.ModuleList)
                   and name.rsplit(".", 1)[-1] in ("layer", "layers")]
         if len(layers) != 1:
@@ -235,7 +239,32 @@ class HFVisionTransformer(nn.Module):
 
         return detach
 
-    def _inputs(self, images: Tensor) -> dict[str, Tensor]:
+    def input_groups(self) -> list[Group] | None:
+        """For a padded SigLIP2 batch, its images grouped by layout (``models.padded``); else None."""
+        return self._groups
+
+    def _padded_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """SigLIP2's processor output as it is: ``pixel_values`` (B, N, p*p*C), ``pixel_attention_mask`` (B, N) and
+        ``spatial_shapes`` (B, 2); each image's layout from its shape, padding left out of metrics."""
+        missing = {"pixel_values", "pixel_attention_mask", "spatial_shapes"} - set(batch)
+        if not self.family.patchified or missing:
+            raise ValueError(f"a dict input is SigLIP2's processor output (pixel_values, pixel_attention_mask, "
+                             f"spatial_shapes); {self.family.cls} takes images (B, 3, H, W)"
+                             + (f", and {sorted(missing)} are missing" if missing and self.family.patchified else ""))
+        shapes, mask = batch["spatial_shapes"], batch["pixel_attention_mask"]
+        coords, valid = row_major_coords(shapes.cpu(), mask.shape[1])
+        if not torch.equal(valid, mask.cpu().bool()):
+            raise ValueError("pixel_attention_mask does not mark each image's first rows x cols patches as valid; "
+                             "pass the processor's output unchanged")
+        self._padded = self._padded or PaddedLayouts(self.input_layout())
+        self._groups = self._padded.group(coords, valid, mask.device)
+        self._grid = tuple(int(v) for v in shapes[0])
+        return dict(batch)
+
+    def _inputs(self, images: Tensor | dict[str, Tensor]) -> dict[str, Tensor]:
+        if isinstance(images, dict):
+            return self._padded_inputs(images)
+        self._groups = None
         if images.ndim != 4 or images.shape[-2] % self.patch_size or images.shape[-1] % self.patch_size:
             raise ValueError(f"expected images (B, 3, H, W) with H and W multiples of the patch size "
                              f"{self.patch_size}, got {tuple(images.shape)}")

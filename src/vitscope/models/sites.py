@@ -31,6 +31,7 @@ from vitscope.metrics import SoftmaxInputs
 from vitscope.models.capture import Capture, Observer, plain_capture
 from vitscope.models.hierarchical import Geometry, hierarchical_geometry
 from vitscope.models.layout import TokenLayout
+from vitscope.models.padded import split_capture
 from vitscope.models.timm_families import (
     InputGrid,
     NaFlexTokens,
@@ -65,7 +66,8 @@ class AdapterLayout:
     model: nn.Module
 
     def capture(self, event: AttentionEvent) -> Capture:
-        return plain_capture(event, self.model.input_layout())
+        groups = self.model.input_groups() if hasattr(self.model, "input_groups") else None
+        return split_capture(event, groups) if groups else plain_capture(event, self.model.input_layout())
 
     def watch(self) -> Callable[[], None]:
         return lambda: None
