@@ -106,6 +106,8 @@ def test_random_architecture_hub_names_and_the_missing_extra(tmp_path, monkeypat
     with pytest.raises(ValueError, match=r"downloads nothing; fetch it with `hf download facebook/dinov2-small "
                                          r"--local-dir dinov2-small` and use --model hf:dinov2-small"):
         load("hf:facebook/dinov2-small")
+    with pytest.raises(ValueError, match="num_hiden_layers not in Dinov2Config"):
+        load("hf:Dinov2Model", num_hiden_layers=2)
     with pytest.raises(ValueError, match="does not take attention="):
         load(f"hf:{tmp_path}", attention="entmax15")
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed

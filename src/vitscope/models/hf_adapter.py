@@ -141,6 +141,11 @@ def load_hf(name: str, img_size: int | None = None, **overrides: Any) -> HFVisio
                              f"or one of {', '.join(BY_CLASS)}")
         family = _family(model_type, f"hf:{name}")
         cls = getattr(transformers, family.cls)
+        known = set(cls.config_class().to_dict())
+        unknown = sorted(set(overrides) - known)
+        if unknown:  # a config takes any keyword silently; a typo would change nothing
+            raise ValueError(f"hf:{name}: {', '.join(unknown)} not in {cls.config_class.__name__}; use its fields, "
+                             f"e.g. {', '.join(sorted(k for k in known if not k.startswith('_'))[:6])}")
         model = cls(cls.config_class(**overrides))
         model.set_attn_implementation(IMPLEMENTATION)
         dropped, stats, origin = [], {}, f"hf {family.cls} (random weights)"
