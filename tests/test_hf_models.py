@@ -109,8 +109,8 @@ def test_random_architecture_hub_names_and_the_missing_extra(tmp_path, monkeypat
         load("hf:facebook/dinov2-small")
     with pytest.raises(ValueError, match="num_hiden_layers not in Dinov2Config"):
         load("hf:Dinov2Model", num_hiden_layers=2)
-    with pytest.raises(ValueError, match="does not take attention="):
-        load(f"hf:{tmp_path}", attention="entmax15")
+    with pytest.raises(ValueError, match="does not take num_registers="):
+        load(f"hf:{tmp_path}", num_registers=2)
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
     with pytest.raises(ImportError, match=r"pip install 'vitscope\[hf\]'"):
         load("hf:Dinov2Model")
@@ -185,3 +185,27 @@ def test_siglip2_padded_batch_of_two_aspect_ratios_padding_enters_no_metric(tmp_
     torch.testing.assert_close(st.stats.mad, torch.stack(alone).mean(0), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="dict input is SigLIP2's processor output"):
         load(f"hf:{save(tmp_path, 'ViTModel')}").forward_features(batch)
+
+
+@pytest.mark.parametrize("name", ["ViTModel", "DINOv3ViTModel"])
+def test_the_normaliser_swap_takes_vitscopes_entmax(tmp_path, name):
+    from vitscope.attention import entmax15
+
+    folder = save(tmp_path, name)
+    softmax_model, model = load(f"hf:{folder}"), load(f"hf:{folder}", attention="entmax15")
+    assert model.hf.config._attn_implementation == "vitscope_normalized"
+    with torch.no_grad():  # a sharper attention, so that entmax-1.5 has exact zeros
+        for attn in model.attention_modules:
+            attn.q_proj.weight.mul_(20)
+    images = torch.randn(2, 3, 48, 48)
+    queries, keys = [], []
+    for attn in model.attention_modules[:1]:  # the first layer's q, k before any rotation: ViT has none
+        attn.q_proj.register_forward_hook(lambda _m, _a, out: queries.append(out))
+        attn.k_proj.register_forward_hook(lambda _m, _a, out: keys.append(out))
+    with torch.no_grad(), vitscope.record_attention(model) as rec:
+        model.forward_features(images)
+    assert (rec.maps[0] == 0).any() and torch.allclose(rec.maps[0].sum(-1), torch.ones(()), atol=1e-5)
+    if name == "ViTModel":
+        q, k = (t.view(2, -1, 2, 16).transpose(1, 2) for t in (queries[0], keys[0]))
+        torch.testing.assert_close(rec.maps[0], entmax15(q @ k.transpose(-2, -1) * 16 ** -0.5), atol=1e-5, rtol=0)
+    assert softmax_model.hf.config._attn_implementation == "vitscope_sdpa"  # the other load keeps its softmax

@@ -75,15 +75,17 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
 
 def _load_adapted(spec: str, weights: Any, attention: str | None, num_registers: int, img_size: int | None,
                   overrides: dict[str, Any]) -> nn.Module:
-    """``hf:`` and ``open_clip:`` models: their own weights (``weights=`` is an OpenCLIP tower's file), no
-    normaliser swap or added registers."""
+    """``hf:`` and ``open_clip:`` models: their own weights (``weights=`` is an OpenCLIP tower's file), vitscope's
+    normaliser for transformers models (``attention=``), no added registers."""
     kind, name = spec.split(":", 1)
     if kind == "open_clip" and weights is not None:  # weights= is the @FILE of the spec
         if "@" in name:
             raise ValueError(f"{spec} already names its file; drop weights={str(weights)!r}")
         name, weights = f"{name}@{weights}", None
+    hf_attention = attention if kind == "hf" else None  # transformers models take vitscope's normaliser
+    attention = None if kind == "hf" else attention
     for option, value, fix in (("weights", weights, "load the save_pretrained folder with hf:FOLDER"),
-                               ("attention", attention, "its attention is the model's own softmax"),
+                               ("attention", attention, "its nn.MultiheadAttention computes its own softmax"),
                                ("num_registers", num_registers or None, "its registers are the model's own")):
         if value is not None:
             raise ValueError(f"{spec} does not take {option}={value!r}: {fix}")
@@ -93,7 +95,10 @@ def _load_adapted(spec: str, weights: Any, attention: str | None, num_registers:
         return load_open_clip(name, img_size=img_size, **overrides)
     from vitscope.models.hf_adapter import load_hf
 
-    return load_hf(name, img_size=img_size, **overrides)
+    model = load_hf(name, img_size=img_size, **overrides)
+    if hf_attention is not None:
+        model.set_normalizer(hf_attention)
+    return model
 
 
 __all__ = [

@@ -28,11 +28,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitscope.attention import AttentionEvent, Softmax
+from vitscope.attention import AttentionEvent, make_normalizer
+from vitscope.models import hf_attention
 from vitscope.models.layout import TokenLayout
 from vitscope.models.padded import Group, PaddedLayouts, row_major_coords
 
-IMPLEMENTATION = "vitscope_sdpa"
+IMPLEMENTATION = hf_attention.OBSERVED
 INSTALL = "pip install 'vitscope[hf]'"
 
 
@@ -67,31 +68,8 @@ def _transformers():
         import transformers
     except ImportError:
         raise ImportError(f"hf: models need Hugging Face transformers; install it with {INSTALL}") from None
-    _register(transformers)
+    hf_attention.register(transformers)
     return transformers
-
-
-def _register(transformers) -> None:
-    """Register the observed SDPA attention (and its mask format) with transformers, once."""
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if IMPLEMENTATION in AttentionInterface._global_mapping:
-        return
-
-    def observed_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                      **kwargs: Any):
-        for observer in module.__dict__.get("_vitscope_observers", ()):
-            observer(query, key, attention_mask, kwargs.get("scaling"))
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-    AttentionInterface.register(IMPLEMENTATION, observed_sdpa)
-    try:
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-        AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
-    except ImportError:  # older transformers build masks from the implementation's name alone
-        pass
 
 
 def _family(model_type: str, where: str) -> Family:
@@ -228,21 +206,27 @@ class HFVisionTransformer(nn.Module):
 
     def attach_attention(self, index: int, deliver: Callable[[AttentionEvent], None]) -> Callable[[], None]:
         """Hand an ``AttentionEvent`` of layer ``index`` to ``deliver`` at every forward pass until detached."""
-        module, softmax = self._attention[index], Softmax()
-
-        def observe(q: Tensor, k: Tensor, mask: Tensor | None, scaling: float | None) -> None:
-            scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-            deliver(AttentionEvent(q, k, float(scale), mask, softmax))
-
-        observers = module.__dict__.setdefault("_vitscope_observers", [])
-        observers.append(observe)
+        module = self._attention[index]
+        watching = hf_attention.observers(module)
+        watching.append(deliver)
 
         def detach() -> None:
-            observers.remove(observe)
-            if not observers:
+            watching.remove(deliver)
+            if not watching:
                 module.__dict__.pop("_vitscope_observers", None)
 
         return detach
+
+    def set_normalizer(self, spec: str) -> None:
+        """Every layer's attention with vitscope's normaliser ``spec`` in place of softmax (``models.hf_attention``);
+        'softmax' returns to the observed SDPA path."""
+        if spec == "softmax":
+            self.hf.set_attn_implementation(hf_attention.OBSERVED)
+            return
+        heads = int(self.hf.config.num_attention_heads)
+        for module in self._attention:
+            module.vitscope_normalizer = make_normalizer(spec, heads)
+        self.hf.set_attn_implementation(hf_attention.NORMALIZED)
 
     def input_groups(self) -> list[Group] | None:
         """For a padded SigLIP2 batch, its images grouped by layout (``models.padded``); else None."""
