@@ -13,7 +13,9 @@ image's layout from its ``spatial_shapes`` and padding left out of every metric)
 Capture. The model is run with ``attn_implementation="vitscope_sdpa"``: transformers' own SDPA attention function,
 called unchanged, which first hands the queries and keys it receives (after any rotary embedding), the mask and the
 scale to an observer when one is attached. So the fast path stays on, outputs are those of ``"sdpa"``, and the
-probabilities are recomputed (softmax of scale q k^T plus the mask) only when asked for.
+probabilities are recomputed (softmax of scale q k^T plus the mask) only when asked for. ``set_normalizer``
+(``load(..., attention=)``) switches to ``vitscope_normalized``, vitscope's normaliser in place of softmax
+(``models.hf_attention``).
 """
 
 from __future__ import annotations
