@@ -63,13 +63,14 @@ class AttentionRecording:
                 self._maps[slot].append(capture.probs().detach())
             if not self.accumulators:
                 return
-            layout = capture.layout
-            device = capture.softmax_qk.k.device if capture.softmax_qk is not None else capture.probs().device
-            batch = AttentionBatch(prefix=layout.num_prefix_tokens, distances=self._distances_on(layout, device),
-                                   patch_size=layout.patch_size, geometry=(id(layout), device),
-                                   load_probs=capture.probs, softmax_qk=capture.softmax_qk)
-            for accumulator in self.accumulators:
-                accumulator.update(index, batch)
+            for part in capture.parts or [capture]:  # images of one layout each, padding removed (NaFlexVit)
+                layout = part.layout
+                device = part.softmax_qk.k.device if part.softmax_qk is not None else part.probs().device
+                batch = AttentionBatch(prefix=layout.num_prefix_tokens, distances=self._distances_on(layout, device),
+                                       patch_size=layout.patch_size, geometry=(id(layout), device),
+                                       load_probs=part.probs, softmax_qk=part.softmax_qk)
+                for accumulator in self.accumulators:
+                    accumulator.update(index, batch)
 
         return observe
 
@@ -78,6 +79,12 @@ class AttentionRecording:
         """Per recorded layer in block order, the probabilities (B, heads, Tq, Tk) of every batch seen."""
         if self.keep != "maps":
             raise ValueError("maps were not kept; record with keep='maps'")
+        for chunks in self._maps:
+            if len({tuple(c.shape[1:]) for c in chunks}) > 1:
+                counts = sorted({c.shape[-1] for c in chunks})
+                raise ValueError(f"the batches' maps have different token counts {counts} (NaFlex batches padded to "
+                                 "different lengths, or inputs of different sizes) and cannot be joined; read "
+                                 "rec.maps after each batch, or record with keep='stats'")
         return [torch.cat(chunks) if len(chunks) > 1 else (chunks[0] if chunks else None) for chunks in self._maps]
 
     @property

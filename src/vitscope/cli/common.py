@@ -115,6 +115,9 @@ def add_model_changes(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention", default=None, help="swap the normaliser: softmax, sparsemax, entmax15, "
                                                           "entmax:ALPHA, entmax:learned[:ALPHA]")
     parser.add_argument("--num-registers", type=int, default=0, help="add R >= 0 register tokens to a plain ViT")
+    parser.add_argument("--pos-interp", choices=("timm", "original"), default=None,
+                        help="how --weights' position table is interpolated to another size: as timm does, or as the "
+                             "checkpoint's original repository does (default: as its origin, detected from its keys)")
 
 
 def prepare_analysis(args: argparse.Namespace, default_out: str):
@@ -129,12 +132,13 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
-                 img_size=args.img_size)
+                 img_size=args.img_size, pos_interp=args.pos_interp)
     dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download)
     dataset = dataset.subset(args.num_images, seed=args.seed)
     config = {k: v for k, v in vars(args).items()
               if k not in ("command", "analysis", "debug", "handler", "shared_defaults")}
     config["num_images"] = len(dataset)
+    config["model_load"] = getattr(model, "vitscope_load", None)  # origin, keys, drops, position interpolation used
     meta = provenance(config=config, seed=args.seed, dataset=args.dataset, dataset_root=args.data_dir, device=device,
                       subsets={"eval": dataset.selection})
     return device, dataset, model, out, meta

@@ -94,7 +94,7 @@ def _prepare(args: argparse.Namespace):
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
-                 img_size=args.img_size)
+                 img_size=args.img_size, pos_interp=args.pos_interp)
     return out, device, model, args.label or args.model
 
 

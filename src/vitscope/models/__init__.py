@@ -17,16 +17,22 @@ from vitscope.models.vit import VisionTransformer
 
 
 def load(spec: str, weights: str | Path | None = None, *, attention: str | None = None, num_registers: int = 0,
-         img_size: int | None = None, **overrides: Any) -> nn.Module:
-    """A model from ``spec``: a preset name, ``timm:<name>`` or a vitscope run folder / weights file.
+         img_size: int | None = None, pos_interp: str | None = None, **overrides: Any) -> nn.Module:
+    """A model from ``spec``: a preset name, ``timm:<name>``, ``hf:<folder or arch>`` (``models.hf_adapter``),
+    ``open_clip:<arch>[@file]`` (``models.openclip_adapter``) or a vitscope run folder / weights file.
 
     Presets and timm architectures start from random weights unless ``weights`` names a local file (timm
     or original-repository key names for timm models). ``attention``, ``num_registers`` and ``img_size``
     modify the model: for vitscope models the normaliser and registers are config options; timm models are built
     with vitscope's attention and timm's registers (``vitscope.models.timm_adapter``). ``img_size`` (pixels, a
-    multiple of the patch size) resamples the positional embedding of loaded weights, for every kind of spec.
+    multiple of the patch size) resamples the positional embedding of loaded weights, for every kind of spec; a
+    foreign checkpoint's table is resampled as its own repository does (``vitscope.models.origins``), or as
+    ``pos_interp`` ('timm' or 'original') says.
     """
     spec = str(spec)
+    if pos_interp not in (None, "timm", "original"):
+        raise ValueError(f"pos_interp={pos_interp!r} is unknown; use 'timm' or 'original' (or leave it unset to follow "
+                         "the checkpoint's origin)")
     if isinstance(num_registers, bool) or not isinstance(num_registers, int) or num_registers < 0:
         raise ValueError(f"num_registers={num_registers!r} must be an integer >= 0 (0 adds none)")
     if spec.startswith("timm:"):
@@ -36,12 +42,14 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
         if weights is not None and img_size is not None:  # build at the weights' size: no resampling round trip
             model = create_timm(name, attention=attention, num_registers=num_registers, img_size=img_size,
                                 **overrides)
-            load_timm_weights(model, weights)
+            load_timm_weights(model, weights, pos_interp)
             return model
         model = create_timm(name, attention=attention, num_registers=num_registers, **overrides)
         if weights is not None:
-            load_timm_weights(model, weights)
+            load_timm_weights(model, weights, pos_interp)
         return resize(model, img_size)
+    if spec.startswith(("hf:", "open_clip:")):
+        return _load_adapted(spec, weights, attention, num_registers, img_size, overrides)
     vit_options = {k: v for k, v in (("attention", attention),) if v is not None}
     if num_registers:
         vit_options["num_registers"] = num_registers
@@ -59,10 +67,38 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
         model = load_model(spec, **overrides)
     else:
         raise ValueError(
-            f"unknown model spec {spec!r}; use a preset ({', '.join(PRESETS)}), timm:NAME, "
+            f"unknown model spec {spec!r}; use a preset ({', '.join(PRESETS)}), timm:NAME, hf:FOLDER, open_clip:ARCH, "
             "or the path of a vitscope run folder or .safetensors file"
         )
     return model if img_size is None else resize_input(model, img_size)
+
+
+def _load_adapted(spec: str, weights: Any, attention: str | None, num_registers: int, img_size: int | None,
+                  overrides: dict[str, Any]) -> nn.Module:
+    """``hf:`` and ``open_clip:`` models: their own weights (``weights=`` is an OpenCLIP tower's file), vitscope's
+    normaliser for transformers models (``attention=``), no added registers."""
+    kind, name = spec.split(":", 1)
+    if kind == "open_clip" and weights is not None:  # weights= is the @FILE of the spec
+        if "@" in name:
+            raise ValueError(f"{spec} already names its file; drop weights={str(weights)!r}")
+        name, weights = f"{name}@{weights}", None
+    hf_attention = attention if kind == "hf" else None  # transformers models take vitscope's normaliser
+    attention = None if kind == "hf" else attention
+    for option, value, fix in (("weights", weights, "load the save_pretrained folder with hf:FOLDER"),
+                               ("attention", attention, "its nn.MultiheadAttention computes its own softmax"),
+                               ("num_registers", num_registers or None, "its registers are the model's own")):
+        if value is not None:
+            raise ValueError(f"{spec} does not take {option}={value!r}: {fix}")
+    if kind == "open_clip":
+        from vitscope.models.openclip_adapter import load_open_clip
+
+        return load_open_clip(name, img_size=img_size, **overrides)
+    from vitscope.models.hf_adapter import load_hf
+
+    model = load_hf(name, img_size=img_size, **overrides)
+    if hf_attention is not None:
+        model.set_normalizer(hf_attention)
+    return model
 
 
 __all__ = [

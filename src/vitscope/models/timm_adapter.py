@@ -21,7 +21,9 @@ import torch
 from torch import nn
 
 from vitscope.attention import Attention
-from vitscope.models.checkpoint import load_weights
+from vitscope.models import origins
+from vitscope.models.checkpoint import read_state_dict
+from vitscope.models.origins import LoadReport
 from vitscope.models.resize import check_img_size
 from vitscope.models.sites import is_timm_vit_attention
 
@@ -43,7 +45,9 @@ def create_timm(name: str, *, attention: str | None = None, num_registers: int =
         if num_registers:
             _check_registers(probe, num_registers)
             overrides["reg_tokens"] = num_registers
-    return _build(name, overrides)
+    model = _build(name, overrides)
+    model.vitscope_added_registers = num_registers  # registers the file need not have
+    return model
 
 
 def _build(name: str, overrides: dict[str, Any], device: str | None = None) -> nn.Module:
@@ -59,11 +63,17 @@ def _build(name: str, overrides: dict[str, Any], device: str | None = None) -> n
 def vitscope_attn_layer(model: nn.Module, normalizer: str) -> type[Attention]:
     """The ``attn_layer`` class that makes timm build ``model``'s blocks with vitscope's Attention and
     ``normalizer``; refuses a model whose attention it cannot reproduce exactly."""
-    found = [m for m in model.modules() if is_timm_vit_attention(m)]
-    other = sorted({type(m).__name__ for m in model.modules()
-                    if "Attention" in type(m).__name__ and not is_timm_vit_attention(m) and m is not model})
+    pool = getattr(model, "attn_pool", None)  # a MAP pooling head (SigLIP) keeps its softmax: it is not a block's
+    pooling = set(map(id, pool.modules())) if isinstance(pool, nn.Module) else set()
+    found = [m for m in model.modules() if is_timm_vit_attention(m) and id(m) not in pooling]
+    other = sorted({type(m).__name__ for m in model.modules() if "Attention" in type(m).__name__
+                    and not is_timm_vit_attention(m) and m is not model and id(m) not in pooling})
     if other or not found:
         what = f"its {', '.join(other)} modules" if other else "it has no timm ViT Attention modules"
+        rope = sorted(set(other) & {"EvaAttention", "AttentionRope"})
+        if rope:
+            what += (f" apply rotary position embeddings inside attention ({', '.join(rope)}), which vitscope's "
+                     "Attention does not; record it with its own softmax attention instead")
         raise ValueError(f"cannot give {type(model).__name__} vitscope's attention: {what}; attention= works on "
                          "timm VisionTransformer models with timm's Attention (plain, q/k-norm, gated)")
     if len(found) != len(getattr(model, "blocks", ())):
@@ -104,19 +114,42 @@ def _check_registers(model: nn.Module, count: int) -> None:
                          "registers to models built with no_embed_class (DeiT-III, DINOv2) or to vitscope presets")
 
 
-def load_timm_weights(model: nn.Module, path: str | Path) -> None:
-    """Load timm or original-repository weights (converted by the architecture's checkpoint_filter_fn); registers
-    added by vitscope (``reg_token``) and a learned normaliser's parameters may be absent from the file and keep
-    their initialisation."""
+def load_timm_weights(model: nn.Module, path: str | Path, pos_interp: str | None = None) -> LoadReport:
+    """Load timm or original-repository weights (``vitscope.models.origins``: origin from the keys, positions
+    interpolated as the origin's code does unless ``pos_interp`` says 'timm' or 'original', refusals), then the
+    architecture's checkpoint_filter_fn. Registers added by vitscope (``reg_token``) and a learned normaliser's
+    parameters may be absent from the file and keep their initialisation. One line on stderr says what was loaded;
+    the report is also kept as ``model.vitscope_load``."""
     convert = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
-    new = {"reg_token"} if getattr(model, "reg_token", None) is not None else set()
+    added = int(getattr(model, "vitscope_added_registers", 0))
+    new = {"reg_token"} if added else set()
     new |= {name for name, _ in model.named_parameters() if ".normalizer." in name}  # a learned alpha
-    load_weights(model, path, convert=convert, may_lack=new)
+    state, report = origins.prepare(read_state_dict(path), model, Path(path), own_registers=_registers(model) - added,
+                                    pos_interp=pos_interp)
+    if convert is not None:
+        state = convert(state, model)
+    origins.finish(model, state, report, new)
+    model.vitscope_load = report.to_dict()
+    origins.announce(report)
+    return report
+
+
+def _registers(model: nn.Module) -> int:
+    count = getattr(model, "num_reg_tokens", None)
+    if count is None:
+        reg_token = getattr(model, "reg_token", None)
+        count = 0 if reg_token is None else reg_token.shape[1]
+    return int(count or 0)
 
 
 def resize(model: nn.Module, img_size: int | None) -> nn.Module:
     """Resample the positional embedding to ``img_size`` with timm's ``set_input_size``; models without a fixed
-    input size (PVT-v2) take any input as it is."""
+    input size (PVT-v2) take any input as it is; a NaFlexVit takes ``img_size`` as its default input size (its
+    ``pretrained_cfg['input_size']``, which sets its layout and the size the pipelines feed it)."""
+    if img_size is not None and type(model).__name__ == "NaFlexVit":  # any size: img_size becomes its default input
+        check_img_size(img_size, int(model.embeds.patch_size[0]), "NaFlexVit")
+        model.pretrained_cfg = {**(getattr(model, "pretrained_cfg", None) or {}), "input_size": (3, img_size, img_size)}
+        return model
     fixed_size = getattr(getattr(model, "patch_embed", None), "img_size", None) is not None
     if img_size is not None and fixed_size:
         if not hasattr(model, "set_input_size"):

@@ -25,8 +25,10 @@ class ModelEntry:
     spec: str
     weights: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    thresholds: tuple[str, ...] = ()  # this model's high-norm threshold specs; empty: the study's
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "thresholds", tuple(self.thresholds))  # a list from JSON reads back as a tuple
         if not LABEL.match(self.label):
             raise ValueError(f"model label {self.label!r} may hold only letters, digits and ._+-; "
                              "e.g. --model dinov2-reg=timm:vit_small_patch14_reg4_dinov2@weights.safetensors")
@@ -37,7 +39,8 @@ class ModelEntry:
         return load(self.spec, weights=self.weights, **self.options)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "spec": self.spec, "weights": self.weights, "options": dict(self.options)}
+        return {"label": self.label, "spec": self.spec, "weights": self.weights, "options": dict(self.options),
+                "thresholds": list(self.thresholds)}
 
 
 def parse_model_entry(text: str) -> ModelEntry:

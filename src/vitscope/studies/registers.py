@@ -200,7 +200,8 @@ def _measure(study: RegistersStudy, entry: ModelEntry, dataset, device: torch.de
     label = entry.label + ("+planted" if plant else "")
     hooks = plant_outliers(model, **{k: v for k, v in plant.items() if k != "model"}) if plant else None
     try:
-        settings = dataclasses.replace(study.census, img_size=entry.options.get("img_size", study.census.img_size))
+        settings = dataclasses.replace(study.census, img_size=entry.options.get("img_size", study.census.img_size),
+                                       thresholds=list(entry.thresholds) or study.census.thresholds)  # per model
         census = run_census(model, dataset, label, settings, device, progress=study.progress)
         rows = census.rows + probe_model(model, dataset, label, census.high_norm, study.probes, device=device,
                                             img_size=settings.img_size, baseline=plant is None,

@@ -6,8 +6,9 @@
 * ``demo-dino``: the demo's registers comparison under both objectives: vit-micro with 0 and 4 registers,
   supervised and DINO (the shipped ``dino-demo`` recipe, shortened), same synthetic scenes and seeds; kept
   apart from ``demo`` so that the demo stays within its minutes;
-* ``paper``: DeiT-III, DINO, DINOv2 (with and without registers), OpenCLIP, Swin and PVT-v2 at small and
-  large sizes, each loaded from ``WEIGHTS_DIR/<timm name>.safetensors`` (or ``.pth`` / ``.bin``), which the
+* ``paper``: DeiT-III, DINO, DINOv2 (with and without registers), DINOv3 (S/16, B/16), EVA-02 (S/14), SigLIP2
+  (B/16), OpenCLIP, Swin and PVT-v2 at small and large sizes, each with its high-norm thresholds
+  (``PAPER_MODELS``), each loaded from ``WEIGHTS_DIR/<timm name>.safetensors`` (or ``.pth`` / ``.bin``), which the
   user downloads (vitscope never does); images: ImageNet validation.
 """
 
@@ -36,22 +37,31 @@ DEMO_MODELS = [
     ModelEntry("timm-pvt-v2-random", "timm:pvt_v2_b0", options={"img_size": 64}),  # any input size: measured at 64
 ]
 
-# label -> (timm name, load options); input 224 px (DINOv2's patch-14 models are resampled to 224)
+# High-norm thresholds per model. Darcet et al.'s absolute 150 was set on DINOv2's norm scale; the families added
+# for 2026 (DINOv3, EVA-02, SigLIP2) have other scales and no published absolute value, so they are measured with
+# the per-model percentile and the two-component split only.
+DARCET = ("percentile:98", "absolute:150", "auto")
+PER_MODEL = ("percentile:98", "auto")
+# label -> (timm name, load options, thresholds); input 224 px (DINOv2's patch-14 models are resampled to 224)
 PAPER_MODELS = {
-    "deit3-s16": ("deit3_small_patch16_224", {}),
-    "deit3-l16": ("deit3_large_patch16_224", {}),
-    "dino-s16": ("vit_small_patch16_224.dino", {}),
-    "dino-b16": ("vit_base_patch16_224.dino", {}),
-    "dinov2-s14": ("vit_small_patch14_dinov2", {"img_size": 224}),
-    "dinov2-s14-reg4": ("vit_small_patch14_reg4_dinov2", {"img_size": 224}),
-    "dinov2-l14": ("vit_large_patch14_dinov2", {"img_size": 224}),
-    "dinov2-l14-reg4": ("vit_large_patch14_reg4_dinov2", {"img_size": 224}),
-    "openclip-b16": ("vit_base_patch16_clip_224", {}),
-    "openclip-l14": ("vit_large_patch14_clip_224", {}),
-    "swin-t": ("swin_tiny_patch4_window7_224", {}),
-    "swin-b": ("swin_base_patch4_window7_224", {}),
-    "pvt-v2-b2": ("pvt_v2_b2", {}),
-    "pvt-v2-b5": ("pvt_v2_b5", {}),
+    "deit3-s16": ("deit3_small_patch16_224", {}, DARCET),
+    "deit3-l16": ("deit3_large_patch16_224", {}, DARCET),
+    "dino-s16": ("vit_small_patch16_224.dino", {}, DARCET),
+    "dino-b16": ("vit_base_patch16_224.dino", {}, DARCET),
+    "dinov2-s14": ("vit_small_patch14_dinov2", {"img_size": 224}, DARCET),
+    "dinov2-s14-reg4": ("vit_small_patch14_reg4_dinov2", {"img_size": 224}, DARCET),
+    "dinov2-l14": ("vit_large_patch14_dinov2", {"img_size": 224}, DARCET),
+    "dinov2-l14-reg4": ("vit_large_patch14_reg4_dinov2", {"img_size": 224}, DARCET),
+    "dinov3-s16": ("vit_small_patch16_dinov3.lvd1689m", {"img_size": 224}, PER_MODEL),  # RoPE, 4 registers
+    "dinov3-b16": ("vit_base_patch16_dinov3.lvd1689m", {"img_size": 224}, PER_MODEL),
+    "eva02-s14": ("eva02_small_patch14_224.mim_in22k", {}, PER_MODEL),  # RoPE, SwiGLU
+    "siglip2-b16": ("vit_base_patch16_siglip_224.v2_webli", {}, PER_MODEL),  # no CLS: MAP pooling
+    "openclip-b16": ("vit_base_patch16_clip_224", {}, DARCET),
+    "openclip-l14": ("vit_large_patch14_clip_224", {}, DARCET),
+    "swin-t": ("swin_tiny_patch4_window7_224", {}, DARCET),
+    "swin-b": ("swin_base_patch4_window7_224", {}, DARCET),
+    "pvt-v2-b2": ("pvt_v2_b2", {}, DARCET),
+    "pvt-v2-b5": ("pvt_v2_b5", {}, DARCET),
 }
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".bin")
 
@@ -68,15 +78,16 @@ def paper_models(weights_dir: str | Path | None) -> list[ModelEntry]:
     """The paper preset's models with their local weights; a missing file is an error naming every one."""
     if weights_dir is None:
         raise ValueError("the paper preset needs --weights-dir DIR holding <timm name>.safetensors for each of "
-                         + ", ".join(name for name, _ in PAPER_MODELS.values()))
+                         + ", ".join(name for name, _, _ in PAPER_MODELS.values()))
     folder = Path(weights_dir).expanduser()
     entries, missing = [], []
-    for label, (name, options) in PAPER_MODELS.items():
+    for label, (name, options, thresholds) in PAPER_MODELS.items():
         found = _weights_file(folder, name)
         if found is None:
             missing.append(f"{name}.safetensors")
         else:
-            entries.append(ModelEntry(label, f"timm:{name.split('.')[0]}", str(found), dict(options)))
+            entries.append(ModelEntry(label, f"timm:{name.split('.')[0]}", str(found), dict(options),
+                                      thresholds=thresholds))
     if missing:
         raise ValueError(f"{folder} lacks the weights {', '.join(missing)}; download them from the timm hub "
                          "(model.safetensors of each timm/<name> repository, renamed) or use --model LABEL=SPEC@FILE")
