@@ -31,6 +31,7 @@ from vitscope.data import ImageDataset
 from vitscope.files import cache_root
 from vitscope.models import token_layout
 from vitscope.record import record_tokens
+from vitscope.run_folder import writer_lock
 
 _CACHE_VERSION = 1
 
@@ -193,7 +194,14 @@ def extract_features(model: nn.Module, dataset: ImageDataset, layers: str | Sequ
         model_key, data_key = model_fingerprint(model), dataset_fingerprint(dataset)
         files = {layer: _cache_file(folder, model_key, data_key, layer, norm, geometry) for layer in wanted}
     missing = [layer for layer in wanted if layer not in files or not files[layer].exists()]
-    computed = _run_backbone(model, dataset, missing, norm, batch_size, device, img_size, files, progress)
+    computed: dict[int, Tensor] = {}
+    if missing and folder is not None:  # one writer per cache entry: a second process waits, then reuses it
+        with writer_lock(folder, "feature cache", "set VITSCOPE_CACHE to a writable folder or pass --no-cache",
+                         name=f".{model_key[:16]}-{data_key[:16]}.lock", wait=True):
+            missing = [layer for layer in missing if not files[layer].exists()]
+            computed = _run_backbone(model, dataset, missing, norm, batch_size, device, img_size, files, progress)
+    elif missing:
+        computed = _run_backbone(model, dataset, missing, norm, batch_size, device, img_size, files, progress)
     out = {}
     for layer in wanted:
         tokens = computed[layer] if layer in computed and folder is None else _open(files[layer])

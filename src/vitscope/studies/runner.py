@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from vitscope.files import write_json
+from vitscope.run_folder import writer_lock
 
 LAUNCHERS = ("local", "slurm", "submitit-local")
 Work = Callable[["RunSpec", str], dict[str, Any]]
@@ -90,8 +91,14 @@ def _run_one(work: Work, spec: RunSpec, device: str, record: Path) -> dict[str, 
 
 def run_all(specs: Sequence[RunSpec], work: Work, *, out: str | Path, record_name: str,
             launch: Launch | None = None) -> list[dict[str, Any]]:
-    """Every spec's record, in the order of ``specs``; see the module docstring."""
-    launch = launch or Launch()
+    """Every spec's record, in the order of ``specs``; see the module docstring. The study folder ``out`` is
+    locked while the runs go (one study writes to a folder at a time)."""
+    with writer_lock(out, what="study folder"):
+        return _run_all(specs, work, out=out, record_name=record_name, launch=launch or Launch())
+
+
+def _run_all(specs: Sequence[RunSpec], work: Work, *, out: str | Path, record_name: str,
+             launch: Launch) -> list[dict[str, Any]]:
     records = {spec: spec.folder(out) / record_name for spec in specs}
     todo = [spec for spec in specs if not records[spec].is_file()]
     done: dict[RunSpec, dict[str, Any]] = {}

@@ -47,6 +47,7 @@ class TrainConfig:
     crop_padding: int = 4
     eval_every: int = 1  # epochs
     checkpoint_every_steps: int = 0  # 0: at the end of every epoch only
+    keep_last: int = 2  # checkpoints kept; resume falls back to an older one when the newest is damaged
     log_every_steps: int = 50
     keep_every: int | None = None  # epochs between kept model snapshots; None: 10 % of the run
     epoch_hooks: list[str] = field(default_factory=list)  # module:function(model) -> scalars, logged every epoch
@@ -61,7 +62,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_types(self)
         self.protocol = canonical_protocol(self.protocol)
-        positive = ("epochs", "batch_size", "eval_every", "log_every_steps")
+        positive = ("epochs", "batch_size", "eval_every", "log_every_steps", "keep_last")
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")

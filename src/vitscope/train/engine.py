@@ -123,15 +123,19 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
                desc=f"train {cfg.protocol if cfg.objective == 'supervised' else cfg.objective}",
                disable=not (cfg.progress and ctx.is_main), dynamic_ncols=True)
     window = LossWindow(ctx.device)
+    if state is not None:
+        window.load_state_dict(state.get("loss_window"), holds_sum=ctx.is_main)
     last_eval: dict[str, float] = {}
 
     def checkpoint() -> Path | None:
+        window_state = window.state_dict(ctx.all_reduce_sum)  # every rank takes part in the reduction
         if not ctx.is_main:
             return None
         state_out = trainer_state(optimizer_state=optimizer.state_dict(), scheduler_state=scheduler.state_dict(),
                                   global_step=global_step, steps_per_epoch=steps_per_epoch, cfg=cfg,
-                                  rng=torch.get_rng_state(), objective_state=objective.state_dict())
-        return save_checkpoint(run_dir, global_step, objective.exported, state_out)
+                                  rng=torch.get_rng_state(), objective_state=objective.state_dict(),
+                                  loss_window=window_state)
+        return save_checkpoint(run_dir, global_step, objective.exported, state_out, keep=cfg.keep_last)
 
     ddp_model.train()
     with StopFlag() as stop, bar, closing(log):
