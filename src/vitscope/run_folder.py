@@ -53,6 +53,11 @@ class FolderInUse(RuntimeError):
     """Another process is writing to the folder (it holds the folder's lock)."""
 
 
+def is_empty_but_lock(folder: str | Path) -> bool:
+    """True when ``folder`` holds nothing but a lock file (a writer stopped before writing anything)."""
+    return Path(folder).is_dir() and all(p.name == LOCK_FILE for p in Path(folder).iterdir())
+
+
 def _holder(lock: Path) -> str:
     try:
         pid = lock.read_text().strip()
@@ -72,21 +77,21 @@ def writer_lock(folder: str | Path, what: str = "run folder", fix: str = "choose
     share it. Readers take no lock.
     """
     folder = Path(folder).expanduser()
-    folder.mkdir(parents=True, exist_ok=True)
-    key = folder.resolve() / name
-    if key in _held:
+    lock = folder / name
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        key = folder.resolve() / name
+        fd = None if key in _held else os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise PermissionError(f"{what} {folder} cannot be written ({err.strerror or err}); make it a writable "
+                              f"folder (chmod u+w {folder}) or {fix}") from None
+    if fd is None:
         _held[key] += 1
         try:
-            yield folder / name
+            yield lock
         finally:
             _held[key] -= 1
         return
-    lock = folder / name
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise PermissionError(f"{what} {folder} cannot be written ({err.strerror}); make it writable "
-                              f"(chmod u+w {folder}) or {fix}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))

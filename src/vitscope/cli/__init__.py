@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import vitscope
-from vitscope.cli.common import add_shared_to_top, output_dir, quiet_torch_notices, resolve_shared
+from vitscope.cli.common import add_shared_to_top, check_data_dir, output_dir, quiet_torch_notices, resolve_shared
 
 COMMAND_MODULES = ("models", "analyze", "probe", "train", "study", "demo", "doctor", "export")
 SHARED_EPILOG = """shared options: --device, --batch-size, --seed, --out and --debug go before or after the command
@@ -23,8 +23,16 @@ name; each command lists in its --help the ones it takes (models: --debug only; 
 train: all, as overrides of its config; study locality: --seed is a single --seeds)."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are vitscope's one line on stderr (exit 2); the usage stays in ``--help``. Every
+    command's parser is one too (``add_subparsers`` makes its parsers of the parent's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"vitscope: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vitscope", description=vitscope.__doc__, epilog=SHARED_EPILOG)
+    parser = OneLineParser(prog="vitscope", description=vitscope.__doc__, epilog=SHARED_EPILOG)
     parser.add_argument("--version", action="version", version=f"vitscope {vitscope.__version__}")
     add_shared_to_top(parser)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -48,7 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.debug = bool(getattr(args, "debug", False) or getattr(args, "top_debug", False))
     try:
         resolve_shared(args, _command_name(args))
-        if getattr(args, "out", None):  # a folder, or for commands that write one file (export) its folder
+        check_data_dir(args)
+        if getattr(args, "out", None) and not getattr(args, "out_is_run_folder", False):
+            # a folder, or for commands that write one file (export) its folder; train checks its run folder
             output_dir(Path(args.out).parent if getattr(args, "out_is_file", False) else args.out)
         return args.handler(args)
     except KeyboardInterrupt:

@@ -35,6 +35,7 @@ from vitscope.train.loop import (
     TrainingInterrupted,
     apply_weight_decay,
     check_finite,
+    check_splits,
     epoch_records,
     finish_run,
     flatten_scalars,
@@ -84,6 +85,7 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     train_set = data_choice["train"][0].subset(cfg.train_images)
     eval_set = data_choice["eval"][0].subset(cfg.eval_images)
     data_choice = {split: decision for split, (_, decision) in data_choice.items()}
+    check_splits(train_set, eval_set, cfg)
     if ctx.is_main and cfg.progress:
         print("vitscope: data " + "; ".join(f"{split} {'streamed' if d['stream'] else 'in memory'} ({d['reason']})"
                                             for split, d in data_choice.items()), file=sys.stderr)

@@ -77,6 +77,17 @@ def prepare_run(cfg: TrainConfig, resume: bool) -> tuple[Path, dict[str, Any] | 
     return run_dir, (found[1] | {"path": str(found[0])}) if found else None
 
 
+def check_splits(train_set: Any, eval_set: Any, cfg: TrainConfig) -> None:
+    """A ValueError, before anything trains or is written, when the two splits do not share their classes (in
+    the same order: label k must mean one class in both)."""
+    train_classes, eval_classes = list(train_set.classes), list(eval_set.classes)
+    if train_classes != eval_classes:
+        only = ", ".join(map(str, sorted(set(train_classes) ^ set(eval_classes))[:5])) or "none, the order differs"
+        where = f"{cfg.dataset} in {cfg.data_dir}" if cfg.data_dir else cfg.dataset
+        raise ValueError(f"the train and eval splits of {where} have different classes ({len(train_classes)} and "
+                         f"{len(eval_classes)}; in one split only: {only}); give both splits the same class folders")
+
+
 def resolve_hook(name: str) -> EpochHook:
     """``module:function`` -> the function (an epoch hook named in the config's ``epoch_hooks``)."""
     module_name, _, attr = name.partition(":")

@@ -46,6 +46,7 @@ from vitscope.train.loop import (
     StopFlag,
     apply_weight_decay,
     check_finite,
+    check_splits,
     epoch_records,
     finish_run,
     prepare_run,
@@ -298,6 +299,7 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
                          "streamed; set stream: false (with a larger memory_budget_gb) or train these runs unpacked")
     train_set: ImageDataset = opened["train"][0].subset(cfg.train_images)
     eval_set = opened["eval"][0].subset(cfg.eval_images)
+    check_splits(train_set, eval_set, cfg)
     if cfg.batch_size > len(train_set):
         raise ValueError(f"batch_size={cfg.batch_size} exceeds the {len(train_set)} training images; "
                          "lower --set batch_size")
