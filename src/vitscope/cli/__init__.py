@@ -15,7 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import vitscope
-from vitscope.cli.common import add_shared_to_top, check_data_dir, output_dir, quiet_torch_notices, resolve_shared
+from vitscope.cli.common import (
+    add_shared_to_top,
+    check_data_dir,
+    check_launcher_flag,
+    output_dir,
+    quiet_torch_notices,
+    resolve_shared,
+)
 
 COMMAND_MODULES = ("models", "analyze", "probe", "train", "study", "demo", "doctor", "export")
 SHARED_EPILOG = """shared options: --device, --batch-size, --seed, --out and --debug go before or after the command
@@ -57,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         resolve_shared(args, _command_name(args))
         check_data_dir(args)
+        check_launcher_flag(args)
         if getattr(args, "out", None) and not getattr(args, "out_is_run_folder", False):
             # a folder, or for commands that write one file (export) its folder; train checks its run folder
             output_dir(Path(args.out).parent if getattr(args, "out_is_file", False) else args.out)

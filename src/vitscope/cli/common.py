@@ -138,6 +138,14 @@ def check_data_dir(args: argparse.Namespace) -> None:
                          "--data-dir or name the dataset it holds with --dataset")
 
 
+def check_launcher_flag(args: argparse.Namespace) -> None:
+    """``--launcher slurm`` refused before any work on a machine without SLURM."""
+    if getattr(args, "launcher", None) == "slurm":
+        from vitscope.studies.runner import require_slurm
+
+        require_slurm()
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     """The options of every command that reads a model and a dataset (model, data and the shared options)."""
     parser.add_argument("--model", default="vit-micro", help="preset, timm:NAME, or run folder / weights file")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -70,6 +71,13 @@ class Launch:
 def check_launcher(launcher: str) -> None:
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher {launcher!r} is unknown; use local or slurm")
+
+
+def require_slurm() -> None:
+    """A ValueError naming the flag and the fix on a machine without SLURM (no ``sbatch`` on the PATH)."""
+    if shutil.which("sbatch") is None:
+        raise ValueError("--launcher slurm needs a SLURM cluster, and sbatch is not on this machine's PATH; run the "
+                         "study from a SLURM login node, or use --launcher local")
 
 
 def devices(device: str) -> list[str]:
@@ -121,11 +129,13 @@ def _run_all(specs: Sequence[RunSpec], work: Work, *, out: str | Path, record_na
 def _submit(specs: list[RunSpec], work: Work, records: dict[RunSpec, Path], out: str | Path,
             launch: Launch) -> list[dict[str, Any]]:
     """One submitit job per spec; each is resumable and returns its record."""
+    cluster = "local" if launch.launcher == "submitit-local" else "slurm"
+    if cluster == "slurm":
+        require_slurm()
     try:
         import submitit
     except ImportError:
         raise ValueError("--launcher slurm needs submitit: pip install 'vitscope[slurm]'") from None
-    cluster = "local" if launch.launcher == "submitit-local" else "slurm"
     executor = submitit.AutoExecutor(folder=str(Path(out) / "submitit"), cluster=cluster)
     defaults = {"timeout_min": 24 * 60, "gpus_per_node": 1, "cpus_per_task": 8, "name": launch.name}
     executor.update_parameters(**(defaults | launch.slurm if cluster == "slurm" else {"timeout_min": 60}))
