@@ -73,7 +73,7 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_previous(reference, tmp
     capsys.readouterr()
     summary = run(folder, resume=True, keep_last=3)
     lines = [line for line in capsys.readouterr().err.splitlines() if "damaged" in line]
-    assert len(lines) == 1 and str(newest) in lines[0] and "step-000000004" in lines[0]
+    assert len(lines) == 1 and str(newest) in lines[0] and "resuming from step-000000004" in lines[0]
     assert summary["steps"] == 8
     final, expected = load_file(str(folder / "model.safetensors")), load_file(str(reference / "model.safetensors"))
     assert all(torch.equal(final[k], expected[k]) for k in expected)  # resumed from step 4, to the same weights

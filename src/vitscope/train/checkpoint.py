@@ -122,17 +122,18 @@ def usable_checkpoint(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None
     damaged, a ``CheckpointDamaged`` names the newest one and the fix."""
     found = complete_checkpoints(run_dir)
     damage: list[str] = []
-    for k, checkpoint in enumerate(found):
+    for checkpoint in found:
         try:
             verify_checkpoint(checkpoint)
             state = load_state(checkpoint)
         except CheckpointDamaged as err:
             damage.append(str(err))
-            if k + 1 < len(found):
-                print(f"vitscope: {err}; resuming from the one before it, {found[k + 1].name}", file=sys.stderr)
             continue
+        for line in damage:
+            print(f"vitscope: {line}; resuming from {checkpoint.name}, the newest intact one", file=sys.stderr)
         return checkpoint, state
     if damage:
-        raise CheckpointDamaged(f"{damage[0]}, and no earlier checkpoint is intact; start the run afresh in "
+        others = f" (as are the {len(damage) - 1} before it)" if len(damage) > 1 else ""
+        raise CheckpointDamaged(f"{damage[0]}{others}, and no intact checkpoint is left; start the run afresh in "
                                 "another --out")
     return None
