@@ -179,6 +179,25 @@ def test_a_corrupt_training_image_is_named_with_the_fix(tmp_path, capsys, stream
     assert f"cannot decode image {data / 'train/dog/2.png'}: not a readable image file; re-create or remove" in line
 
 
+def test_an_error_in_a_data_worker_prints_the_workers_message(capsys, monkeypatch, tmp_path):
+    from torch.utils.data._utils import ExceptionWrapper
+
+    import vitscope.cli.export as export
+
+    monkeypatch.chdir(tmp_path)
+
+    def worker_fails(_args):  # a streamed image not among those sampled before training fails in a worker
+        try:
+            raise ValueError("cannot decode image /data/train/a/9.jpg: bad header; re-create or remove this file")
+        except ValueError:
+            ExceptionWrapper(where="in DataLoader worker process 0").reraise()
+
+    monkeypatch.setattr(export, "run", worker_fails)
+    line = refused(["export", "--model", "vit-micro", "--out", "x.safetensors"], capsys)
+    assert line == ("vitscope: error: cannot decode image /data/train/a/9.jpg: bad header; re-create or remove this "
+                    "file")
+
+
 def test_resume_of_something_that_is_not_a_run_folder(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{not json")
     for folder in (tmp_path, tmp_path / "missing"):

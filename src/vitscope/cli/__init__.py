@@ -75,6 +75,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:  # one line for users, the full story with --debug
         if args.debug:
             raise
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"vitscope: error: {message}", file=sys.stderr)
+        print(f"vitscope: error: {one_line(err)}", file=sys.stderr)
         return 2
+
+
+def one_line(err: BaseException) -> str:
+    """The line to print for ``err``: its first line, or for an error re-raised from a DataLoader worker (torch's
+    "Caught ValueError in DataLoader worker process 0." and the worker's traceback) the worker's own message."""
+    lines = str(err).splitlines()
+    if not lines:
+        return type(err).__name__
+    if lines[0].startswith("Caught ") and "worker" in lines[0] and len(lines) > 1:
+        _, _, message = lines[-1].partition(": ")  # the traceback's last line: "ValueError: cannot decode ..."
+        return message or lines[-1]
+    return lines[0]
