@@ -14,7 +14,6 @@ from vitscope.cli.common import (
     add_common,
     add_model_changes,
     output_dir,
-    positive_float,
     positive_int,
     print_files,
     unit_fraction,
@@ -59,7 +58,7 @@ def register(commands) -> None:
         sub.add_argument("--crops-per-image", type=int, default=1, help="random training crops per image (--size)")
         sub.set_defaults(handler=run_dense)
     depth.add_argument("--eigen-crop", action="store_true", help="evaluate inside the NYU Eigen crop")
-    depth.add_argument("--max-depth", type=positive_float, default=10.0, help="largest depth bin in metres")
+    depth.add_argument("--max-depth", type=float, default=10.0, help="largest depth bin in metres")
     for sub in (linear, knn):
         sub.add_argument("--pool", default="cls", choices=["cls", "mean", "both"], help="image feature")
         sub.add_argument("--train-images", type=int, default=None,
@@ -229,6 +228,8 @@ def run_dense(args: argparse.Namespace) -> int:
     from vitscope.probes.dense import dense_probe
 
     task = "segmentation" if args.probe == "segment" else "depth"
+    if not getattr(args, "max_depth", 10.0) > 0:  # before anything loads (a negative bound gave a wrong RMSE)
+        raise ValueError(f"--max-depth {args.max_depth} must be a depth in metres > 0, e.g. --max-depth 10")
     out, device, model, label = _prepare(args)
     train = load_dense(args.dataset, args.data_dir, "train", task=task).subset(args.train_images, seed=args.seed)
     held = load_dense(args.dataset, args.data_dir, "eval", task=task).subset(args.num_images, seed=args.seed)
