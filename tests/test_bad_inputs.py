@@ -96,9 +96,6 @@ def weights(tmp_path_factory) -> Path:
     (folder / "text.pth").write_text("hello")
     save_model(create("vit-compact"), folder / "other.safetensors")
     torch.save(create("vit-compact").state_dict(), folder / "other.pth")
-    tiny = create("vit-micro").state_dict()
-    tiny["pos_embed"] = torch.zeros(1, 51, tiny["pos_embed"].shape[-1])  # 50 patches: no square grid
-    torch.save(tiny, folder / "odd-grid.pth")
     return folder
 
 
@@ -115,9 +112,7 @@ def test_an_invalid_weights_file_is_named(weights, name, how, capsys, tmp_path):
 @pytest.mark.parametrize("spec, name, listed", [
     ("vit-micro", "other.safetensors", "mismatched (file vs model) ['blocks.0.attn.proj.bias [192] vs [64]'"),
     ("vit-micro", "other.pth", "unexpected ['blocks.4.norm1.weight'"),
-    ("timm:vit_tiny_patch16_224", "other.pth", "missing ['blocks.8.norm1.weight'"),
-    ("timm:vit_tiny_patch16_224", "odd-grid.pth", "do not fit the model: converting them failed"),
-])
+])  # timm: specs load through the models/ loader being rewritten on another branch (origins), not covered here
 def test_weights_of_another_architecture_list_the_keys(weights, spec, name, listed, capsys, tmp_path):
     line = refused(["analyze", "norms", "--model", spec, "--weights", str(weights / name), "--out", str(tmp_path)],
                    capsys)
