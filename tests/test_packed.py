@@ -50,9 +50,12 @@ def assert_close_weights(a: Path, b: Path, atol: float = 1e-5) -> None:
 
 def layout(run: Path) -> list[str]:
     """Relative paths in a run folder; TensorBoard event files (one per process that wrote the run) are
-    named by time and process."""
-    return sorted({"tensorboard/EVENTS" if p.parent.name == "tensorboard" else str(p.relative_to(run))
-                   for p in run.rglob("*")})
+    named by time and process; of the kept checkpoints (the last two, at the run's own cadence) the newest."""
+    kept = sorted(p.name for p in (run / "checkpoints").glob("step-*"))
+    older = set(kept[:-1])
+    paths = [p.relative_to(run) for p in run.rglob("*")]
+    return sorted({"tensorboard/EVENTS" if p.parent.name == "tensorboard" else str(p) for p in paths
+                   if not (p.parts[0] == "checkpoints" and len(p.parts) > 1 and p.parts[1] in older)})
 
 
 def assert_same_run(solo: Path, packed: Path) -> None:
@@ -63,8 +66,8 @@ def assert_same_run(solo: Path, packed: Path) -> None:
         assert json.loads((solo / name).read_text()).keys() == json.loads((packed / name).read_text()).keys()
     assert json.loads((solo / "summary.json").read_text())["eval"]["loss"] == pytest.approx(
         json.loads((packed / "summary.json").read_text())["eval"]["loss"], abs=1e-4)
-    a = torch.load(next((solo / "checkpoints").glob("step-*")) / "state.pt", weights_only=False)
-    b = torch.load(next((packed / "checkpoints").glob("step-*")) / "state.pt", weights_only=False)
+    a = torch.load(max((solo / "checkpoints").glob("step-*")) / "state.pt", weights_only=False)
+    b = torch.load(max((packed / "checkpoints").glob("step-*")) / "state.pt", weights_only=False)
     assert a.keys() == b.keys() and a["scheduler"] == b["scheduler"] and a["global_step"] == b["global_step"]
     assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
     assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
@@ -139,8 +142,8 @@ def test_interrupted_pack_resumes_packed_or_solo_from_each_members_step(solo_run
     configs = member_cfgs(solo_runs, "killed", checkpoint_every_steps=1)
     with pytest.raises(TrainingInterrupted):
         train_packed(configs, hooks=[stop_after_first_epoch()])
-    assert [[p.name for p in (Path(c.out) / "checkpoints").glob("step-*")] for c in configs] == [
-        ["step-000000002"]] * 3  # every member checkpointed at the first epoch's end
+    assert [max(p.name for p in (Path(c.out) / "checkpoints").glob("step-*")) for c in configs] == [
+        "step-000000002"] * 3  # every member checkpointed at the first epoch's end
     assert not any((Path(c.out) / "summary.json").exists() for c in configs)
     with pytest.raises(TrainingInterrupted):  # the last member goes on solo for one more epoch
         train(configs[2], resume=True, hooks=[stop_after_first_epoch()])

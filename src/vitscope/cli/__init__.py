@@ -15,7 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import vitscope
-from vitscope.cli.common import add_shared_to_top, output_dir, quiet_torch_notices, resolve_shared
+from vitscope.cli.common import (
+    add_shared_to_top,
+    check_data_dir,
+    check_launcher_flag,
+    output_dir,
+    quiet_torch_notices,
+    resolve_shared,
+)
 
 COMMAND_MODULES = ("models", "analyze", "explore", "probe", "train", "study", "demo", "doctor", "export")
 SHARED_EPILOG = """shared options: --device, --batch-size, --seed, --out and --debug go before or after the command
@@ -23,8 +30,16 @@ name; each command lists in its --help the ones it takes (models: --debug only; 
 train: all, as overrides of its config; study locality: --seed is a single --seeds)."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are vitscope's one line on stderr (exit 2); the usage stays in ``--help``. Every
+    command's parser is one too (``add_subparsers`` makes its parsers of the parent's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"vitscope: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vitscope", description=vitscope.__doc__, epilog=SHARED_EPILOG)
+    parser = OneLineParser(prog="vitscope", description=vitscope.__doc__, epilog=SHARED_EPILOG)
     parser.add_argument("--version", action="version", version=f"vitscope {vitscope.__version__}")
     add_shared_to_top(parser)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -48,7 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.debug = bool(getattr(args, "debug", False) or getattr(args, "top_debug", False))
     try:
         resolve_shared(args, _command_name(args))
-        if getattr(args, "out", None):  # a folder, or for commands that write one file (export) its folder
+        check_data_dir(args)
+        check_launcher_flag(args)
+        if getattr(args, "out", None) and not getattr(args, "out_is_run_folder", False):
+            # a folder, or for commands that write one file (export) its folder; train checks its run folder
             output_dir(Path(args.out).parent if getattr(args, "out_is_file", False) else args.out)
         return args.handler(args)
     except KeyboardInterrupt:
@@ -57,6 +75,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:  # one line for users, the full story with --debug
         if args.debug:
             raise
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"vitscope: error: {message}", file=sys.stderr)
+        print(f"vitscope: error: {one_line(err)}", file=sys.stderr)
         return 2
+
+
+def one_line(err: BaseException) -> str:
+    """The line to print for ``err``: its first line, or for an error re-raised from a DataLoader worker (torch's
+    "Caught ValueError in DataLoader worker process 0." and the worker's traceback) the worker's own message."""
+    lines = str(err).splitlines()
+    if not lines:
+        return type(err).__name__
+    if lines[0].startswith("Caught ") and "worker" in lines[0] and len(lines) > 1:
+        _, _, message = lines[-1].partition(": ")  # the traceback's last line: "ValueError: cannot decode ..."
+        return message or lines[-1]
+    return lines[0]

@@ -10,13 +10,48 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
 
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (the error names the value)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0")
+    return value
+
+
+def unit_fraction(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number in [0, 1]")
+    return value
+
+
 SHARED_OPTIONS: dict[str, dict[str, Any]] = {
     "device": {"metavar": "DEVICE", "help": "auto, cpu, cuda or cuda:N"},
-    "batch_size": {"type": int, "metavar": "N", "help": "images per batch"},
+    "batch_size": {"type": positive_int, "metavar": "N", "help": "images per batch"},
     "seed": {"type": int, "metavar": "SEED", "help": "random seed"},
     "out": {"metavar": "DIR", "help": "output folder (created if missing)"},
     "debug": {"action": "store_true", "help": "show the full traceback of an error"},
@@ -96,13 +131,28 @@ def quiet_torch_notices() -> None:
         logger.addFilter(_DropCudaNotice())
 
 
+def check_data_dir(args: argparse.Namespace) -> None:
+    """A ValueError when ``--data-dir`` is given with ``--dataset synthetic``, which reads no directory."""
+    if getattr(args, "dataset", None) == "synthetic" and getattr(args, "data_dir", None):
+        raise ValueError(f"--data-dir {args.data_dir} is not read by --dataset synthetic (generated scenes); drop "
+                         "--data-dir or name the dataset it holds with --dataset")
+
+
+def check_launcher_flag(args: argparse.Namespace) -> None:
+    """``--launcher slurm`` refused before any work on a machine without SLURM."""
+    if getattr(args, "launcher", None) == "slurm":
+        from vitscope.studies.runner import require_slurm
+
+        require_slurm()
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     """The options of every command that reads a model and a dataset (model, data and the shared options)."""
     parser.add_argument("--model", default="vit-micro", help="preset, timm:NAME, or run folder / weights file")
     parser.add_argument("--weights", default=None, help="local weights file for the model")
     parser.add_argument("--dataset", default="synthetic", help="dataset name (synthetic needs no directory)")
     parser.add_argument("--data-dir", default=None, help="dataset folder or archive")
-    parser.add_argument("--num-images", type=int, default=None,
+    parser.add_argument("--num-images", type=positive_int, default=None,
                         help="use a seeded class-stratified sample of N images (seed: --seed)")
     parser.add_argument("--download", action="store_true", help="fetch cifar10/cifar100 into --data-dir first")
     add_shared(parser, device="auto", batch_size=128, seed=0, out=None)
@@ -110,7 +160,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 def add_model_changes(parser: argparse.ArgumentParser) -> None:
     """Options that modify a loaded model: input size, normaliser, registers."""
-    parser.add_argument("--img-size", type=int, default=None,
+    parser.add_argument("--img-size", type=positive_int, default=None,
                         help="input side in pixels, a multiple of the patch size (positional embedding resampled)")
     parser.add_argument("--attention", default=None, help="swap the normaliser: softmax, sparsemax, entmax15, "
                                                           "entmax:ALPHA, entmax:learned[:ALPHA]")
@@ -156,6 +206,12 @@ def parse_seeds(seeds: str | None, seed: int | None) -> list[int]:
     if seeds is None:
         return [0 if seed is None else seed]
     try:
-        return [int(s) for s in seeds.split(",") if s.strip()]
+        values = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
         raise ValueError(f"--seeds {seeds!r} must be comma-separated integers, e.g. 0,1,2") from None
+    repeated = sorted({s for s in values if values.count(s) > 1})
+    if repeated or not values:
+        raise ValueError(f"--seeds {seeds!r} must name distinct seeds (repeated: {', '.join(map(str, repeated))}); "
+                         "one run is one seed, e.g. --seeds 0,1,2" if repeated else
+                         f"--seeds {seeds!r} names no seed; e.g. --seeds 0,1,2")
+    return values

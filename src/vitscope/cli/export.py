@@ -16,11 +16,18 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from safetensors import SafetensorError
+
     from vitscope.models import load
     from vitscope.models.export import export_timm
 
     model = load(args.model, weights=args.weights)
-    timm_args = export_timm(model, args.out)
+    try:
+        timm_args = export_timm(model, args.out)
+    except (OSError, SafetensorError) as err:  # their messages name the temporary file beside --out
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else "an I/O error"
+        raise ValueError(f"--out {args.out} cannot be written ({reason}); pass a .safetensors path in a folder you "
+                         "can write to") from None
     print(f"wrote {args.out}; build it with "
           f"timm.models.vision_transformer.VisionTransformer(**{json.dumps(timm_args)})")
     if model.cfg.attention != "softmax":

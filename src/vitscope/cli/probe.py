@@ -10,7 +10,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitscope.cli.common import add_common, add_model_changes, output_dir, print_files
+from vitscope.cli.common import (
+    add_common,
+    add_model_changes,
+    output_dir,
+    positive_int,
+    print_files,
+    unit_fraction,
+)
 
 METRICS = {"linear": "top1", "knn": "knn_top1"}
 
@@ -45,7 +52,7 @@ def register(commands) -> None:
         sub.add_argument("--epochs", type=int, default=20)
         sub.add_argument("--lr", type=float, default=1e-2)
         sub.add_argument("--train-images", type=int, default=None, help="a seeded sample of N training images")
-        sub.add_argument("--size", type=int, default=None,
+        sub.add_argument("--size", type=positive_int, default=None,
                          help="resize images to this short side, train on random crops of the model's input side "
                               "and evaluate by sliding window (default: each image resized whole to the input)")
         sub.add_argument("--crops-per-image", type=int, default=1, help="random training crops per image (--size)")
@@ -69,9 +76,9 @@ def register(commands) -> None:
     pib.add_argument("--score", default="attention", choices=["attention", "norm", "cosine"],
                      help="patch score: CLS-to-patch attention (mean over heads), token norm, cosine to CLS")
     pib.set_defaults(handler=run_pib, layers="all")
-    pca.add_argument("--count", type=int, default=8, help="images shown")
+    pca.add_argument("--count", type=positive_int, default=8, help="images shown")
     pca.add_argument("--per-image", dest="joint", action="store_false", help="fit the PCA per image")
-    pca.add_argument("--foreground", type=float, default=None,
+    pca.add_argument("--foreground", type=unit_fraction, default=None,
                      help="threshold in [0, 1] on the first component; patches below are black")
     pca.set_defaults(handler=run_pca)
     linear.set_defaults(handler=run_image)
@@ -222,6 +229,8 @@ def run_dense(args: argparse.Namespace) -> int:
     from vitscope.probes.dense import dense_probe
 
     task = "segmentation" if args.probe == "segment" else "depth"
+    if not getattr(args, "max_depth", 10.0) > 0:  # before anything loads (a negative bound gave a wrong RMSE)
+        raise ValueError(f"--max-depth {args.max_depth} must be a depth in metres > 0, e.g. --max-depth 10")
     out, device, model, label = _prepare(args)
     train = load_dense(args.dataset, args.data_dir, "train", task=task).subset(args.train_images, seed=args.seed)
     held = load_dense(args.dataset, args.data_dir, "eval", task=task).subset(args.num_images, seed=args.seed)

@@ -81,9 +81,11 @@ def run_registers_study(**options) -> Path:
 
 
 def run_registers(args: argparse.Namespace) -> int:
+    from vitscope.cli.analyze import detect_layer_index
     from vitscope.studies.models import parse_model_entries
     from vitscope.studies.registers_census import CensusSettings
 
+    detect_layer_index(args.detect_layer)  # one numbering with analyze norms: 1..L or last
     detect = args.detect_layer if args.detect_layer == "last" else int(args.detect_layer) \
         if args.detect_layer.isdigit() else args.detect_layer
     census = CensusSettings(thresholds=[t for t in args.thresholds.split(",") if t.strip()], detect_layer=detect,

@@ -26,7 +26,7 @@ def register(commands) -> None:
     add_shared(train, device=None, batch_size=None, seed=None, out=None)
     train.epilog = ("--dataset, --data-dir, --device, --batch-size, --seed and --out override the config's keys "
                     "of the same name; --set KEY=VALUE overrides any key")
-    train.set_defaults(handler=run)
+    train.set_defaults(handler=run, out_is_run_folder=True)  # the trainer checks and locks its run folder
 
 
 def shortcuts(args: argparse.Namespace) -> list[str]:
@@ -36,16 +36,29 @@ def shortcuts(args: argparse.Namespace) -> list[str]:
     return [f"{key}={json.dumps(value)}" for key, value in values.items()]
 
 
+def saved_config(run_dir: Path) -> dict:
+    """The TrainConfig keys saved in ``run_dir/config.json``; a ValueError when it is not a vitscope run folder."""
+    saved = run_dir / "config.json"
+    try:
+        values = json.loads(saved.read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        values = None
+    if not isinstance(values, dict):
+        raise ValueError(f"{run_dir} is not a vitscope run folder (no readable config.json with the run's config); "
+                         "--resume needs a folder written by vitscope train")
+    return values
+
+
 def run(args: argparse.Namespace) -> int:
     from vitscope.train import TrainConfig, TrainingInterrupted, load_config, train
     from vitscope.train.config import apply_overrides
 
     flags = shortcuts(args)
     if args.resume:
-        saved = Path(args.resume) / "config.json"
-        if not saved.is_file():
-            raise FileNotFoundError(f"{saved} does not exist; --resume needs a run folder written by vitscope train")
-        values = apply_overrides(json.loads(saved.read_text())["config"], flags + args.assignments)
+        if args.config is not None:
+            raise ValueError(f"--config {args.config} with --resume {args.resume}: a resumed run keeps the config "
+                             "saved in its folder; drop --config (change single keys with --set KEY=VALUE)")
+        values = apply_overrides(saved_config(Path(args.resume)), flags + args.assignments)
         values["out"] = str(args.resume)
         cfg = TrainConfig.from_dict(values)
     else:

@@ -155,8 +155,9 @@ def decode_images(tree: FileTree, paths: list[str], size: int | None = None) -> 
             with Image.open(io.BytesIO(data)) as handle:
                 image = torch.from_numpy(np.asarray(handle.convert("RGB")).copy()).permute(2, 0, 1)
         except (UnidentifiedImageError, OSError, ValueError) as err:
-            where = PurePosixPath(tree.root.name) / tree.prefix / path
-            raise ValueError(f"cannot decode image {where}: {err}") from None
+            where = PurePosixPath(tree.root) / tree.prefix / path  # inside an archive: the archive's path first
+            reason = "not a readable image file" if isinstance(err, UnidentifiedImageError) else str(err)
+            raise ValueError(f"cannot decode image {where}: {reason}; re-create or remove this file") from None
         if size is not None and image.shape[-2:] != (size, size):
             from torchvision.transforms.v2.functional import resize
 

@@ -145,11 +145,27 @@ def _read(name: str, tree: FileTree, split: str, size: int | None):
 
 
 def _download(name: str, root: Path) -> None:
+    """Fetch CIFAR with torchvision's downloader (skipped when the files are there and intact); without a
+    network, a ValueError at once naming the file to put in ``root`` instead."""
+    import socket
+    from urllib.parse import urlparse
+
     import torchvision
 
     dataset_cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
-    for train in (True, False):
-        dataset_cls(str(root), train=train, download=True)
+    instead = (f"without a network, put {dataset_cls.filename} (from {dataset_cls.url}) or its extracted "
+               f"{dataset_cls.base_folder}/ in {root} and drop --download")
+    if not (root / dataset_cls.base_folder).is_dir():
+        host = urlparse(dataset_cls.url).hostname
+        try:
+            socket.create_connection((host, 443), timeout=5).close()
+        except OSError as err:
+            raise ValueError(f"--download cannot reach {host} ({err.strerror or err}); {instead}") from None
+    try:
+        for train in (True, False):
+            dataset_cls(str(root), train=train, download=True)
+    except (OSError, RuntimeError) as err:  # URLError is an OSError
+        raise ValueError(f"--download of {name} failed ({err}); {instead}") from None
 
 
 @functools.lru_cache(maxsize=4)

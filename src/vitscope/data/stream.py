@@ -66,10 +66,15 @@ def decode_rgb(data: bytes, where: str) -> Tensor:
         raise ValueError(f"cannot decode image {where}: {err}; re-create or remove this file") from None
 
 
-def image_header_size(data: bytes) -> tuple[int, int]:
-    """(height, width) of encoded image bytes, read from the header only."""
-    with Image.open(io.BytesIO(data)) as handle:
-        return handle.height, handle.width
+def image_header_size(data: bytes, where: str = "(bytes)") -> tuple[int, int]:
+    """(height, width) of encoded image bytes, read from the header only; a file that is no image raises a
+    ValueError naming ``where``."""
+    try:
+        with Image.open(io.BytesIO(data)) as handle:
+            return handle.height, handle.width
+    except (OSError, ValueError):  # PIL's UnidentifiedImageError names only its in-memory buffer
+        raise ValueError(f"cannot decode image {where}: not a readable image file; re-create or remove this "
+                         "file") from None
 
 
 def eval_view(image: Tensor, size: int) -> Tensor:
@@ -159,7 +164,7 @@ class StreamedDataset:
         if size is not None:
             return len(self) * 3 * size * size
         picks = torch.linspace(0, len(self) - 1, min(sample, len(self))).round().long().unique()
-        pixels = [math.prod(image_header_size(self.read(int(i))[0])) for i in picks]
+        pixels = [math.prod(image_header_size(*self.read(int(i)))) for i in picks]
         return int(len(self) * 3 * sum(pixels) / max(len(pixels), 1))
 
     def materialize(self, size: int | None) -> ImageDataset:

@@ -45,6 +45,8 @@ def parse_threshold(spec: str) -> tuple[str, float | None]:
         value = None
     if kind not in ("percentile", "absolute") or value is None or (kind == "percentile" and not 0 < value < 100):
         raise ValueError(f"threshold {spec!r} is unknown; use percentile:Q (0 < Q < 100), absolute:T or auto")
+    if kind == "absolute" and not 0 < value < math.inf:  # every norm is >= 0: T <= 0 would flag every token
+        raise ValueError(f"threshold {spec!r}: absolute:T needs a token norm T > 0, e.g. absolute:100")
     return kind, value
 
 

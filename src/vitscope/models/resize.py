@@ -10,6 +10,8 @@ from timm.layers import resample_abs_pos_embed
 
 from vitscope.models.vit import VisionTransformer
 
+MAX_PATCH_TOKENS = 16_384  # a 128 x 128 patch grid (2048 px at patch 16): one attention map is 1 GiB in float32
+
 
 def check_img_size(img_size: object, patch_size: int, what: str) -> int:
     """``img_size`` as a positive multiple of ``patch_size``, else a ValueError naming both and the fix."""
@@ -19,6 +21,10 @@ def check_img_size(img_size: object, patch_size: int, what: str) -> int:
         below = max(patch_size, img_size // patch_size * patch_size)
         raise ValueError(f"img_size={img_size} is not a multiple of {what}'s patch size {patch_size}; "
                          f"use a multiple such as {below} or {below + patch_size}")
+    if (img_size // patch_size) ** 2 > MAX_PATCH_TOKENS:
+        largest = int(MAX_PATCH_TOKENS**0.5) * patch_size
+        raise ValueError(f"img_size={img_size} gives {(img_size // patch_size) ** 2:,} patch tokens at {what}'s patch "
+                         f"size {patch_size}, above the bound of {MAX_PATCH_TOKENS:,}; use at most {largest} pixels")
     return img_size
 
 

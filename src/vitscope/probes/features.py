@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from vitscope.data import ImageDataset
 from vitscope.files import cache_root
 from vitscope.models import token_layout
 from vitscope.record import record_tokens
+from vitscope.run_folder import writer_lock
 
 _CACHE_VERSION = 1
 
@@ -193,7 +195,12 @@ def extract_features(model: nn.Module, dataset: ImageDataset, layers: str | Sequ
         model_key, data_key = model_fingerprint(model), dataset_fingerprint(dataset)
         files = {layer: _cache_file(folder, model_key, data_key, layer, norm, geometry) for layer in wanted}
     missing = [layer for layer in wanted if layer not in files or not files[layer].exists()]
-    computed = _run_backbone(model, dataset, missing, norm, batch_size, device, img_size, files, progress)
+    lock = nullcontext() if not missing or folder is None else writer_lock(
+        folder, "feature cache", "set VITSCOPE_CACHE to a writable folder or pass --no-cache",
+        name=f".{model_key[:16]}-{data_key[:16]}.lock", wait=True)
+    with lock:  # one writer per cache entry: a second process waits for it, then reuses what it wrote
+        missing = [layer for layer in missing if layer not in files or not files[layer].exists()]
+        computed = _run_backbone(model, dataset, missing, norm, batch_size, device, img_size, files, progress)
     out = {}
     for layer in wanted:
         tokens = computed[layer] if layer in computed and folder is None else _open(files[layer])

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vitscope.provenance import resolve_device
+from vitscope.run_folder import writer_lock
 from vitscope.studies.runner import RunSpec
 from vitscope.train import TrainConfig
 from vitscope.train.checkpoint import latest_checkpoint
@@ -46,10 +47,11 @@ def train_in_packs(specs: Sequence[RunSpec], config: Callable[[RunSpec], TrainCo
     if not todo or pack == 1:
         return
     todo.sort(key=_progress)
-    size = auto_pack_size(todo[0], len(todo), resolve_device(device)) if pack == "auto" else pack
-    for start in range(0, len(todo), size):
-        group = todo[start: start + size]
-        if progress:
-            names = ", ".join(f"{c.protocol} seed {c.seed}" for c in group)
-            print(f"[pack {start // size + 1}/{-(-len(todo) // size)}] {names}", flush=True)
-        train_packed(group, resume=True)
+    with writer_lock(out, what="study folder"):
+        size = auto_pack_size(todo[0], len(todo), resolve_device(device)) if pack == "auto" else pack
+        for start in range(0, len(todo), size):
+            group = todo[start: start + size]
+            if progress:
+                names = ", ".join(f"{c.protocol} seed {c.seed}" for c in group)
+                print(f"[pack {start // size + 1}/{-(-len(todo) // size)}] {names}", flush=True)
+            train_packed(group, resume=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from vitscope.files import write_json
+from vitscope.run_folder import writer_lock
 
 LAUNCHERS = ("local", "slurm", "submitit-local")
 Work = Callable[["RunSpec", str], dict[str, Any]]
@@ -71,6 +73,13 @@ def check_launcher(launcher: str) -> None:
         raise ValueError(f"launcher {launcher!r} is unknown; use local or slurm")
 
 
+def require_slurm() -> None:
+    """A ValueError naming the flag and the fix on a machine without SLURM (no ``sbatch`` on the PATH)."""
+    if shutil.which("sbatch") is None:
+        raise ValueError("--launcher slurm needs a SLURM cluster, and sbatch is not on this machine's PATH; run the "
+                         "study from a SLURM login node, or use --launcher local")
+
+
 def devices(device: str) -> list[str]:
     """The devices runs go to side by side: every visible GPU for ``auto`` when there are several, else
     ``[device]``."""
@@ -90,8 +99,14 @@ def _run_one(work: Work, spec: RunSpec, device: str, record: Path) -> dict[str, 
 
 def run_all(specs: Sequence[RunSpec], work: Work, *, out: str | Path, record_name: str,
             launch: Launch | None = None) -> list[dict[str, Any]]:
-    """Every spec's record, in the order of ``specs``; see the module docstring."""
-    launch = launch or Launch()
+    """Every spec's record, in the order of ``specs``; see the module docstring. The study folder ``out`` is
+    locked while the runs go (one study writes to a folder at a time)."""
+    with writer_lock(out, what="study folder"):
+        return _run_all(specs, work, out=out, record_name=record_name, launch=launch or Launch())
+
+
+def _run_all(specs: Sequence[RunSpec], work: Work, *, out: str | Path, record_name: str,
+             launch: Launch) -> list[dict[str, Any]]:
     records = {spec: spec.folder(out) / record_name for spec in specs}
     todo = [spec for spec in specs if not records[spec].is_file()]
     done: dict[RunSpec, dict[str, Any]] = {}
@@ -114,11 +129,13 @@ def run_all(specs: Sequence[RunSpec], work: Work, *, out: str | Path, record_nam
 def _submit(specs: list[RunSpec], work: Work, records: dict[RunSpec, Path], out: str | Path,
             launch: Launch) -> list[dict[str, Any]]:
     """One submitit job per spec; each is resumable and returns its record."""
+    cluster = "local" if launch.launcher == "submitit-local" else "slurm"
+    if cluster == "slurm":
+        require_slurm()
     try:
         import submitit
     except ImportError:
         raise ValueError("--launcher slurm needs submitit: pip install 'vitscope[slurm]'") from None
-    cluster = "local" if launch.launcher == "submitit-local" else "slurm"
     executor = submitit.AutoExecutor(folder=str(Path(out) / "submitit"), cluster=cluster)
     defaults = {"timeout_min": 24 * 60, "gpus_per_node": 1, "cpus_per_task": 8, "name": launch.name}
     executor.update_parameters(**(defaults | launch.slurm if cluster == "slurm" else {"timeout_min": 60}))

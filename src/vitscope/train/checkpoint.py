@@ -1,15 +1,19 @@
-"""Run checkpoints that survive a kill at any moment.
+"""Run checkpoints that survive a kill at any moment, and a damaged file on disk.
 
-A checkpoint is a folder ``checkpoints/step-<N>/`` holding ``model.safetensors`` (weights and config) and
-``state.pt`` (optimizer, scheduler, RNG and data-order state). It is written under a temporary name and
-renamed when complete; then the pointer file ``checkpoints/LATEST`` is replaced atomically; only then are
-older checkpoints removed. A reader therefore always finds a complete checkpoint.
+A checkpoint is a folder ``checkpoints/step-<N>/`` holding ``model.safetensors`` (weights and config),
+``state.pt`` (optimizer, scheduler, RNG, data-order and loss-window state) and, written last, ``SHA256SUMS``
+(the sha256 of both). It is written under a temporary name and renamed when complete; then the pointer file
+``checkpoints/LATEST`` is replaced atomically; only then are checkpoints older than the newest ``keep`` removed
+(two by default). On resume the newest checkpoint whose files match their sums and whose state loads is used;
+a damaged one is named in one line and the one before it is tried.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,45 +22,82 @@ from torch import nn
 
 from vitscope.files import atomic_path, atomic_write_bytes
 from vitscope.models import save_model
-from vitscope.run_folder import LATEST, checkpoints_dir, model_file
+from vitscope.run_folder import CHECKSUMS, LATEST, MODEL_FILE, STATE_FILE, checkpoints_dir, model_file
+
+CHECKSUMMED = (MODEL_FILE, STATE_FILE)
+
+
+class CheckpointDamaged(ValueError):
+    """A checkpoint's files do not match their checksums, or its state does not load."""
 
 
 def checkpoint_root(run_dir: str | Path) -> Path:
     return checkpoints_dir(run_dir)
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint folder, or None."""
+def _step(folder: Path) -> int:
+    return int(folder.name.split("-")[1])
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoint folders (both files present), newest first; the one ``LATEST`` names leads."""
     root = checkpoint_root(run_dir)
+    found = sorted((p for p in root.glob("step-*") if p.is_dir() and all((p / f).is_file() for f in CHECKSUMMED)),
+                   key=_step, reverse=True)
     pointer = root / LATEST
-    if pointer.is_file():
-        candidate = root / pointer.read_text().strip()
-        if (candidate / "state.pt").is_file() and (candidate / "model.safetensors").is_file():
-            return candidate
-    complete = sorted(
-        (p for p in root.glob("step-*") if p.is_dir() and (p / "state.pt").is_file()),
-        key=lambda p: int(p.name.split("-")[1]),
-    )
-    return complete[-1] if complete else None
+    named = root / pointer.read_text().strip() if pointer.is_file() else None
+    return sorted(found, key=lambda p: p != named)  # stable: the rest stay newest first
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model: nn.Module, state: dict[str, Any], keep: int = 1) -> Path:
-    """Write checkpoint ``step`` atomically and keep the newest ``keep`` ones."""
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint folder, or None (not verified: see ``usable_checkpoint``)."""
+    found = complete_checkpoints(run_dir)
+    return found[0] if found else None
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def verify_checkpoint(checkpoint: Path) -> None:
+    """A ``CheckpointDamaged`` naming the first file whose sha256 differs from ``SHA256SUMS`` (checkpoints
+    written before sums existed have none and pass)."""
+    sums = checkpoint / CHECKSUMS
+    if not sums.is_file():
+        return
+    for line in sums.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        if name and _sha256(checkpoint / name) != digest:
+            raise CheckpointDamaged(f"checkpoint file {checkpoint / name} is damaged (its sha256 differs from "
+                                    f"{sums.name})")
+
+
+def save_checkpoint(run_dir: str | Path, step: int, model: nn.Module, state: dict[str, Any], keep: int = 2) -> Path:
+    """Write checkpoint ``step`` atomically, with its checksums, and keep the newest ``keep`` ones."""
     root = checkpoint_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:09d}"
     tmp = root / f".tmp-step-{step:09d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_model(model, tmp / "model.safetensors")
-    with atomic_path(tmp / "state.pt") as state_file:
-        torch.save(state, state_file)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    atomic_write_bytes(root / LATEST, final.name.encode())
-    save_model(model, model_file(run_dir))  # the run folder's model to evaluate follows every checkpoint
-    for old in sorted(root.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-keep]:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_model(model, tmp / MODEL_FILE)
+        with atomic_path(tmp / STATE_FILE) as state_file:
+            torch.save(state, state_file)
+        atomic_write_bytes(tmp / CHECKSUMS, "".join(f"{_sha256(tmp / name)}  {name}\n"
+                                                    for name in CHECKSUMMED).encode())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        atomic_write_bytes(root / LATEST, final.name.encode())
+        save_model(model, model_file(run_dir))  # the run folder's model to evaluate follows every checkpoint
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PermissionError(f"cannot write the checkpoint of step {step} in run folder {run_dir} "
+                              f"({err.strerror or err}); make the folder writable (chmod -R u+w {run_dir}) or "
+                              "train into another --out") from None
+    for old in sorted(root.glob("step-*"), key=_step)[:-keep]:
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
     for stale in root.glob(".tmp-step-*"):
@@ -65,4 +106,34 @@ def save_checkpoint(run_dir: str | Path, step: int, model: nn.Module, state: dic
 
 
 def load_state(checkpoint: Path) -> dict[str, Any]:
-    return torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
+    """A checkpoint's ``state.pt``; a ``CheckpointDamaged`` naming the file when it does not load."""
+    path = checkpoint / STATE_FILE
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # torch reports a truncated zip as PytorchStreamReader / unpickling errors
+        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointDamaged(f"checkpoint file {path} is damaged and cannot be read ({detail})") from None
+
+
+def usable_checkpoint(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """(folder, state) of the newest checkpoint that verifies and loads, or None when there is none at all.
+
+    Each damaged one is named in one line on stderr and the previous one is tried; when every checkpoint is
+    damaged, a ``CheckpointDamaged`` names the newest one and the fix."""
+    found = complete_checkpoints(run_dir)
+    damage: list[str] = []
+    for checkpoint in found:
+        try:
+            verify_checkpoint(checkpoint)
+            state = load_state(checkpoint)
+        except CheckpointDamaged as err:
+            damage.append(str(err))
+            continue
+        for line in damage:
+            print(f"vitscope: {line}; resuming from {checkpoint.name}, the newest intact one", file=sys.stderr)
+        return checkpoint, state
+    if damage:
+        others = f" (as are the {len(damage) - 1} before it)" if len(damage) > 1 else ""
+        raise CheckpointDamaged(f"{damage[0]}{others}, and no intact checkpoint is left; start the run afresh in "
+                                "another --out")
+    return None

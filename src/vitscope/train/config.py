@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import tomllib
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ class TrainConfig:
     crop_padding: int = 4
     eval_every: int = 1  # epochs
     checkpoint_every_steps: int = 0  # 0: at the end of every epoch only
+    keep_last: int = 2  # checkpoints kept; resume falls back to an older one when the newest is damaged
     log_every_steps: int = 50
     keep_every: int | None = None  # epochs between kept model snapshots; None: 10 % of the run
     epoch_hooks: list[str] = field(default_factory=list)  # module:function(model) -> scalars, logged every epoch
@@ -61,7 +63,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_types(self)
         self.protocol = canonical_protocol(self.protocol)
-        positive = ("epochs", "batch_size", "eval_every", "log_every_steps")
+        positive = ("epochs", "batch_size", "eval_every", "log_every_steps", "keep_last")
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -81,6 +83,7 @@ class TrainConfig:
                              f"{self.data_workers} >= 0 (or null for min(8, cores))")
         if self.amp not in ("auto", "bf16", "off"):
             raise ValueError(f"amp={self.amp!r} is unknown; use auto, bf16 or off")
+        check_dataset_options(self.dataset, self.dataset_options)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -92,6 +95,19 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(valid))}")
         return cls(**values)
+
+
+def check_dataset_options(dataset: str, options: dict[str, Any]) -> None:
+    """A ValueError listing the valid keys when ``dataset_options`` holds one ``dataset`` does not take (the
+    synthetic generator's arguments; for every other dataset only ``image_size``)."""
+    from vitscope.data.synthetic import synthetic_scenes
+
+    valid = ({name for name in inspect.signature(synthetic_scenes).parameters if name != "split"}
+             if dataset == "synthetic" else {"image_size"})
+    unknown = sorted(set(options) - valid)
+    if unknown:
+        raise ValueError(f"dataset_options key(s) {', '.join(unknown)} unknown for dataset {dataset}; valid keys: "
+                         f"{', '.join(sorted(valid))}")
 
 
 _TYPES: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (float, int), "bool": (bool,),
@@ -144,17 +160,33 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"config file {path} does not exist; pass --config with a YAML, JSON or TOML file "
                                 f"or a shipped config name ({', '.join(shipped)})")
     text = path.read_text()
-    if path.suffix in (".yaml", ".yml"):
-        values = yaml.safe_load(text) or {}
-    elif path.suffix == ".json":
-        values = json.loads(text)
-    elif path.suffix == ".toml":
-        values = tomllib.loads(text)
-    else:
+    if path.suffix not in (".yaml", ".yml", ".json", ".toml"):
         raise ValueError(f"config file {path} must end in .yaml, .yml, .json or .toml")
+    values = parse_text(text, path.suffix, f"config file {path}")
+    values = {} if values is None else values  # an empty YAML file
     if not isinstance(values, dict):
         raise ValueError(f"config file {path} must hold a mapping of keys to values")
     return values
+
+
+def parse_text(text: str, suffix: str, where: str) -> Any:
+    """YAML (``.yaml``/``.yml``, and ``--set`` values), JSON or TOML ``text``; a syntax error is a ValueError
+    naming ``where``, the line and the column (1-based)."""
+    try:
+        if suffix == ".json":
+            return json.loads(text)
+        if suffix == ".toml":
+            return tomllib.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where}: invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{where}: invalid TOML: {err}") from None  # tomllib says "(at line L, column C)"
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{where}: invalid YAML{at}: {problem}") from None
 
 
 def apply_overrides(values: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
@@ -170,7 +202,7 @@ def apply_overrides(values: dict[str, Any], assignments: list[str]) -> dict[str,
             target = target.setdefault(parent, {})
             if not isinstance(target, dict):
                 raise ValueError(f"--set {item!r}: {parent} is not a mapping")
-        target[leaf] = yaml.safe_load(raw)
+        target[leaf] = parse_text(raw, ".set", f"--set {item!r}")
     return values
 
 

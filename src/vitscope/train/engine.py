@@ -35,6 +35,7 @@ from vitscope.train.loop import (
     TrainingInterrupted,
     apply_weight_decay,
     check_finite,
+    check_splits,
     epoch_records,
     finish_run,
     flatten_scalars,
@@ -84,6 +85,7 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     train_set = data_choice["train"][0].subset(cfg.train_images)
     eval_set = data_choice["eval"][0].subset(cfg.eval_images)
     data_choice = {split: decision for split, (_, decision) in data_choice.items()}
+    check_splits(train_set, eval_set, cfg)
     if ctx.is_main and cfg.progress:
         print("vitscope: data " + "; ".join(f"{split} {'streamed' if d['stream'] else 'in memory'} ({d['reason']})"
                                             for split, d in data_choice.items()), file=sys.stderr)
@@ -123,15 +125,19 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
                desc=f"train {cfg.protocol if cfg.objective == 'supervised' else cfg.objective}",
                disable=not (cfg.progress and ctx.is_main), dynamic_ncols=True)
     window = LossWindow(ctx.device)
+    if state is not None:
+        window.load_state_dict(state.get("loss_window"), holds_sum=ctx.is_main)
     last_eval: dict[str, float] = {}
 
     def checkpoint() -> Path | None:
+        window_state = window.state_dict(ctx.all_reduce_sum)  # every rank takes part in the reduction
         if not ctx.is_main:
             return None
         state_out = trainer_state(optimizer_state=optimizer.state_dict(), scheduler_state=scheduler.state_dict(),
                                   global_step=global_step, steps_per_epoch=steps_per_epoch, cfg=cfg,
-                                  rng=torch.get_rng_state(), objective_state=objective.state_dict())
-        return save_checkpoint(run_dir, global_step, objective.exported, state_out)
+                                  rng=torch.get_rng_state(), objective_state=objective.state_dict(),
+                                  loss_window=window_state)
+        return save_checkpoint(run_dir, global_step, objective.exported, state_out, keep=cfg.keep_last)
 
     ddp_model.train()
     with StopFlag() as stop, bar, closing(log):

@@ -23,7 +23,7 @@ from torch import nn
 from vitscope.files import write_json
 from vitscope.models import VisionTransformer, save_model
 from vitscope.provenance import provenance
-from vitscope.train.checkpoint import latest_checkpoint, load_state
+from vitscope.train.checkpoint import latest_checkpoint, usable_checkpoint
 from vitscope.train.config import TrainConfig
 from vitscope.train.logging import MetricsLog
 from vitscope.train.schedules import cosine
@@ -68,11 +68,24 @@ def prepare_run(cfg: TrainConfig, resume: bool) -> tuple[Path, dict[str, Any] | 
     """The run folder and, when resuming, its latest checkpoint's state (with its ``path``); refuses to start
     afresh in a folder that already holds a run."""
     run_dir = Path(cfg.out)
-    checkpoint = latest_checkpoint(run_dir)
-    if not resume and (checkpoint is not None or (run_dir / "summary.json").exists()):
-        raise ValueError(f"run folder {run_dir} already holds a run; continue it with --resume {run_dir} "
-                         "or choose another --out")
-    return run_dir, (load_state(checkpoint) | {"path": str(checkpoint)}) if resume and checkpoint else None
+    if not resume:
+        if latest_checkpoint(run_dir) is not None or (run_dir / "summary.json").exists():
+            raise ValueError(f"run folder {run_dir} already holds a run; continue it with --resume {run_dir} "
+                             "or choose another --out")
+        return run_dir, None
+    found = usable_checkpoint(run_dir)  # verified; a damaged newest one falls back to the one before
+    return run_dir, (found[1] | {"path": str(found[0])}) if found else None
+
+
+def check_splits(train_set: Any, eval_set: Any, cfg: TrainConfig) -> None:
+    """A ValueError, before anything trains or is written, when the two splits do not share their classes (in
+    the same order: label k must mean one class in both)."""
+    train_classes, eval_classes = list(train_set.classes), list(eval_set.classes)
+    if train_classes != eval_classes:
+        only = ", ".join(map(str, sorted(set(train_classes) ^ set(eval_classes))[:5])) or "none, the order differs"
+        where = f"{cfg.dataset} in {cfg.data_dir}" if cfg.data_dir else cfg.dataset
+        raise ValueError(f"the train and eval splits of {where} have different classes ({len(train_classes)} and "
+                         f"{len(eval_classes)}; in one split only: {only}); give both splits the same class folders")
 
 
 def resolve_hook(name: str) -> EpochHook:
@@ -155,6 +168,19 @@ class LossWindow:
         self.running += loss.detach()
         self.steps += 1
 
+    def state_dict(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any]:
+        """The open window (its exact sum, over ranks with ``reduce``, and step count), kept in a checkpoint so
+        that the first log line after a resume averages the same steps as an uninterrupted run's."""
+        total = reduce(self.running.clone()) if reduce is not None else self.running
+        return {"running": total.detach().cpu().clone(), "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any] | None, holds_sum: bool = True) -> None:
+        """Continue the window a checkpoint kept (None: a checkpoint from before windows were kept); under DDP
+        one rank (``holds_sum``) takes the sum over ranks and the others start theirs at 0."""
+        if state is not None:
+            self.running.copy_(state["running"].to(self.running.device) if holds_sum else 0)
+            self.steps = int(state["steps"])
+
     def due(self, every: int, end_of_epoch: bool) -> bool:
         return self.steps >= every or end_of_epoch
 
@@ -181,11 +207,13 @@ def train_record(global_step: int, epoch: int, loss: float, lr: float, rate: flo
 
 
 def trainer_state(*, optimizer_state: dict, scheduler_state: dict, global_step: int, steps_per_epoch: int,
-                  cfg: TrainConfig, rng: torch.Tensor, objective_state: dict[str, Any]) -> dict[str, Any]:
+                  cfg: TrainConfig, rng: torch.Tensor, objective_state: dict[str, Any],
+                  loss_window: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a checkpoint's state.pt holds (the same keys for solo and packed runs)."""
     return {"optimizer": optimizer_state, "scheduler": scheduler_state, "global_step": global_step,
             "epoch": global_step // steps_per_epoch, "step_in_epoch": global_step % steps_per_epoch,
-            "seed": cfg.seed, "rng": {"torch": rng}, "config": cfg.to_dict(), "objective": objective_state}
+            "seed": cfg.seed, "rng": {"torch": rng}, "config": cfg.to_dict(), "objective": objective_state,
+            "loss_window": loss_window}
 
 
 def keep_every(cfg: TrainConfig) -> int:

@@ -35,7 +35,8 @@ from vitscope.data.choice import open_for_training
 from vitscope.models import VisionTransformer, load_weights
 from vitscope.models.packed import PackedViT, check_packable
 from vitscope.provenance import resolve_device
-from vitscope.train.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from vitscope.run_folder import writer_lock
+from vitscope.train.checkpoint import save_checkpoint, usable_checkpoint
 from vitscope.train.config import TrainConfig
 from vitscope.train.distributed import DistContext
 from vitscope.train.logging import MetricsLog
@@ -45,6 +46,7 @@ from vitscope.train.loop import (
     StopFlag,
     apply_weight_decay,
     check_finite,
+    check_splits,
     epoch_records,
     finish_run,
     prepare_run,
@@ -100,6 +102,7 @@ class Member:
     hooks: list[EpochHook] = field(default_factory=list)
     log: MetricsLog | None = None
     window: LossWindow | None = None
+    window_state: dict[str, Any] | None = None  # the open loss window of the checkpoint resumed from
     last_eval: dict[str, float] = field(default_factory=dict)
     checkpointed: int = -1
     _order: tuple[int, torch.Tensor] | None = None
@@ -147,13 +150,14 @@ def build_member(cfg: TrainConfig, train_set: ImageDataset, device: torch.device
     optimizer, scheduler = solo_optimizer(model, cfg, steps_per_epoch)
     member = Member(cfg, model, protocol, optimizer, scheduler, steps_per_epoch,
                     hooks=list(hooks) + [resolve_hook(name) for name in cfg.epoch_hooks])
-    checkpoint = latest_checkpoint(cfg.out) if resume else None
-    if checkpoint is not None:
-        state = load_state(checkpoint)
+    found = usable_checkpoint(cfg.out) if resume else None  # verified, falling back past a damaged one
+    if found is not None:
+        checkpoint, state = found
         load_weights(model, checkpoint / "model.safetensors")
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         member.global_step, member.resumed, member.checkpointed = state["global_step"], True, state["global_step"]
+        member.window_state = state.get("loss_window")
     return member
 
 
@@ -267,7 +271,10 @@ def train_packed(cfgs: Sequence[TrainConfig], *, resume: bool = False, hooks: li
             if resume and (Path(c.out) / "summary.json").is_file()}
     todo = [i for i in range(len(cfgs)) if i not in done]
     if todo:
-        done |= dict(zip(todo, _run_pack([cfgs[i] for i in todo], resume, hooks or []), strict=True))
+        with ExitStack() as locks:  # one writer per run folder
+            for i in todo:
+                locks.enter_context(writer_lock(cfgs[i].out))
+            done |= dict(zip(todo, _run_pack([cfgs[i] for i in todo], resume, hooks or []), strict=True))
     return [done[i] for i in range(len(cfgs))]
 
 
@@ -292,6 +299,7 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
                          "streamed; set stream: false (with a larger memory_budget_gb) or train these runs unpacked")
     train_set: ImageDataset = opened["train"][0].subset(cfg.train_images)
     eval_set = opened["eval"][0].subset(cfg.eval_images)
+    check_splits(train_set, eval_set, cfg)
     if cfg.batch_size > len(train_set):
         raise ValueError(f"batch_size={cfg.batch_size} exceeds the {len(train_set)} training images; "
                          "lower --set batch_size")
@@ -311,8 +319,8 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
         check_finite(member.window.pending(), member.global_step, member.run_dir, member.cfg.lr)
         state = trainer_state(optimizer_state=pack.optimizer_state(k), scheduler_state=member.scheduler.state_dict(),
                               global_step=member.global_step, steps_per_epoch=member.steps_per_epoch, cfg=member.cfg,
-                              rng=member.rng_state(), objective_state={})
-        save_checkpoint(member.run_dir, member.global_step, pack.unpack(k), state)
+                              rng=member.rng_state(), objective_state={}, loss_window=member.window.state_dict())
+        save_checkpoint(member.run_dir, member.global_step, pack.unpack(k), state, keep=member.cfg.keep_last)
         member.checkpointed = member.global_step
 
     def after_step(pack: Pack, k: int, loss: torch.Tensor, stop: StopFlag) -> None:
@@ -342,6 +350,7 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
             m.log = MetricsLog(m.run_dir, m.global_step if m.resumed else None)
             logs.callback(m.log.close)
             m.window = LossWindow(device)
+            m.window.load_state_dict(m.window_state)
         active = [m for m in members if not m.finished]
         while active:
             pack = Pack(active, images_dev, labels_dev, cfg.compile, cfg.amp)

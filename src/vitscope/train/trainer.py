@@ -7,9 +7,13 @@ names one, so a new objective is one class and one entry below.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from vitscope.run_folder import is_empty_but_lock, writer_lock
 from vitscope.train.config import TrainConfig
 from vitscope.train.distributed import setup_distributed
 from vitscope.train.engine import EpochHook, TrainingDiverged, TrainingInterrupted, run
@@ -39,9 +43,18 @@ def train(cfg: TrainConfig, *, resume: bool = False, hooks: list[EpochHook] | No
     run_dir = Path(cfg.out)
     if resume and (run_dir / "summary.json").exists():
         return json.loads((run_dir / "summary.json").read_text())
-    objective = make_objective(cfg)
-    ctx = setup_distributed(cfg.device)
+    # one writer per run folder: the main rank holds its lock (the other ranks of a torchrun write nothing)
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    created = not run_dir.exists()
     try:
-        return run(cfg, objective, ctx, resume=resume, hooks=hooks)
-    finally:
-        ctx.close()
+        with writer_lock(run_dir, fix="choose another --out") if main_rank else nullcontext():
+            objective = make_objective(cfg)
+            ctx = setup_distributed(cfg.device)
+            try:
+                return run(cfg, objective, ctx, resume=resume, hooks=hooks)
+            finally:
+                ctx.close()
+    except BaseException:
+        if main_rank and created and is_empty_but_lock(run_dir):  # refused before writing: leave no folder
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
