@@ -118,15 +118,15 @@ def test_missing_register_tokens_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("change,match", [
-    (lambda s: {**s, "blocks.0.attn.extra": torch.zeros(1)}, r"'blocks.0.attn.extra' .*not a known head"),
+    (lambda s: {**s, "blocks.0.attn.extra": torch.zeros(1)}, r"unexpected \['blocks.0.attn.extra'\]; .*only a known head"),
     (lambda s: {k: v for k, v in s.items() if k != "blocks.0.norm1.weight"},
-     r"'blocks.0.norm1.weight' .*missing from the file.*not a known head"),
+     r"missing \['blocks.0.norm1.weight'\]; .*only a known head"),
     (lambda s: {f"encoder.layer.{k}": v for k, v in s.items()}, r"Hugging Face .*hf:FOLDER"),
 ])
 def test_unknown_keys_are_refused_naming_the_file_and_key(tmp_path, change, match):
     _, state = dino_file(tmp_path)
     torch.save(change(state), tmp_path / "changed.pth")
-    with pytest.raises(ValueError, match="changed.pth: .*" + match):
+    with pytest.raises(ValueError, match="changed.pth.*" + match):
         load("timm:vit_small_patch16_224", weights=tmp_path / "changed.pth", img_size=64, **TINY)
 
 

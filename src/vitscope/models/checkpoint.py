@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import torch
@@ -87,31 +88,64 @@ def load_weights(model: torch.nn.Module, path: str | Path, convert=None, may_lac
     ``may_lack`` (parameters added to a pretrained model) may be absent from the file."""
     state = read_state_dict(path)
     if convert is not None:
-        try:
-            state = convert(state, model)
-        except (RuntimeError, ValueError, KeyError) as err:  # e.g. timm's "shape '[1, 7, 7, -1]' is invalid"
-            raise ValueError(f"weights in {path} do not fit the model: converting them failed ({err}); mismatched "
-                             f"(file vs model) {_mismatched(state, model)[:5]}; check that the model spec matches "
-                             "the checkpoint") from None
-    if mismatched := _mismatched(state, model):  # load_state_dict would raise with its detail cut to one line
-        own = _own(model)
-        raise ValueError(f"weights in {path} do not fit the model: missing {[k for k in own if k not in state][:5]}, "
-                         f"unexpected {[k for k in state if k not in own][:5]}, mismatched (file vs model) "
-                         f"{mismatched[:5]}; check that the model spec matches the checkpoint")
-    result = model.load_state_dict(state, strict=False)
-    missing = [key for key in result.missing_keys if key not in may_lack]
-    if missing or result.unexpected_keys:
-        raise ValueError(
-            f"weights in {path} do not fit the model: missing {missing[:5]}, unexpected "
-            f"{result.unexpected_keys[:5]}; check that the model spec matches the checkpoint"
-        )
+        state = convert_or_refuse(state, model, convert, path)
+    missing, unexpected = differences(state, model, may_lack)
+    if missing or unexpected or mismatched_keys(state, model):  # load_state_dict cuts its detail to one line
+        raise misfit(path, state, model, missing, unexpected)
+    model.load_state_dict(state, strict=False)
+
+
+FIX = "check that the model spec matches the checkpoint"
+SHOWN = 5  # keys listed per kind in a misfit line; the rest are counted
+
+
+def misfit(path: str | Path, state: dict[str, torch.Tensor], model: torch.nn.Module, missing: list[str],
+           unexpected: list[str], *, model_name: str = "", detail: str = "", fix: str = FIX) -> ValueError:
+    """The one-line error for weights that do not fit ``model``: names the file and lists the ``missing`` and
+    ``unexpected`` keys and those whose shapes differ (file vs model), each kind capped at ``SHOWN`` with a count
+    of the rest; ``detail`` says what failed first (a converter's error), ``fix`` what to do."""
+    kinds = [("missing", missing), ("unexpected", unexpected),
+             ("mismatched (file vs model)", mismatched_keys(state, model))]
+    listed = ", ".join(f"{kind} {_capped(keys)}" for kind, keys in kinds if keys) or "no key differs"
+    name = f" {model_name}" if model_name else ""
+    detail = f" ({detail})" if detail else ""
+    return ValueError(f"weights in {path} do not fit the model{name}{detail}: {listed}; {fix}")
+
+
+def _capped(keys: list[str]) -> str:
+    more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
+    return f"{keys[:SHOWN]}{more}"
+
+
+def differences(state: dict[str, torch.Tensor], model: torch.nn.Module, may_lack: Collection[str] = (),
+                may_have: Callable[[str], bool] = lambda key: False) -> tuple[list[str], list[str]]:
+    """The model's keys the file lacks (but those in ``may_lack``) and the file's keys the model lacks (but those
+    for which ``may_have`` is true: a classifier head the model does not have)."""
+    own = _own(model)
+    missing = [k for k in own if k not in state and k not in may_lack]
+    return missing, [k for k in state if k not in own and not may_have(k)]
+
+
+def convert_or_refuse(state: dict[str, torch.Tensor], model: torch.nn.Module, convert, path: str | Path, *,
+                      may_lack: Collection[str] = (), may_have: Callable[[str], bool] = lambda key: False,
+                      **misfit_options) -> dict[str, torch.Tensor]:
+    """``convert(state, model)`` (timm's ``checkpoint_filter_fn``); when it fails on tensors that do not fit (timm's
+    ``shape '[1, 7, 7, -1]' is invalid`` for an odd position grid), the ``misfit`` line with its error as detail
+    (``may_lack``, ``may_have``: as ``differences``; ``misfit_options``: ``model_name``, ``fix``)."""
+    try:
+        return convert(state, model)
+    except (RuntimeError, ValueError, KeyError, IndexError) as err:
+        missing, unexpected = differences(state, model, may_lack, may_have)
+        message = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        raise misfit(path, state, model, missing, unexpected, detail=f"converting them failed: {message}",
+                     **misfit_options) from None
 
 
 def _own(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def _mismatched(state: dict[str, torch.Tensor], model: torch.nn.Module) -> list[str]:
+def mismatched_keys(state: dict[str, torch.Tensor], model: torch.nn.Module) -> list[str]:
     """'key [file shape] vs [model shape]' for each key both hold with different shapes."""
     own = _own(model)
     return [f"{k} {list(v.shape)} vs {list(own[k].shape)}" for k, v in state.items()

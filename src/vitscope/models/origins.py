@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitscope.models.checkpoint import differences, misfit, mismatched_keys
+
 ORIGINS = ("timm", "dino", "dinov2", "dinov3", "hf")
 POS_INTERP = ("timm", "original")
 # classifier / projection heads a backbone file or a model may carry: timm's, and the DINO, iBOT and DINOv2 heads
@@ -116,7 +118,7 @@ def original_pos_embed(table: Tensor, grid: tuple[int, int], *, offset: float, a
     return torch.cat([cls_entry, out.permute(0, 2, 3, 1).reshape(1, -1, dim).to(table.dtype)], dim=1)
 
 
-def _model_name(model: nn.Module) -> str:
+def model_name(model: nn.Module) -> str:
     cfg = getattr(model, "pretrained_cfg", None) or {}
     return f"timm:{cfg.get('architecture', type(model).__name__)}"
 
@@ -131,7 +133,7 @@ def _file_registers(state: dict[str, Tensor]) -> int:
 def check_fits(state: dict[str, Tensor], model: nn.Module, file: Path, own_registers: int) -> None:
     """Refuse a file whose patch size or register count differs from the model's (``own_registers``: the
     registers the architecture itself has, not those vitscope adds)."""
-    name = _model_name(model)
+    name = model_name(model)
     kernel = state.get("patch_embed.proj.weight")
     proj = getattr(getattr(model, "patch_embed", None), "proj", None)
     if kernel is not None and isinstance(proj, nn.Conv2d) and kernel.ndim == 4:
@@ -208,32 +210,26 @@ def prepare(state: dict[str, Tensor], model: nn.Module, file: Path, *, own_regis
     return state, report
 
 
+def fix(report: LoadReport) -> str:
+    """What to do when a file's tensors do not fit the model (the end of ``checkpoint.misfit``'s line)."""
+    return (f"use the architecture the file was saved from (origin {report.origin}); only a known head "
+            f"({', '.join(HEAD_PREFIXES)}) may be missing or extra")
+
+
 def finish(model: nn.Module, state: dict[str, Tensor], report: LoadReport, may_lack: set[str]) -> LoadReport:
     """Load the converted ``state`` into ``model``: a head the file lacks is dropped from the model; any other
-    missing or unexpected key is refused in one line naming the file and the key."""
+    missing, unexpected or mismatched key is refused in one line naming the file and listing the keys
+    (``checkpoint.misfit``)."""
     if has_head(model) and not any(k.startswith("head.") for k in state):
         model.reset_classifier(0)
         report.dropped.append("the model's classifier head (the file has none; outputs are pooled features)")
-    try:
-        result = model.load_state_dict(state, strict=False)
-    except RuntimeError as err:  # a tensor of the wrong shape
-        first = str(err).strip().splitlines()[-1].strip()
-        raise ValueError(f"{report.file}: {first}; check that the model spec matches the checkpoint "
-                         f"(origin {report.origin})") from None
-    missing = [k for k in result.missing_keys if k not in may_lack]
-    unexpected = [k for k in result.unexpected_keys if not known_head(k)]
+    missing, unexpected = differences(state, model, may_lack, known_head)
+    if missing or unexpected or mismatched_keys(state, model):  # load_state_dict would cut its detail to a line
+        raise misfit(report.file, state, model, missing, unexpected, model_name=model_name(model), fix=fix(report))
+    result = model.load_state_dict(state, strict=False)
     dropped_heads = sorted({k.split(".")[0] for k in result.unexpected_keys if known_head(k)})
     if dropped_heads:
         report.dropped.append(f"the file's {', '.join(dropped_heads)}")
-    name = _model_name(model)
-    if missing:
-        raise ValueError(f"{report.file}: the key {missing[0]!r} of {name} is missing from the file ({len(missing)} "
-                         f"missing, origin {report.origin}) and is not a known head; use the architecture the file "
-                         "was saved from")
-    if unexpected:
-        raise ValueError(f"{report.file}: the key {unexpected[0]!r} ({len(unexpected)} unexpected, origin "
-                         f"{report.origin}) is not in {name} and is not a known head; use the architecture the file "
-                         "was saved from")
     report.matched = len(state) - len(result.unexpected_keys)
     return report
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from vitscope.attention import Attention
 from vitscope.models import origins
-from vitscope.models.checkpoint import read_state_dict
+from vitscope.models.checkpoint import convert_or_refuse, read_state_dict
 from vitscope.models.origins import LoadReport
 from vitscope.models.resize import check_img_size
 from vitscope.models.sites import is_timm_vit_attention
@@ -126,8 +126,9 @@ def load_timm_weights(model: nn.Module, path: str | Path, pos_interp: str | None
     new |= {name for name, _ in model.named_parameters() if ".normalizer." in name}  # a learned alpha
     state, report = origins.prepare(read_state_dict(path), model, Path(path), own_registers=_registers(model) - added,
                                     pos_interp=pos_interp)
-    if convert is not None:
-        state = convert(state, model)
+    if convert is not None:  # an odd position grid fails here: refused with the misfit line
+        state = convert_or_refuse(state, model, convert, path, may_lack=new, may_have=origins.known_head,
+                                  model_name=origins.model_name(model), fix=origins.fix(report))
     origins.finish(model, state, report, new)
     model.vitscope_load = report.to_dict()
     origins.announce(report)
