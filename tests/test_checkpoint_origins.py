@@ -118,7 +118,8 @@ def test_missing_register_tokens_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("change,match", [
-    (lambda s: {**s, "blocks.0.attn.extra": torch.zeros(1)}, r"unexpected \['blocks.0.attn.extra'\]; .*only a known head"),
+    (lambda s: {**s, "blocks.0.attn.extra": torch.zeros(1)},
+     r"unexpected \['blocks.0.attn.extra'\]; .*only a known head"),
     (lambda s: {k: v for k, v in s.items() if k != "blocks.0.norm1.weight"},
      r"missing \['blocks.0.norm1.weight'\]; .*only a known head"),
     (lambda s: {f"encoder.layer.{k}": v for k, v in s.items()}, r"Hugging Face .*hf:FOLDER"),
