@@ -19,7 +19,7 @@ from vitscope.cli.common import (
     add_shared_to_top,
     check_data_dir,
     check_launcher_flag,
-    output_dir,
+    check_output_dir,
     quiet_torch_notices,
     resolve_shared,
 )
@@ -66,8 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_data_dir(args)
         check_launcher_flag(args)
         if getattr(args, "out", None) and not getattr(args, "out_is_run_folder", False):
-            # a folder, or for commands that write one file (export) its folder; train checks its run folder
-            output_dir(Path(args.out).parent if getattr(args, "out_is_file", False) else args.out)
+            # a folder, or for commands that write one file (export) its folder; train checks its run folder.
+            # Only checked: the command creates it once its own options pass, so a refusal leaves no empty folder
+            check_output_dir(Path(args.out).parent if getattr(args, "out_is_file", False) else args.out)
         return args.handler(args)
     except KeyboardInterrupt:
         print("vitscope: interrupted", file=sys.stderr)

@@ -100,12 +100,27 @@ def resolve_shared(args: argparse.Namespace, command: str) -> None:
             args.debug = args.debug or bool(top)
 
 
-def output_dir(path: str | Path) -> Path:
-    """``path`` as a folder that exists and can be written, else a ValueError naming it and the fix."""
+def check_output_dir(path: str | Path) -> Path:
+    """``path`` if it is a writable folder or could be created as one (nothing is created: a refused command
+    leaves no folder behind), else a ValueError naming it and the fix."""
     folder = Path(path).expanduser()
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--out {folder} is an existing file, not a folder; pass a folder path "
                          "(it is created if missing)")
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--out {folder} cannot be created ({existing} is a file, not a folder); pass a folder you "
+                         "can write to")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not writable" if existing == folder else f"cannot be created ({existing} is not writable)"
+        raise ValueError(f"--out {folder} {what}; pass a folder you can write to")
+    return folder
+
+
+def output_dir(path: str | Path) -> Path:
+    """``path`` as a folder that exists and can be written (created here, once the command's options are
+    checked), else a ValueError naming it and the fix."""
+    folder = check_output_dir(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -178,13 +193,13 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     from vitscope.models import load
     from vitscope.provenance import provenance, resolve_device
 
-    out = output_dir(args.out or default_out)
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
                  img_size=args.img_size, pos_interp=args.pos_interp)
     dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download)
     dataset = dataset.subset(args.num_images, seed=args.seed)
+    out = output_dir(args.out or default_out)  # after the model and data load: bad weights leave no folder
     config = {k: v for k, v in vars(args).items()
               if k not in ("command", "analysis", "debug", "handler", "shared_defaults")}
     config["num_images"] = len(dataset)

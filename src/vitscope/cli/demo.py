@@ -13,9 +13,8 @@ import argparse
 import importlib
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from vitscope.cli.common import add_shared
+from vitscope.cli.common import add_shared, output_dir
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from vitscope.explorer.demo import explorer_demo
     from vitscope.report.index import write_index
 
-    out = Path(args.out)
+    out = output_dir(args.out)
     for name in selected(args.studies):
         module, function = DEMOS[name].runner.split(":")
         started = time.perf_counter()

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+
+from vitscope.cli.common import output_dir
 
 
 def register(commands) -> None:
@@ -22,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from vitscope.models.export import export_timm
 
     model = load(args.model, weights=args.weights)
+    output_dir(Path(args.out).parent)
     try:
         timm_args = export_timm(model, args.out)
     except (OSError, SafetensorError) as err:  # their messages name the temporary file beside --out

@@ -97,11 +97,11 @@ def _prepare(args: argparse.Namespace):
     from vitscope.models import load
     from vitscope.provenance import resolve_device
 
-    out = output_dir(args.out or f"vitscope-probe-{args.probe}")
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
                  img_size=args.img_size, pos_interp=args.pos_interp)
+    out = output_dir(args.out or f"vitscope-probe-{args.probe}")  # after the model loads: bad weights, no folder
     return out, device, model, args.label or args.model
 
 

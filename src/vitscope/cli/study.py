@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from vitscope.cli import study_sparse
-from vitscope.cli.common import add_shared, parse_seeds
+from vitscope.cli.common import add_shared, output_dir, parse_seeds
 from vitscope.cli.study_registers import add_registers_parser
 
 
@@ -39,7 +39,8 @@ def run_locality_study(**options) -> Path:
     from vitscope.report.locality import build_report
     from vitscope.studies.locality import LocalityStudy, run
 
-    study = LocalityStudy(**options)
+    study = LocalityStudy(**options)  # checks the options
+    output_dir(study.out)  # then the folder is made
     run(study)
     return build_report(study.out)
 

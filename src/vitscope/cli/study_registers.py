@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitscope.cli.common import add_shared
+from vitscope.cli.common import add_shared, output_dir
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -75,7 +75,8 @@ def run_registers_study(**options) -> Path:
     from vitscope.report.registers import build_report
     from vitscope.studies.registers import RegistersStudy, run
 
-    study = RegistersStudy(**options)
+    study = RegistersStudy(**options)  # checks the options
+    output_dir(study.out)  # then the folder is made
     run(study)
     return build_report(study.out)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitscope.cli.common import add_shared, parse_seeds
+from vitscope.cli.common import add_shared, output_dir, parse_seeds
 
 
 def register(studies) -> None:
@@ -57,7 +57,8 @@ def run_sparse_study(**options) -> Path:
     from vitscope.report.sparse import build_report
     from vitscope.studies.sparse import SparseStudy, run
 
-    study = SparseStudy(**options)
+    study = SparseStudy(**options)  # checks the options
+    output_dir(study.out)  # then the folder is made
     run(study)
     return build_report(study.out)
 
