@@ -68,3 +68,32 @@ def test_norm_figures_number_token_layers_and_show_a_colour_bar(tmp_path, captur
     assert [t for t in hist["titles"] if t] == ["layer 1", "layer 2"]
     assert "vit-micro, random weights" in hist["suptitle"] and "token layer 2" in maps["suptitle"]
     assert maps["colorbars"] == 1
+
+
+def test_analyze_a_run_folder_measures_on_the_runs_own_data_and_says_so(tmp_path, capsys):
+    import json
+
+    from vitscope.cli import main
+    from vitscope.models import save_model
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_model(create("vit-micro"), run / "model.safetensors")
+    config = {"dataset": "synthetic", "data_dir": None, "dataset_options": {"cue": "texture", "num_images": 12}}
+    (run / "config.json").write_text(json.dumps({"config": config}))
+    common = ["--num-images", "6", "--batch-size", "6", "--device", "cpu"]
+    assert main(["analyze", "locality", "--model", str(run), "--out", str(tmp_path / "own"), *common]) == 0
+    printed = capsys.readouterr().out
+    assert "data: synthetic, eval split, options cue=texture, num_images=12 (the run's config)" in printed
+    own = json.loads((tmp_path / "own" / "locality.json").read_text())
+    assert own["provenance"]["config"]["dataset_options"] == {"cue": "texture", "num_images": 12}
+    # the same data named explicitly, several pairs after one --set, gives the same numbers; shape scenes do not
+    explicit = ["--dataset", "synthetic", "--set", "dataset_options.cue=texture", "dataset_options.num_images=12"]
+    assert main(["analyze", "locality", "--model", str(run), "--out", str(tmp_path / "set"), *explicit, *common]) == 0
+    assert main(["analyze", "locality", "--model", str(run), "--out", str(tmp_path / "shape"), "--dataset",
+                 "synthetic", "--set", "dataset_options.num_images=12", *common]) == 0
+    mads = {name: [h["mad"] for h in json.loads((tmp_path / name / "locality.json").read_text())["heads"]]
+            for name in ("own", "set", "shape")}
+    assert mads["own"] == mads["set"] != mads["shape"]
+    assert main(["analyze", "norms", "--model", str(run), "--set", "epochs=3", "--out", str(tmp_path)]) == 2
+    assert "analyze takes only dataset_options" in capsys.readouterr().err

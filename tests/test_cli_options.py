@@ -124,8 +124,8 @@ def test_train_takes_data_flags_and_records_the_subset(tmp_path, capsys):
     run = tmp_path / "run"
     code = main(["train", "--dataset", "synthetic", "--device", "cpu", "--batch-size", "32", "--seed", "5",
                  "--out", str(run), "--set", "model=vit-micro", "--set", "model_options.depth=1",
-                 "--set", "dataset_options.num_images=128", "--set", "train_images=96", "--set", "eval_images=64",
-                 "--set", "epochs=1", "--set", "progress=false"])
+                 "--set", "dataset_options.num_images=128", "train_images=96", "eval_images=64",  # several after one
+                 "--set", "epochs=1", "progress=false"])
     assert code == 0 and "after 1 epoch;" in capsys.readouterr().out
     meta = json.loads((run / "config.json").read_text())
     assert (meta["config"]["dataset"], meta["config"]["batch_size"], meta["config"]["seed"]) == ("synthetic", 32, 5)

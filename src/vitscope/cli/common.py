@@ -130,7 +130,8 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     torch.manual_seed(args.seed)
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
                  img_size=args.img_size)
-    dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download)
+    dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download,
+                           **getattr(args, "dataset_options", {}))
     dataset = dataset.subset(args.num_images, seed=args.seed)
     config = {k: v for k, v in vars(args).items()
               if k not in ("command", "analysis", "debug", "handler", "shared_defaults")}
