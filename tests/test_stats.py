@@ -1,0 +1,126 @@
+"""The one decision rule (vitscope.stats): its error rates in simulation, and known answers for each way the old
+per-study rules went wrong."""
+
+import math
+
+import numpy as np
+import pytest
+
+from vitscope.stats import VERDICTS, compare, t_quantile
+
+
+@pytest.mark.parametrize(("p", "df", "expected"), [(0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 4, 2.7764),
+                                                   (0.975, 30, 2.0423), (0.8, 1, 1.3764), (0.8, 9, 0.8834)])
+def test_t_quantiles_match_the_printed_table(p, df, expected):
+    assert t_quantile(p, df) == pytest.approx(expected, abs=1e-4)
+
+
+def test_t_quantile_at_fractional_df_lies_between_its_integer_neighbours():
+    assert t_quantile(0.975, 2) < t_quantile(0.975, 1.5) < t_quantile(0.975, 1)
+
+
+@pytest.mark.parametrize("seeds", [2, 3, 5])
+def test_no_effect_is_reproduced_at_most_five_percent_of_the_time(seeds):
+    rng = np.random.default_rng(seeds)
+    trials = 600
+    reproduced = sum(compare(rng.normal(0, 1, seeds), rng.normal(0, 1, seeds), sign=1, threshold=0.05).verdict
+                     == "reproduced" for _ in range(trials))
+    assert reproduced / trials <= 0.05
+
+
+def test_an_effect_twice_the_threshold_with_small_noise_is_reproduced_at_five_seeds():
+    rng = np.random.default_rng(7)
+    trials = 300  # effect 2, threshold 1, seed spread 0.5
+    verdicts = [compare(rng.normal(2, 0.5, 5), rng.normal(0, 0.5, 5), sign=1, threshold=1.0).verdict
+                for _ in range(trials)]
+    assert verdicts.count("reproduced") / trials >= 0.8
+    assert set(verdicts) <= set(VERDICTS)
+
+
+def test_the_paper_direction_counts():
+    down = compare([0.0, 0.01, 0.02], [0.3, 0.31, 0.32], sign=-1, threshold=0.1)
+    assert down.verdict == "reproduced" and down.difference == pytest.approx(-0.3)
+    wrong_way = compare([0.0, 0.01, 0.02], [0.3, 0.31, 0.32], sign=1, threshold=0.1)
+    assert wrong_way.verdict == "not reproduced"
+
+
+def test_one_seed_per_side_is_inconclusive_whatever_the_difference():
+    result = compare([0.535], [0.5], sign=1, threshold=0.03)  # the 3.5-point single-seed "reproduction"
+    assert result.verdict == "inconclusive" and "needs >= 2 seeds per side" in result.reason
+    assert result.difference == pytest.approx(0.035) and math.isnan(result.low)
+    assert "needs >= 2 seeds per side" in result.power_line()
+
+
+def test_three_against_one_seed_uses_all_four_values():
+    result = compare([0.64, 0.49, 0.485], [0.49], sign=1, threshold=0.03)
+    assert result.difference == pytest.approx((0.64 + 0.49 + 0.485) / 3 - 0.49)
+    assert (result.n_a, result.n_b) == (3, 1) and result.verdict == "inconclusive"
+    # the interval shown spans the spread of all three seeds (pooled, 2 df), not seed 0 alone
+    spread = np.std([0.64, 0.49, 0.485], ddof=1)
+    half = t_quantile(0.975, 2) * spread * math.sqrt(1 / 3 + 1)
+    assert (result.low, result.high) == pytest.approx((result.difference - half, result.difference + half))
+
+
+def test_welch_interval_matches_a_hand_computation():
+    a, b = np.array([1.0, 2.0, 4.0]), np.array([0.0, 0.5])
+    va, vb = a.var(ddof=1) / 3, b.var(ddof=1) / 2
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 1)
+    half = t_quantile(0.975, df) * math.sqrt(va + vb)  # df rounded down to 0.01 inside
+    result = compare(a, b, sign=1, threshold=0.5)
+    assert (result.low, result.high) == pytest.approx((7 / 3 - 0.25 - half, 7 / 3 - 0.25 + half))
+    assert result.method.startswith("Welch t")
+
+
+def test_the_verdict_follows_half_the_paper_effect():
+    # the sparse linear probe: the paper's effect is 0.56 points, so the threshold is 0.28
+    ours = compare([70.06, 70.10, 70.02, 70.08], [69.50, 69.54, 69.46, 69.52], sign=1, threshold=0.28)
+    assert ours.verdict == "reproduced"
+    small = compare([69.60, 69.64, 69.56, 69.62], [69.50, 69.54, 69.46, 69.52], sign=1, threshold=0.28)
+    assert small.verdict == "not reproduced"  # a real but tiny effect: the interval lies below 0.28
+    assert "needs about" in ours.power_line()
+
+
+def test_paired_seeds_remove_shared_noise():
+    rng = np.random.default_rng(3)
+    shared = rng.normal(0, 1, 6)
+    a, b = shared + 0.5 + rng.normal(0, 0.05, 6), shared
+    assert compare(a, b, sign=1, threshold=0.2).verdict == "inconclusive"
+    paired = compare(a, b, sign=1, threshold=0.2, paired=True)
+    assert paired.verdict == "reproduced" and paired.method.startswith("paired t")
+
+
+def test_clusters_widen_the_interval_on_correlated_tokens():
+    rng = np.random.default_rng(0)
+    images, per_image = 40, 10
+    image_effect = rng.normal(0, 1, images)  # tokens of one image share most of their value
+    a = np.repeat(image_effect, per_image) + rng.normal(0, 0.2, images * per_image)
+    b = rng.normal(0, 1, images * per_image)
+    ids = np.repeat(np.arange(images), per_image)
+    naive = compare(a, b, sign=1, threshold=0.1)
+    clustered = compare(a, b, sign=1, threshold=0.1, clusters=(ids, np.repeat(np.arange(images), per_image)))
+    assert clustered.method.startswith("cluster bootstrap") and clustered.n_a == images
+    assert (clustered.high - clustered.low) > 1.5 * (naive.high - naive.low)
+    again = compare(a, b, sign=1, threshold=0.1, clusters=(ids, ids))
+    assert (again.low, again.high) == (compare(a, b, sign=1, threshold=0.1, clusters=(ids, ids)).low,
+                                       compare(a, b, sign=1, threshold=0.1, clusters=(ids, ids)).high)
+
+
+def test_one_image_is_inconclusive():
+    result = compare([0.1, 0.2, 0.3], [0.9, 0.8], sign=-1, threshold=0.1, clusters=([0, 0, 0], [0, 0]))
+    assert result.verdict == "inconclusive" and "images per side" in result.reason
+
+
+def test_degenerate_values_say_why():
+    same = compare([0.5, 0.5], [0.4, 0.4], sign=1, threshold=0.01)
+    assert same.verdict == "inconclusive" and "no spread" in same.reason
+    with_nan = compare([0.5, float("nan"), 0.6, 0.55], [0.1, 0.12, 0.11], sign=1, threshold=0.1)
+    assert with_nan.n_a == 3 and "1 missing" in with_nan.reason and with_nan.verdict == "reproduced"
+    all_nan = compare([float("nan")], [0.1, 0.2], sign=1, threshold=0.1)
+    assert all_nan.verdict == "inconclusive" and math.isnan(all_nan.difference)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [({"sign": 0, "threshold": 0.1}, "sign=0"),
+                                                 ({"sign": 1, "threshold": -0.1}, "threshold=-0.1")])
+def test_bad_rule_arguments_name_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        compare([1, 2], [3, 4], **kwargs)
