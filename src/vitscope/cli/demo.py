@@ -57,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     from vitscope.report.index import write_index
 
     out = Path(args.out)
+    titles = {name: demo.title for name, demo in DEMOS.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    write_index(out, titles)  # first, so that every report links back to it
     for name in selected(args.studies):
         module, function = DEMOS[name].runner.split(":")
         started = time.perf_counter()
@@ -64,6 +67,6 @@ def run(args: argparse.Namespace) -> int:
                                                                       args.batch_size)
         minutes = (time.perf_counter() - started) / 60
         print(f"{name}: {report.resolve()} ({minutes:.1f} min)")
-    index = write_index(out, {name: demo.title for name, demo in DEMOS.items()})
+    index = write_index(out, titles)
     print(f"index: {index.resolve()}")
     return 0

@@ -127,9 +127,8 @@ def _cached(args: argparse.Namespace, model, data: list, compute):
 
 
 def _finish(args: argparse.Namespace, result, out: Path, device, subsets: dict, metrics: list[str]) -> int:
-    from vitscope.report.probe_figures import score_by_layer
-
     from vitscope.analyze.inputs import has_random_weights
+    from vitscope.report.probe_figures import score_by_layer
 
     if has_random_weights(args.model, args.weights) and args.baseline:
         # two random draws of one architecture: the rows differ by the draw alone

@@ -13,7 +13,8 @@ from safetensors.numpy import load_file
 
 from vitscope.files import atomic_write_bytes
 from vitscope.report import sparse_figures
-from vitscope.report.html import image, page, table
+from vitscope.report.html import image, index_link, page, table
+from vitscope.report.openings import sparse_opening
 from vitscope.studies.runner import RunSpec
 from vitscope.studies.sparse_presets import (
     COMMAND_LINES,
@@ -118,11 +119,12 @@ def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
                 if len(set(prefix.values())) > 1:  # registers change the token count: one figure per model
                     for c, m in maps.items():
                         paths[f"attention:{layer}:{i}:{c}"] = sparse_figures.attention_heads(
-                            first["images"][i], {c: m}, grids[c], prefix[c], fig_dir / f"attn_{layer}_{i}_{c}.png")
+                            first["images"][i], {c: m}, grids[c], prefix[c], fig_dir / f"attn_{layer}_{i}_{c}.png",
+                            layer=f"{layer} layer, image {i + 1}")
                 else:
                     paths[f"attention:{layer}:{i}"] = sparse_figures.attention_heads(
                         first["images"][i], maps, tuple(run0["grid_size"]), run0["num_prefix_tokens"],
-                        fig_dir / f"attn_{layer}_{i}.png")
+                        fig_dir / f"attn_{layer}_{i}.png", layer=f"{layer} layer, image {i + 1}")
     return paths
 
 
@@ -203,6 +205,21 @@ def _scale_note(results: dict[str, Any]) -> str:
     return text
 
 
+def settings_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The study's settings; one left to the preset (None) shows the value the runs used, marked as the preset's."""
+    trained = [r["source"]["trained"] for r in results["runs"] if "trained" in r.get("source", {})]
+    rows = []
+    for key, value in results["settings"].items():
+        used = {json.dumps(t.get(key)) for t in trained} if value is None else set()
+        if value is None and len(used) == 1 and key in trained[0]:
+            value = f"{json.loads(used.pop())} (the preset's)"
+        probe = {"probe_train_images": "probe_train_images", "probe_eval_images": "eval_images"}.get(key)
+        if value is None and probe and results["runs"] and results["runs"][0].get(probe) is not None:
+            value = f"{results['runs'][0][probe]} (the preset's)"
+        rows.append({"setting": key, "value": json.dumps(value) if isinstance(value, dict | list) else value})
+    return rows
+
+
 def build_report(out: str | Path) -> Path:
     """Build ``report.html`` (figures embedded) from the study in ``out``; returns its path."""
     out = Path(out)
@@ -226,7 +243,8 @@ def build_report(out: str | Path) -> Path:
             for r in results["runs"]]
     attention = "".join(image(p, k) for k, p in paths.items() if k.startswith("attention:"))
     sections = [
-        "<h1>Sparse attention against semantic diffusion</h1>",
+        index_link(out),
+        "<h1>Sparse attention against semantic diffusion</h1>", sparse_opening(results),
         f'<p class="note">{_scale_note(results)}</p>',
         "<h2>What this run shows</h2>",
         f"<ul>{verdicts}</ul>" if verdicts else "<p>No softmax baseline among the conditions: nothing to compare.</p>",
@@ -249,7 +267,7 @@ def build_report(out: str | Path) -> Path:
         sections += ["<h2>PCA maps of last-layer patch tokens (first 3 components as RGB, per image)</h2>",
                      image(paths["pca"], "PCA maps")]
     sections += [
-        "<h2>CLS attention per head (first and last layer; white = exactly zero)</h2>", attention or "<p>(none)</p>",
+        "<h2>CLS attention per head (first and last layer; cyan = exactly zero)</h2>", attention or "<p>(none)</p>",
         "<h2>Runs</h2>", table(runs),
         "<h2>At full scale</h2>",
         f"<p>Estimated cost (our estimate, not a measurement): paper preset about {PAPER_GPU_HOURS['per_run_a100']} "
@@ -257,8 +275,7 @@ def build_report(out: str | Path) -> Path:
         f"default; compact about {COMPACT_GPU_HOURS['per_run_a100']} A100 GPU-hours per run.</p>",
         table([{"how": k, "command": v} for k, v in COMMAND_LINES.items()]),
         "<h2>Definitions</h2>", table([{"quantity": k, "definition": v} for k, v in DEFINITIONS.items()]),
-        "<h2>Settings</h2>", table([{"setting": k, "value": json.dumps(v) if isinstance(v, dict | list) else v}
-                                    for k, v in results["settings"].items()]),
+        "<h2>Settings</h2>", table(settings_rows(results)),
         "<h2>Provenance</h2>",
         table([{"field": k, "value": v} for k, v in results["provenance"].items() if k != "config"]),
     ]
