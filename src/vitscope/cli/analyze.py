@@ -31,6 +31,10 @@ def register(commands) -> None:
     for sub in (locality, norms):
         add_model_changes(sub)
         sub.set_defaults(dataset=None)  # None: the run's own dataset for a run folder, else synthetic
+        helps = {"--dataset": "dataset name (default: a run folder's own dataset and options, else synthetic)",
+                 "--out": f"output folder (default: ./vitscope-{sub.prog.split()[-1]})"}
+        for action in sub._actions:
+            action.help = next((helps[o] for o in action.option_strings if o in helps), action.help)
         sub.add_argument("--set", dest="assignments", action="extend", nargs="+", default=[],
                          metavar="dataset_options.KEY=VALUE",
                          help="a synthetic-scene option, as in `vitscope train` (several pairs may follow one --set)")

@@ -90,7 +90,12 @@ class _DropCudaNotice(logging.Filter):
 
 
 def quiet_torch_notices() -> None:
-    """Keep torch's irrelevant CPU-run notices out of vitscope's output (idempotent)."""
+    """Keep torch's irrelevant CPU-run notices, and timm's UserWarnings about its own internals (e.g. a
+    non-contiguous searchsorted when Swin resamples its position tables), out of vitscope's output
+    (idempotent)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"timm(\.|$)")
     logger = logging.getLogger("torch.utils.cpp_extension")
     if not any(isinstance(f, _DropCudaNotice) for f in logger.filters):
         logger.addFilter(_DropCudaNotice())
@@ -98,9 +103,11 @@ def quiet_torch_notices() -> None:
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     """The options of every command that reads a model and a dataset (model, data and the shared options)."""
-    parser.add_argument("--model", default="vit-micro", help="preset, timm:NAME, or run folder / weights file")
+    parser.add_argument("--model", default="vit-micro",
+                        help="preset, timm:NAME, or run folder / weights file (default: vit-micro, random weights)")
     parser.add_argument("--weights", default=None, help="local weights file for the model")
-    parser.add_argument("--dataset", default="synthetic", help="dataset name (synthetic needs no directory)")
+    parser.add_argument("--dataset", default="synthetic",
+                        help="dataset name (default: synthetic, built-in scenes that need no directory)")
     parser.add_argument("--data-dir", default=None, help="dataset folder or archive")
     parser.add_argument("--num-images", type=int, default=None,
                         help="use a seeded class-stratified sample of N images (seed: --seed)")

@@ -29,6 +29,9 @@ def register(commands) -> None:
     depth = kinds.add_parser("depth", help="linear depth (RMSE): nyu, depthfolder, synthetic")
     for sub in (linear, knn, tokens, pib, pca, segment, depth):
         add_common(sub)
+        for action in sub._actions:  # the folder run_* writes when --out is not given
+            if "--out" in action.option_strings:
+                action.help = f"output folder (default: ./vitscope-probe-{sub.prog.split()[-1]})"
         add_model_changes(sub)
         sub.add_argument("--layers", default="last", help="token layers: last, all or e.g. 0,4,last "
                                                           "(0 = embedding, l = output of block l)")

@@ -241,8 +241,8 @@ def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
         census = json.loads((out / "models" / label / "census.json").read_text())
         stages = {r["layer"]: r["stage"] for r in _by(rows, model=label) if r.get("stage") and "layer" in r}
         paths[f"hist:{label}"] = rf.norm_histograms(census["histograms"], census["thresholds"],
-                                                    f"{_title(m)}: token norms per layer", fig_dir / f"norms_{label}.png",
-                                                    stages=stages)
+                                                    f"{_title(m)}: token norms per layer",
+                                                    fig_dir / f"norms_{label}.png", stages=stages)
         tensors = {k: v.numpy() for k, v in load_census_tensors(out, label).items()}
         if "norm_maps" in tensors:
             shown = tensors["images"].transpose(0, 2, 3, 1)
