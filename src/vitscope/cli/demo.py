@@ -16,6 +16,13 @@ from pathlib import Path
 
 from vitscope.cli.common import add_shared
 
+DEMO_SEEDS = 2  # seeds per condition in every demo: the fewest from which the decision rule gives a verdict
+
+
+def demo_seeds(seed: int) -> list[int]:
+    """The seeds of a demo started with ``--seed``: ``DEMO_SEEDS`` consecutive ones from it."""
+    return [seed + i for i in range(DEMO_SEEDS)]
+
 
 @dataclass(frozen=True)
 class Demo:

@@ -30,10 +30,15 @@ PAPER_SCALE = {
                   "--data-dir /data/imagenet-val --eval-images 5000 --out registers-paper",
                   "about 1 hour for the census of the 14 pretrained models on 5,000 images (an estimate)"),
 }
+UNJUDGED = ("no claim", "not judged", "untested")  # rows shown in a report but not claims of the paper
 VERDICT_CLASS = {"reproduced": "reproduced", "not reproduced": "not", "inconclusive": "untested"}
 
 
 def _text(claim: dict[str, Any]) -> str:
+    if claim.get("condition") and claim.get("measure"):  # the sparse study: one row per condition and measure
+        predicted = f" (paper: {claim['predicted']})" \
+            if claim.get("predicted") not in (None, "none") else ""
+        return f"{claim['condition']} vs softmax: {claim['measure']}{predicted}"
     for key in ("paper", "published", "claim", "sentence", "finding"):
         if claim.get(key):
             return str(claim[key])
@@ -50,7 +55,7 @@ def _detail(claim: dict[str, Any]) -> str:
 def rows(study: str, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Claims with a verdict as index rows (claims without one are left out)."""
     return [{"study": study, "claim": _text(c), "verdict": c["verdict"], "detail": _detail(c)}
-            for c in claims if c.get("verdict")]
+            for c in claims if c.get("verdict") and c["verdict"] not in UNJUDGED]
 
 
 def locality_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -93,18 +98,13 @@ def study_headlines(folder: str | Path, study: str) -> list[dict[str, Any]] | No
     return headlines(study, json.loads(file.read_text()))
 
 
-def _found(found: list[dict[str, Any]]) -> str:
-    if not found:
-        return "No claim could be judged with these runs."
-    counts: dict[str, int] = {}
-    for row in found:
-        counts[row["verdict"]] = counts.get(row["verdict"], 0) + 1
-    return ("Of the " + f"{len(found)} claim{'s' if len(found) != 1 else ''} tested: "
-            + ", ".join(f"{n} {v}" for v, n in counts.items()) + ".")
-
-
 def _claims_list(found: list[dict[str, Any]]) -> str:
-    return "; ".join(f"<i>{html.escape(r['claim'])}</i> ({html.escape(r['verdict'])})" for r in found)
+    """The claims tested, grouped by verdict: 'reproduced: A, B; inconclusive: C'."""
+    groups: dict[str, list[str]] = {}
+    for row in found:
+        groups.setdefault(row["verdict"], []).append(row["claim"])
+    return "; ".join(f"<b>{html.escape(v)}</b>: " + ", ".join(html.escape(c) for c in claims)
+                     for v, claims in groups.items())
 
 
 def opening(study: str, results: dict[str, Any], scale: str, cannot: str) -> str:
@@ -112,8 +112,9 @@ def opening(study: str, results: dict[str, Any], scale: str, cannot: str) -> str
     verdicts, and the paper-scale command with its estimated time on one GPU."""
     found = headlines(study, results)
     command, cost = PAPER_SCALE[study]
-    tested = f" It tested: {_claims_list(found)}." if found else ""
-    return (f'<p class="opening"><b>In short.</b> {scale} {cannot}{tested} {_found(found)} '
+    tested = f" It tested {len(found)} claim{'s' if len(found) != 1 else ''} and found {_claims_list(found)}." \
+        if found else " No claim of the paper could be judged with these runs."
+    return (f'<p class="opening"><b>In short.</b> {scale} {cannot}{tested} '
             f"To run the same study at paper scale: <code>{html.escape(command)}</code> ({html.escape(cost)}).</p>")
 
 
@@ -140,8 +141,11 @@ def locality_opening(results: dict[str, Any]) -> str:
 def sparse_opening(results: dict[str, Any]) -> str:
     settings = results["settings"]
     trained = [r["source"]["trained"] for r in results["runs"] if "trained" in r.get("source", {})]
-    what = (f"<code>{html.escape(str(trained[0]['model']))}</code> pretrained with DINO for {trained[0]['epochs']} "
-            f"epochs on {html.escape(str(trained[0]['dataset']))}" if trained else "the given models")
+    what = "the given models"
+    if trained:
+        epochs = trained[0]["epochs"]
+        what = (f"<code>{html.escape(str(trained[0]['model']))}</code> pretrained with DINO for {epochs} "
+                f"epoch{'s' if epochs != 1 else ''} on {html.escape(str(trained[0]['dataset']))}")
     scale = (f"This run ({html.escape(str(settings.get('preset')))} preset) compares {what}, differing only in "
              f"the attention normaliser, with {_seeds(results)} seed(s) per condition. At this scale it can test "
              "whether entmax-1.5 gives attention exact zeros and whether that changes the probes and semantic "

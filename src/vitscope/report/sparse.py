@@ -19,6 +19,7 @@ from vitscope.studies.runner import RunSpec
 from vitscope.studies.sparse_presets import (
     COMMAND_LINES,
     COMPACT_GPU_HOURS,
+    DEMO_LEFT_OUT,
     PAPER_GPU_HOURS,
     PAPER_NUMBERS,
     PAPER_SETTING,
@@ -182,6 +183,37 @@ def _model_text(results: dict[str, Any]) -> str:
     return f"{t['model']}, DINO {t['epochs']} epochs on {t['dataset']}"
 
 
+def zero_fractions(results: dict[str, Any]) -> dict[str, list[float]]:
+    """Per condition: the fraction of exactly-zero attention probabilities per layer (mean over heads and
+    seeds), in [0, 1]."""
+    per: dict[str, list[np.ndarray]] = {}
+    for run in results["runs"]:
+        per.setdefault(run["condition"], []).append(np.asarray(run["attention"]["zeros"], dtype=float))
+    return {c: np.nanmean(np.stack(z), axis=(0, 2)).tolist() for c, z in per.items()}
+
+
+def zero_line(results: dict[str, Any]) -> str:
+    """One sentence: exact zeros per layer of each condition, softmax's (0 % by construction) beside them."""
+    parts = [f"<b>{html.escape(c)}</b> " + ", ".join(f"{z:.0%}" for z in zeros)
+             for c, zeros in zero_fractions(results).items()]
+    return ("Exact zeros in the attention maps, per layer 1..L (mean over heads and seeds): " + "; ".join(parts)
+            + ". Softmax never gives an exact zero.")
+
+
+def left_out(results: dict[str, Any]) -> str:
+    """For the demo: the measurements it leaves out because they cannot discriminate at its scale, and why."""
+    if results["settings"].get("preset") != "demo":
+        return ""
+    shown = {r["group"] for r in results["summary"] if isinstance(r.get("group"), str)}
+    missing = {name: why for name, why in DEMO_LEFT_OUT.items()
+               if not any(g.startswith("depth:") for g in shown) or name != "depth"}
+    if any(r.get("metric") == "pib" for r in results["summary"]):
+        missing.pop("Point-in-Box", None)
+    items = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in missing.items())
+    return f"<p>Left out of the demo, because at this scale they cannot discriminate:</p><ul>{items}</ul>" \
+        if items else ""
+
+
 def _scale_note(results: dict[str, Any]) -> str:
     settings = results["settings"]
     runs = results["runs"]
@@ -245,6 +277,7 @@ def build_report(out: str | Path) -> Path:
     sections = [
         index_link(out),
         "<h1>Sparse attention against semantic diffusion</h1>", sparse_opening(results),
+        f"<p><b>{zero_line(results)}</b></p>", left_out(results),
         f'<p class="note">{_scale_note(results)}</p>',
         "<h2>What this run shows</h2>",
         f"<ul>{verdicts}</ul>" if verdicts else "<p>No softmax baseline among the conditions: nothing to compare.</p>",
