@@ -1,6 +1,7 @@
 """Dense layouts read from files the test writes: labels mapped as each layout documents, bad data named."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,3 +100,25 @@ def test_depthfolder_reads_npy_metres_and_needs_a_scale_for_png(tmp_path):
         load_dense("depthfolder", tmp_path, "eval", task="depth")
     (tmp_path / "depth.json").write_text('{"scale": 0.001}')
     assert float(load_dense("depthfolder", tmp_path, "eval", task="depth").targets[1].max()) == pytest.approx(1.2)
+
+
+def test_a_size_limit_draws_from_across_a_scene_grouped_listing(tmp_path):
+    # NYU's train list is grouped by scene: the first 8 of 5 scenes x 8 frames are all one scene
+    rows = []
+    for scene in range(5):
+        for frame in range(8):
+            folder = tmp_path / "data" / "nyu2_train" / f"scene{scene}"
+            folder.mkdir(parents=True, exist_ok=True)
+            _image(folder / f"{frame}.jpg")
+            Image.fromarray(np.full((6, 8), 10 * scene + frame, np.uint8)).save(folder / f"{frame}.png")
+            rows.append(f"data/nyu2_train/scene{scene}/{frame}.jpg,data/nyu2_train/scene{scene}/{frame}.png")
+    (tmp_path / "data" / "nyu2_train.csv").write_text("\n".join(rows) + "\n")
+    picked = load_dense("nyu", tmp_path, "train", task="depth", limit=8)
+    scenes = {Path(f).parent.name for f in picked.files}
+    assert len(picked) == 8 and len(scenes) >= 3
+    assert picked.settings["subset"] == {"count": 8, "of": 40, "seed": 0, "method": "seeded random"}
+    assert picked.settings["eigen_crop"] is True  # NYU is scored in the Eigen crop unless told otherwise
+    full = load_dense("nyu", tmp_path, "train", task="depth")
+    assert picked.files == full.subset(8, seed=0).files  # the same draw as subsetting the loaded split
+    assert picked.files != load_dense("nyu", tmp_path, "train", task="depth", limit=8, seed=1).files
+    assert "subset" not in full.settings

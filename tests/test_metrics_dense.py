@@ -34,5 +34,17 @@ def test_depth_rmse_is_the_mean_of_per_image_rmse_and_pooled_is_extra():
     scores = depth_scores([(pred1, gt1), (pred2, gt2)])
     assert scores["rmse"] == pytest.approx(0.5)  # (1 + 0) / 2
     assert scores["rmse_pooled"] == pytest.approx(math.sqrt(4 / 7))
-    assert scores["abs_rel"] == pytest.approx(4 * 0.5 / 7)
-    assert scores["delta1"] == pytest.approx(3 / 7)
+    # abs-rel and delta1 per image, then averaged (image 1: 0.5 and 0; image 2: 0 and 1), not pooled (4/7, 3/7)
+    assert scores["abs_rel"] == pytest.approx(0.25)
+    assert scores["delta1"] == pytest.approx(0.5)
+
+
+def test_depth_counts_only_ground_truth_in_range():
+    gt = torch.tensor([[1e-3, 2.0], [10.0, 12.0]])  # 1e-3 is not above the minimum; 12 m is past max_depth
+    pred = torch.tensor([[5.0, 3.0], [10.0, 0.5]])
+    scores = depth_scores([(pred, gt)])
+    assert scores["rmse"] == pytest.approx(math.sqrt(1 / 2))  # errors 1 and 0 on the two valid pixels
+    assert scores["delta1"] == pytest.approx(0.5)
+    assert depth_scores([(pred, gt)], max_depth=20.0)["rmse"] == pytest.approx(math.sqrt((1 + 0 + 11.5**2) / 3))
+    with pytest.raises(ValueError, match="no valid depth pixels"):
+        depth_scores([(pred, torch.full((2, 2), 50.0))])

@@ -1,10 +1,13 @@
 """Token probes against known answers: positions, pixels and class planted where the probe must find them."""
 
+import numpy as np
 import pytest
 import torch
 
 from vitscope.data import ImageDataset, synthetic_scenes
 from vitscope.models import create
+from vitscope.probes.baselines import best_constant_distance, majority_top1
+from vitscope.probes.linear import fit_classifier, group_split
 from vitscope.probes.tokens import probe_tokens
 
 FAST = {"lrs": (0.05,), "weight_decays": (0.0,), "epochs": 60}
@@ -24,9 +27,46 @@ def test_position_is_read_from_a_learned_positional_embedding(scenes):
                           progress=False, fit_options=FAST)
     assert result.value(0, "patch", "position_top1") >= 0.97
     assert result.value(0, "patch", "position_distance") < 0.1
-    assert result.value(0, "patch", "position_top1", model="chance") == pytest.approx(1 / 64)
-    # the mean distance between two uniformly drawn cells of an 8x8 grid
-    assert result.value(0, "patch", "position_distance", model="chance") == pytest.approx(4.1365, abs=1e-4)
+    # the best constant guess on (nearly) uniform positions: one of the 64 cells, and a central cell's 3.09 patches
+    # (not a uniformly random guess's 4.14)
+    assert 0 < result.value(0, "patch", "position_top1", model="chance") < 3 / 64
+    assert result.value(0, "patch", "position_distance", model="chance") == pytest.approx(3.09, abs=0.1)
+
+
+def test_position_chance_is_the_best_constant_guess():
+    ys, xs = np.meshgrid(np.arange(8), np.arange(8), indexing="ij")
+    cells = np.stack([ys.ravel(), xs.ravel()], 1)
+    distances = np.sqrt(((cells[:, None] - cells[None]) ** 2).sum(-1))  # brute force, patch units
+    every = torch.arange(64)
+    assert best_constant_distance(every, every, torch.from_numpy(distances)) == pytest.approx(3.0939, abs=1e-4)
+    assert distances.mean(1).min() == pytest.approx(3.0939, abs=1e-4) and distances.mean() == pytest.approx(4.1365,
+                                                                                                                abs=1e-4)
+    corner = torch.zeros(10, dtype=torch.long)  # every fitting token in cell 0: guess cell 0
+    assert best_constant_distance(corner, torch.tensor([0, 63]), torch.from_numpy(distances)) == pytest.approx(
+        distances[0, 63] / 2)
+    assert majority_top1(torch.tensor([5, 5, 3]), torch.tensor([5, 1, 2, 5])) == 0.5  # the most frequent position
+
+
+def test_token_sweeps_hold_out_whole_images():
+    images = torch.arange(40).repeat_interleave(10)  # 10 tokens from each of 40 images
+    fit, held = group_split(images, 0.2, seed=0)
+    assert len(held) == 80 and not set(images[fit].tolist()) & set(images[held].tolist())
+    clf = fit_classifier(torch.randn(400, 4), torch.randint(0, 3, (400,)), 3, lrs=(0.1, 0.01), weight_decays=(0.0,),
+                         epochs=2, groups=images)
+    assert clf.settings["val_split"] == "groups"
+
+
+def test_patch_rows_carry_per_image_units(scenes):
+    torch.manual_seed(0)
+    model = create("vit-micro")
+    result = probe_tokens(model, scenes, "0", probes=("position", "class"), norm=False, baseline=False, cache=False,
+                          progress=False, fit_options=FAST)
+    for metric in ("position_top1", "position_distance", "class_top1"):
+        found = [r for r in result.rows if r["model"] == "model" and r["group"] == "patch" and r["metric"] == metric]
+        assert len(found) == 1, found
+        units = found[0]["units"]
+        assert sum(units["counts"]) == found[0]["n"] and len(units["images"]) < found[0]["n"]
+        assert sum(units["sums"]) / sum(units["counts"]) == pytest.approx(found[0]["value"])
 
 
 def test_pixels_are_recovered_exactly_from_a_wide_patch_embedding(scenes):

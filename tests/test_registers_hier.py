@@ -176,7 +176,7 @@ def test_stage_probes_read_position_on_the_stage_grid_and_groups_per_stage():
         handle.remove()
     value = {(r["model"], r["group"], r["metric"]): r for r in known}
     assert value[("model", "patch", "position_top1")]["value"] > 0.95  # the planted code, read on the 8x8 grid
-    assert value[("chance", "patch", "position_top1")]["value"] == pytest.approx(1 / 64)
+    assert value[("chance", "patch", "position_top1")]["value"] < 3 / 64  # the most frequent of 64 cells
     assert value[("model", "patch", "pixels_mse")]["stage"] == 2  # pixel targets over the stage's 8 px stride
     assert census.high_norm[4][:, ::4].all() and census.high_norm[4].sum() == 24 * 16
     assert sorted({r["layer"] for r in rows}) == stage_last_layers(model) == [2, 4, 6, 8]

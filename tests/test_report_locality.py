@@ -25,29 +25,56 @@ def test_uniform_mad_matches_the_definition():
     assert figures.uniform_mad((3, 5), "pixel", 16) == pytest.approx(d.mean() * 16)
 
 
-def claim(measure, difference, low, high, name="conditions with cutmix vs without", runs=3):
-    return {"claim": name, "measure": measure, "with": 0.5 + difference, "without": 0.5, "difference": difference,
-            "ci95_low": low, "ci95_high": high, "runs_with": runs, "runs_without": runs}
+def claim(measure, values_with, values_without, name="conditions with cutmix vs without"):
+    return {"claim": name, "measure": measure, "with": float(np.mean(values_with)),
+            "without": float(np.mean(values_without)), "values_with": values_with, "values_without": values_without}
 
 
-@pytest.mark.parametrize(("measure", "difference", "low", "high", "verdict"), [
-    ("min_early_mad", -0.30, -0.35, -0.25, "reproduced"),
-    ("min_early_mad", -0.0002, -0.0003, -0.0001, "not reproduced"),  # interval excludes zero, effect negligible
-    ("min_early_mad", 0.05, 0.01, 0.09, "not reproduced"),  # the other way
-    ("min_early_mad", -0.15, -0.30, 0.01, "inconclusive"),
-    ("min_early_mad", -0.12, -0.20, -0.05, "reproduced"),  # past the threshold, interval excludes zero
-    ("min_early_mad", -0.08, -0.11, -0.05, "inconclusive"),  # short of the threshold, interval reaches it
-    ("accuracy", 0.07, 0.05, 0.09, "reproduced"),
-    ("accuracy", -0.09, -0.09, -0.09, "not reproduced"),  # CutMix costing 9 points
+@pytest.mark.parametrize(("measure", "values_with", "values_without", "verdict"), [
+    ("min_early_mad", [0.01, 0.02, 0.03], [0.31, 0.32, 0.33], "reproduced"),
+    ("min_early_mad", [0.3100, 0.3102, 0.3104], [0.3102, 0.3104, 0.3106], "not reproduced"),  # negligible effect
+    ("min_early_mad", [0.36, 0.37, 0.38], [0.31, 0.32, 0.33], "not reproduced"),  # the other way
+    ("min_early_mad", [0.05, 0.25, 0.15], [0.31, 0.32, 0.33], "inconclusive"),  # too noisy
+    ("min_early_mad", [0.19, 0.20, 0.21], [0.31, 0.32, 0.33], "reproduced"),  # -0.12: past half of -0.2
+    ("min_early_mad", [0.23, 0.24, 0.25], [0.30, 0.32, 0.34], "inconclusive"),  # short of the threshold, reaches it
+    ("accuracy", [0.57, 0.575, 0.58], [0.50, 0.505, 0.51], "reproduced"),
+    ("accuracy", [0.51, 0.515, 0.52], [0.60, 0.605, 0.61], "not reproduced"),  # CutMix costing 9 points
+    ("accuracy", [0.535], [0.50], "inconclusive"),  # one seed per side: never a finding
 ])
-def test_verdicts_against_the_threshold(measure, difference, low, high, verdict):
-    judged = judge(claim(measure, difference, low, high))
-    assert judged["verdict"] == verdict and judged["threshold"] in (0.1, 0.03)
+def test_verdicts_of_the_one_rule(measure, values_with, values_without, verdict):
+    judged = judge(claim(measure, values_with, values_without))
+    assert judged["verdict"] == verdict, judged["reason"]
+    assert judged["threshold"] == pytest.approx(abs(judged["expected"]) / 2)
+
+
+def test_one_seed_per_side_is_inconclusive_not_a_zero_width_reproduction():
+    judged = judge(claim("accuracy", [0.535], [0.50]))  # old: interval [0.035, 0.035], "reproduced"
+    assert judged["verdict"] == "inconclusive" and "needs >= 2 seeds per side" in judged["reason"]
+    assert judged["difference"] == pytest.approx(0.035) and math.isnan(judged["ci95_low"])
+
+
+def test_minimum_mad_is_compared_over_seeds_not_bootstrapped_over_heads():
+    def run(condition, seed, heads):
+        mad = np.full((8, len(heads)), 0.4)
+        mad[0] = heads
+        return {"condition": condition, "seed": seed, "accuracy": None, "mad": mad.tolist()}
+
+    rng = np.random.default_rng(0)
+    with_runs = [run("baseline+cutmix", s, 0.02 + 0.01 * rng.random(6)) for s in range(3)]
+    without_runs = [run("baseline", s, 0.25 + 0.05 * rng.random(6)) for s in range(3)]
+    found = {c["claim"]: c for c in claims(with_runs + without_runs) if c["measure"] == "min_early_mad"}
+    mad = found["conditions with cutmix vs without"]
+    minima_with = [float(np.min(r["mad"][:2])) for r in with_runs]
+    minima_without = [float(np.min(r["mad"][:2])) for r in without_runs]
+    assert mad["values_with"] == pytest.approx(minima_with) and mad["values_without"] == pytest.approx(minima_without)
+    # a resampled minimum never falls below the observed one; an interval over seeds reaches both sides
+    assert mad["difference"] - mad["ci95_low"] == pytest.approx(mad["ci95_high"] - mad["difference"])
+    assert mad["ci95_low"] < np.mean(minima_with) - np.mean(minima_without) < mad["ci95_high"]
 
 
 def test_claims_without_a_paper_claim_get_no_verdict():
-    judged = judge(claim("min_early_mad", -0.3, -0.4, -0.2, name="conditions with labelsmoothing vs without"))
-    assert judged["verdict"] == "no paper claim"
+    judged = judge(claim("min_early_mad", [0.1, 0.12], [0.4, 0.41], name="conditions with labelsmoothing vs without"))
+    assert judged["verdict"] == "no paper claim" and judged["ci95_high"] < 0  # shown with its interval
 
 
 def record(condition, seed, mad, entropy, accuracy, study):
@@ -64,9 +91,9 @@ def record(condition, seed, mad, entropy, accuracy, study):
 def make_study(tmp_path, mad_with, accuracy_with):
     study = LocalityStudy(conditions=["baseline", "baseline+cutmix"], seeds=[0, 1], epochs=1, device="cpu",
                           out=str(tmp_path), progress=False)
-    records = [record("baseline", s, 0.4178, 0.9999, 0.60, study) for s in (0, 1)]
-    records += [record("baseline+cutmix", s, mad_with, 0.9999 if mad_with > 0.4 else 0.3, accuracy_with, study)
-                for s in (0, 1)]
+    records = [record("baseline", s, 0.4178, 0.9999, 0.60 + 0.004 * s, study) for s in (0, 1)]
+    records += [record("baseline+cutmix", s, mad_with, 0.9999 if mad_with > 0.4 else 0.3,
+                       accuracy_with + 0.004 * s, study) for s in (0, 1)]
     write_results(study, records, dt.datetime.now(dt.UTC))
     return tmp_path
 
@@ -86,9 +113,15 @@ def test_report_of_a_null_result_says_so(tmp_path):
     text = build_report(make_study(tmp_path, 0.4176, 0.51)).read_text()
     verdicts = text[text.index("What this run shows"):text.index("Claims checked")]
     assert verdicts.count("Not reproduced</b>") == 2  # MAD unchanged, CutMix costs 9 points
-    assert "at least 0.1 (normalised MAD)" in verdicts and "attend almost uniformly" in verdicts
+    assert "Paper's effect -0.2 (normalised MAD)" in verdicts and "half the paper's effect, 0.1" in verdicts
+    assert "2 vs 2 seeds, Welch t" in verdicts and "Power: these seeds detect effects of about" in verdicts
+    assert "attend almost uniformly" in verdicts
     table = text[text.index("Claims checked"):text.index("Summary per condition")]
     assert table.count("<tr>") == 3  # header + one row per measure
+    for column in ("paper effect", "difference", "ci95_low", "ci95_high", "seeds per side", "method", "verdict",
+                   "power"):
+        assert f"<th>{column}</th>" in table
+    assert "needs about" in table
     assert "1 epochs" not in text and "1 epoch," in text
     assert "<td>min_lr</td><td>1e-05</td>" in text and "0.0000" not in text
     assert "<td>seed</td><td>per run: 0, 1</td>" in text and "None" not in text

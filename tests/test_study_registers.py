@@ -66,9 +66,14 @@ def test_results_follow_the_shared_schema(finished_study):
     swin = [r for r in saved["rows"] if r["model"] == "timm-swin"]  # per stage, on the stage's own geometry
     assert {r["stage"] for r in swin if r["metric"] == "attention_mass_on_high_norm"} == {1, 2}
     assert {(r["layer"], r["stage"]) for r in swin if r["metric"] == "position_top1"} == {(1, 1), (2, 2)}
-    chance = {r["layer"]: r["value"] for r in saved["rows"] if r["model"] == "chance" and r["group"] == "patch"
-              and r.get("chance_for") == "timm-swin" and r["metric"] == "position_top1"}
-    assert chance == {1: pytest.approx(1 / 64), 2: pytest.approx(1 / 16)}  # each stage's own 8x8 and 4x4 grid
+    top1 = {r["layer"]: r["value"] for r in saved["rows"] if r["model"] == "chance" and r["group"] == "patch"
+            and r.get("chance_for") == "timm-swin" and r["metric"] == "position_top1"}
+    distance = {r["layer"]: r["value"] for r in saved["rows"] if r["model"] == "chance" and r["group"] == "patch"
+                and r.get("chance_for") == "timm-swin" and r["metric"] == "position_distance"}
+    # the best constant guess on each stage's own 8x8 and 4x4 grid: at least 1/64 and 1/16 right, and no farther
+    # than a uniform guess on that grid (4.14 and 2.01 cells)
+    assert set(top1) == set(distance) == {1, 2} and top1[1] >= 1 / 64 and top1[2] >= 1 / 16
+    assert distance[1] <= 4.1366 and distance[2] <= 2.0081
     for row in saved["rows"]:
         assert {"model", "group", "metric", "value", "n"} <= set(row)
         if row["metric"] == "high_norm_fraction":
@@ -113,7 +118,19 @@ def test_planted_model_shows_the_known_answer(finished_study):
     _, payload = finished_study
     assert artifact_layers(payload["rows"], "reg0+planted") == [2, 3, 4]  # planted after block 2 (token layer 2)
     verdicts = {f["finding"]: f for f in findings(payload["rows"], payload["models"])}
-    assert verdicts["exist"]["verdict"] == "not reproduced"  # planted models are never evidence
+    # planted models are never evidence; the small trained ones grow no artifacts, as the paper says they do not
+    assert verdicts["exist"]["verdict"] == "reproduced" and verdicts["exist"]["agrees"] == "agrees"
+    assert "reg0+planted" not in verdicts["exist"]["evidence"] and "no small model" in verdicts["exist"]["evidence"]
+
+
+def test_report_findings_say_whether_they_agree_and_by_which_rule(finished_study):
+    out, payload = finished_study
+    text = (out / "report.html").read_text()
+    section = text[text.index("Published findings"):]
+    assert section.count("(our measurement ") == len(findings(payload["rows"], payload["models"]))
+    assert "held-out tokens in each group" in section and "resamples images, never tokens" in section
+    for column in ("measure (high-norm - normal)", "paper&#x27;s direction", "effect", "threshold (half)", "source"):
+        assert f"<th>{column}</th>" in section
 
 
 def test_rerun_reuses_every_measurement(finished_study):

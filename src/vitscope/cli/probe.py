@@ -53,7 +53,8 @@ def register(commands) -> None:
                               "and evaluate by sliding window (default: each image resized whole to the input)")
         sub.add_argument("--crops-per-image", type=int, default=1, help="random training crops per image (--size)")
         sub.set_defaults(handler=run_dense)
-    depth.add_argument("--eigen-crop", action="store_true", help="evaluate inside the NYU Eigen crop")
+    depth.add_argument("--eigen-crop", action=argparse.BooleanOptionalAction, default=None,
+                       help="evaluate inside the NYU Eigen crop (default: on for nyu, off otherwise)")
     depth.add_argument("--max-depth", type=float, default=10.0, help="largest depth bin in metres")
     for sub in (linear, knn):
         sub.add_argument("--pool", default="cls", choices=["cls", "mean", "both"], help="image feature")
@@ -238,7 +239,7 @@ def run_dense(args: argparse.Namespace) -> int:
     with_cls = {"no": (False,), "yes": (True,), "both": (False, True)}[args.with_cls]
     result = _cached(args, model, [train, held], lambda: dense_probe(
         model, train, held, args.layers, with_cls=with_cls, epochs=args.epochs, lr=args.lr,
-        eigen_crop=getattr(args, "eigen_crop", False), max_depth=getattr(args, "max_depth", 10.0),
+        eigen_crop=getattr(args, "eigen_crop", None), max_depth=getattr(args, "max_depth", 10.0),
         baseline=args.baseline, label=label, norm=args.norm, batch_size=args.batch_size, device=device,
         img_size=args.img_size, cache=args.cache, seed=args.seed, size=args.size,
         crops_per_image=args.crops_per_image))

@@ -65,7 +65,8 @@ class DenseDataset:
         return DenseDataset(self.name, self.split, self.task, [self.images[i] for i in pick],
                             [self.targets[i] for i in pick], self.classes, self.ignore_index, self.mean, self.std,
                             self.root, [self.files[i] for i in pick] if self.files else [],
-                            {**self.settings, "subset": {"count": count, "seed": seed}})
+                            {**self.settings, "subset": {"count": count, "of": len(self), "seed": seed,
+                                                         "method": "seeded random"}})
 
     def model_view(self, side: int) -> ImageDataset:
         """The images resized (bilinear, antialiased) to ``side`` x ``side`` as an ``ImageDataset`` (labels 0),

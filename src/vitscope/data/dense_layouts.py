@@ -12,6 +12,7 @@ Segmentation (``split`` train or eval/val):
 Depth:
 * ``nyu``: the widely shared CSV layout: ``data/nyu2_train.csv`` / ``data/nyu2_test.csv`` list ``rgb,depth``
   paths relative to the root. Train depth is 8-bit, value / 255 * 10 m; test depth is 16-bit millimetres.
+  Depth probes score NYU inside the Eigen crop unless told otherwise (``settings["eigen_crop"]``).
   A file is decoded by its encoding (8-bit or 16-bit), whatever the split.
 * ``depthfolder``: ``images/<split>/<stem>.jpg|png`` with ``depth/<split>/<stem>.png`` (8- or 16-bit integers
   times ``scale`` metres, from ``depth.json`` ``{"scale": 0.001}``) or ``<stem>.npy`` (float metres).
@@ -24,6 +25,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,19 +93,31 @@ def _pairs_by_stem(images: Path, targets: Path, target_suffixes: tuple[str, ...]
     return pairs
 
 
+def sample_pairs(pairs: list, limit: int | None, seed: int) -> tuple[list, dict[str, Any] | None]:
+    """A seeded random sample of ``limit`` of ``pairs`` (all when None or larger), kept in listing order, and its
+    description for provenance (None when all are kept). The same draw as ``DenseDataset.subset(limit, seed)``:
+    a listing grouped by scene (NYU) or city (Cityscapes) yields images from across it, not its first scenes."""
+    if limit is None or limit >= len(pairs):
+        return pairs, None
+    index = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed))[:limit].sort().values
+    return [pairs[i] for i in index.tolist()], {"count": limit, "of": len(pairs), "seed": seed,
+                                                "method": "seeded random"}
+
+
 def _segmentation(name: str, split: str, pairs: list[tuple[Path, Path]], classes: list[str], ignore: int | None,
-                  root: Path, convert=None, limit: int | None = None) -> DenseDataset:
+                  root: Path, convert=None, limit: int | None = None, seed: int = 0) -> DenseDataset:
+    pairs, subset = sample_pairs(pairs, limit, seed)
     images, targets = [], []
-    for image_path, mask_path in pairs[:limit]:
+    for image_path, mask_path in pairs:
         mask = _indices(mask_path)
         mask = convert(mask) if convert is not None else mask
         images.append(read_rgb(image_path))
         targets.append(_check_labels(mask, len(classes), ignore, mask_path))
     return DenseDataset(name, split, "segmentation", images, targets, list(classes), ignore, root=str(root),
-                        files=[str(p) for _, p in pairs[:limit]])
+                        files=[str(p) for _, p in pairs], settings={"subset": subset} if subset else {})
 
 
-def _voc(root: Path, split: str, limit: int | None) -> DenseDataset:
+def _voc(root: Path, split: str, limit: int | None, seed: int) -> DenseDataset:
     base = root / "VOCdevkit" / "VOC2012" if (root / "VOCdevkit").exists() else root
     listing = base / "ImageSets" / "Segmentation" / f"{_split(split, 'train', 'val')}.txt"
     if not listing.exists():
@@ -115,10 +129,10 @@ def _voc(root: Path, split: str, limit: int | None) -> DenseDataset:
         if not mask.exists():
             raise ValueError(f"{image}: no mask {mask}; every listed image needs one")
         pairs.append((image, mask))
-    return _segmentation("voc", split, pairs, list(VOC_CLASSES), 255, root, limit=limit)
+    return _segmentation("voc", split, pairs, list(VOC_CLASSES), 255, root, limit=limit, seed=seed)
 
 
-def _ade20k(root: Path, split: str, limit: int | None) -> DenseDataset:
+def _ade20k(root: Path, split: str, limit: int | None, seed: int) -> DenseDataset:
     base = root / "ADEChallengeData2016" if (root / "ADEChallengeData2016").exists() else root
     folder = _split(split, "training", "validation")
     pairs = _pairs_by_stem(base / "images" / folder, base / "annotations" / folder, (".png",))
@@ -127,10 +141,10 @@ def _ade20k(root: Path, split: str, limit: int | None) -> DenseDataset:
         return np.where(mask == 0, 255, mask - 1)
 
     return _segmentation("ade20k", split, pairs, [f"class{i}" for i in range(1, 151)], 255, root,
-                         reduce_zero_label, limit)
+                         reduce_zero_label, limit, seed)
 
 
-def _cityscapes(root: Path, split: str, limit: int | None) -> DenseDataset:
+def _cityscapes(root: Path, split: str, limit: int | None, seed: int) -> DenseDataset:
     folder = _split(split, "train", "val")
     images = sorted((root / "leftImg8bit" / folder).glob("*/*_leftImg8bit.png"))
     if not images:
@@ -146,10 +160,10 @@ def _cityscapes(root: Path, split: str, limit: int | None) -> DenseDataset:
     for label_id, train_id in CITYSCAPES_TRAIN_IDS.items():
         table[label_id] = train_id
     return _segmentation("cityscapes", split, pairs, list(CITYSCAPES_CLASSES), 255, root,
-                         lambda mask: table[np.clip(mask, 0, 255)], limit)
+                         lambda mask: table[np.clip(mask, 0, 255)], limit, seed)
 
 
-def _segfolder(root: Path, split: str, limit: int | None) -> DenseDataset:
+def _segfolder(root: Path, split: str, limit: int | None, seed: int) -> DenseDataset:
     spec_path = root / "classes.json"
     if not spec_path.exists():
         raise ValueError(f"no {spec_path}; write {{\"classes\": [\"road\", ...], \"ignore_index\": 255}}")
@@ -157,7 +171,7 @@ def _segfolder(root: Path, split: str, limit: int | None) -> DenseDataset:
     folder = _split(split, "train", "val")
     pairs = _pairs_by_stem(root / "images" / folder, root / "masks" / folder, (".png",))
     return _segmentation("segfolder", split, pairs, list(spec["classes"]), spec.get("ignore_index"), root,
-                         limit=limit)
+                         limit=limit, seed=seed)
 
 
 def _depth_file(path: Path, scale8: float, scale16: float) -> Tensor:
@@ -174,33 +188,36 @@ def _depth_file(path: Path, scale8: float, scale16: float) -> Tensor:
 
 
 def _depth(name: str, split: str, pairs: list[tuple[Path, Path]], root: Path, scale8: float, scale16: float,
-           limit: int | None) -> DenseDataset:
-    pairs = pairs[:limit]
+           limit: int | None, seed: int) -> DenseDataset:
+    pairs, subset = sample_pairs(pairs, limit, seed)
     return DenseDataset(name, split, "depth", [read_rgb(i) for i, _ in pairs],
                         [_depth_file(d, scale8, scale16) for _, d in pairs], root=str(root),
-                        files=[str(d) for _, d in pairs], settings={"depth_scale": [scale8, scale16]})
+                        files=[str(d) for _, d in pairs],
+                        settings={"depth_scale": [scale8, scale16]} | ({"subset": subset} if subset else {}))
 
 
-def _nyu(root: Path, split: str, limit: int | None) -> DenseDataset:
+def _nyu(root: Path, split: str, limit: int | None, seed: int) -> DenseDataset:
     listing = root / "data" / f"nyu2_{_split(split, 'train', 'test')}.csv"
     if not listing.exists():
         raise ValueError(f"no {listing}; expected data/nyu2_train.csv and data/nyu2_test.csv listing rgb,depth paths")
     with open(listing, newline="") as handle:
         pairs = [(root / r[0].strip(), root / r[1].strip()) for r in csv.reader(handle) if len(r) >= 2]
-    for image, depth in pairs[:limit]:
+    for image, depth in sample_pairs(pairs, limit, seed)[0]:
         if not image.exists() or not depth.exists():
             raise ValueError(f"{listing}: listed file {image if not image.exists() else depth} does not exist")
-    return _depth("nyu", split, pairs, root, 10.0 / 255.0, 1e-3, limit)
+    data = _depth("nyu", split, pairs, root, 10.0 / 255.0, 1e-3, limit, seed)
+    data.settings["eigen_crop"] = True  # NYU's evaluation protocol: scored inside the Eigen crop by default
+    return data
 
 
-def _depthfolder(root: Path, split: str, limit: int | None) -> DenseDataset:
+def _depthfolder(root: Path, split: str, limit: int | None, seed: int) -> DenseDataset:
     spec = root / "depth.json"
     scale = json.loads(spec.read_text())["scale"] if spec.exists() else None
     folder = _split(split, "train", "val")
     pairs = _pairs_by_stem(root / "images" / folder, root / "depth" / folder, (".png", ".npy"))
     if scale is None and any(d.suffix == ".png" for _, d in pairs):
         raise ValueError(f"no {spec}; PNG depth needs its scale: write {{\"scale\": 0.001}} (metres per unit)")
-    return _depth("depthfolder", split, pairs, root, scale or 1.0, scale or 1.0, limit)
+    return _depth("depthfolder", split, pairs, root, scale or 1.0, scale or 1.0, limit, seed)
 
 
 _LOADERS = {"voc": _voc, "ade20k": _ade20k, "cityscapes": _cityscapes, "segfolder": _segfolder, "nyu": _nyu,
@@ -208,9 +225,10 @@ _LOADERS = {"voc": _voc, "ade20k": _ade20k, "cityscapes": _cityscapes, "segfolde
 
 
 def load_dense(name: str, root: str | Path | None, split: str, *, task: str = "segmentation",
-               limit: int | None = None, synthetic_images: int | None = None) -> DenseDataset:
+               limit: int | None = None, seed: int = 0, synthetic_images: int | None = None) -> DenseDataset:
     """A dense dataset by ``--dataset`` name; ``synthetic`` (shape scenes) and ``synthetic-texture`` (the texture
-    scenes the DINO demos train on) need no root and serve either ``task``."""
+    scenes the DINO demos train on) need no root and serve either ``task``. ``limit`` images are a seeded random
+    sample (``seed``) of the split, described in ``settings["subset"]``."""
     if name in SYNTHETIC_CUES:
         count = synthetic_images or (256 if split == "train" else 64)
         return synthetic_dense(task, "train" if split == "train" else "eval", count, cue=SYNTHETIC_CUES[name])
@@ -220,4 +238,4 @@ def load_dense(name: str, root: str | Path | None, split: str, *, task: str = "s
     if root is None or not Path(root).is_dir():
         raise ValueError(f"--data-dir {root} is not a folder; {name} reads an unpacked folder "
                          "(see vitscope.data.dense_layouts)")
-    return _LOADERS[name](Path(root), split, limit)
+    return _LOADERS[name](Path(root), split, limit, seed)

@@ -4,9 +4,10 @@ Segmentation (as mmseg): one confusion matrix over every evaluated pixel of the 
 out; IoU_c = TP / (TP + FP + FN); classes absent from both prediction and label (TP + FP + FN = 0) are NaN and
 left out of the mean; pixel accuracy = trace / total.
 
-Depth: over valid pixels (label > 0, finite): RMSE of each image, then their mean (``rmse``); RMSE over every
-pixel of the split (``rmse_pooled``); ``abs_rel`` = mean |pred - gt| / gt and ``delta1`` = fraction with
-max(pred / gt, gt / pred) < 1.25, both over every valid pixel.
+Depth, as the toolbox behind DINOv2's depth numbers: valid pixels have finite ground truth with
+``min_depth`` < gt <= ``max_depth`` (1e-3 and 10 m by default; NYU's range), optionally inside the Eigen crop;
+``rmse``, ``abs_rel`` (mean |pred - gt| / gt) and ``delta1`` (fraction with max(pred / gt, gt / pred) < 1.25) of
+each image, then their mean over images; ``rmse_pooled`` is the RMSE over every valid pixel of the split.
 """
 
 from __future__ import annotations
@@ -49,25 +50,30 @@ def eigen_crop(height: int, width: int) -> tuple[slice, slice]:
             slice(round(41 * width / 640), round(601 * width / 640)))
 
 
-def depth_scores(pairs: Iterable[tuple[Tensor, Tensor]], *, crop: bool = False) -> dict[str, float]:
+def depth_valid(gt: Tensor, min_depth: float = 1e-3, max_depth: float = 10.0) -> Tensor:
+    """Boolean mask of the pixels with ground truth to evaluate: finite, ``min_depth`` < gt <= ``max_depth``."""
+    return gt.isfinite() & (gt > min_depth) & (gt <= max_depth)
+
+
+def depth_scores(pairs: Iterable[tuple[Tensor, Tensor]], *, crop: bool = False, min_depth: float = 1e-3,
+                 max_depth: float = 10.0) -> dict[str, float]:
     """Depth errors over (prediction, label) pairs of (H, W) maps in metres (see the module docstring)."""
-    per_image, squared, abs_rel, delta, count = [], 0.0, 0.0, 0.0, 0
+    rmse, abs_rel, delta, squared, count = [], [], [], 0.0, 0
     for pred, gt in pairs:
-        pred, gt = pred.double(), gt.double()
         if crop:
             rows, cols = eigen_crop(*gt.shape[-2:])
             pred, gt = pred[..., rows, cols], gt[..., rows, cols]
-        valid = (gt > 0) & gt.isfinite()
+        valid = depth_valid(gt, min_depth, max_depth)  # in the label's own precision, as the toolbox compares
         if not valid.any():
             continue
-        p, g = pred[valid].clamp(min=1e-6), gt[valid]
+        p, g = pred.double()[valid].clamp(min=1e-6), gt.double()[valid]
         error = (p - g) ** 2
-        per_image.append(float(error.mean().sqrt()))
+        rmse.append(float(error.mean().sqrt()))
+        abs_rel.append(float(((p - g).abs() / g).mean()))
+        delta.append(float((torch.maximum(p / g, g / p) < 1.25).double().mean()))
         squared += float(error.sum())
-        abs_rel += float(((p - g).abs() / g).sum())
-        delta += float((torch.maximum(p / g, g / p) < 1.25).sum())
         count += int(valid.sum())
     if not count:
-        raise ValueError("no valid depth pixels (labels > 0) to evaluate")
-    return {"rmse": sum(per_image) / len(per_image), "rmse_pooled": (squared / count) ** 0.5,
-            "abs_rel": abs_rel / count, "delta1": delta / count}
+        raise ValueError(f"no valid depth pixels ({min_depth} < label <= {max_depth}) to evaluate")
+    return {"rmse": sum(rmse) / len(rmse), "rmse_pooled": (squared / count) ** 0.5,
+            "abs_rel": sum(abs_rel) / len(abs_rel), "delta1": sum(delta) / len(delta)}

@@ -4,9 +4,10 @@ Head: batch norm + 1x1 linear layer on the patch-token map (B, D, rows, cols), o
 concatenated to every patch (D -> 2D), its output upsampled bilinearly to each label's own size (labels are only
 ever resized nearest-neighbour, with their training crop). Segmentation: cross-entropy with the dataset's ignore
 index; scores from one confusion matrix over the eval split (``vitscope.metrics.dense``). Depth (DINOv2's linear
-head): 256 bins spaced linearly in [``min_depth``, ``max_depth``] metres, depth = softmax(logits)-weighted sum of
-bin centres, scale-invariant log loss (λ = 0.85) on valid pixels; RMSE (mean of per-image RMSE), pooled RMSE,
-abs-rel and δ < 1.25.
+head): 256 bins spaced linearly in [``min_depth``, ``max_depth``] metres, depth = the bin centres weighted by
+DINOv2's ``linear`` normalisation (ReLU + 0.1, divided by the sum; ``vitscope.probes.bin_norm``), scale-invariant
+log loss (λ = 0.85) on valid pixels; RMSE, abs-rel and δ < 1.25 per image then averaged, and pooled RMSE, over
+ground truth in (1e-3, ``max_depth``], in NYU's Eigen crop by default (``vitscope.metrics.dense``).
 
 By default the backbone sees each image resized whole to its (square) input side; with ``size`` images are
 resized to that short side, training uses random crops and evaluation a sliding window (``dense_windows``).
@@ -27,6 +28,7 @@ from vitscope.analyze.inputs import model_input
 from vitscope.data.dense import DenseDataset
 from vitscope.metrics.dense import confusion_matrix, depth_scores, segmentation_scores
 from vitscope.probes.baselines import random_twin
+from vitscope.probes.bin_norm import DEFAULT_BIN_NORM, depth_from_bins
 from vitscope.probes.dense_windows import eval_windows, stitch, train_crops
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import threads_for
@@ -65,9 +67,9 @@ def depth_bins(min_depth: float, max_depth: float, device: torch.device | str = 
     return torch.linspace(min_depth, max_depth, DEPTH_BINS, device=device)
 
 
-def depth_from_logits(logits: Tensor, bins: Tensor) -> Tensor:
-    """(B, bins, H, W) logits -> (B, H, W) depth: the softmax-weighted sum of the bin centres."""
-    return torch.einsum("bkhw,k->bhw", logits.softmax(dim=1), bins)
+def depth_from_logits(logits: Tensor, bins: Tensor, norm: str = DEFAULT_BIN_NORM) -> Tensor:
+    """(B, bins, H, W) logits -> (B, H, W) depth: the bin centres weighted by ``norm`` (``probes.bin_norm``)."""
+    return depth_from_bins(logits, bins, norm)
 
 
 def silog_loss(pred: Tensor, target: Tensor) -> Tensor:
@@ -159,16 +161,17 @@ def predict_dense(head: DenseHead, maps: Tensor, sizes: Sequence[tuple[int, int]
     return list(iter_predictions(head, maps, sizes, task, **options))
 
 
-def score_dense(preds: Iterable[Tensor], data: DenseDataset, *, eigen_crop: bool = False) -> dict[str, Any]:
+def score_dense(preds: Iterable[Tensor], data: DenseDataset, *, eigen_crop: bool = False, max_depth: float = 10.0
+                ) -> dict[str, Any]:
     """Segmentation scores (one confusion matrix) or depth scores of ``preds`` against ``data.targets``."""
     if data.task == "segmentation":
         confusion = sum(confusion_matrix(p, t, data.num_classes, data.ignore_index)
                         for p, t in zip(preds, data.targets, strict=True))
         return segmentation_scores(confusion)
-    return depth_scores(zip(preds, data.targets, strict=True), crop=eigen_crop)
+    return depth_scores(zip(preds, data.targets, strict=True), crop=eigen_crop, max_depth=max_depth)
 
 
-def _trivial(train: DenseDataset, eval_set: DenseDataset, eigen_crop: bool) -> dict[str, Any]:
+def _trivial(train: DenseDataset, eval_set: DenseDataset, eigen_crop: bool, max_depth: float) -> dict[str, Any]:
     if train.task == "segmentation":
         counts = sum(torch.bincount(t[t != train.ignore_index].flatten().long() if train.ignore_index is not None
                                     else t.flatten().long(), minlength=train.num_classes) for t in train.targets)
@@ -176,12 +179,12 @@ def _trivial(train: DenseDataset, eval_set: DenseDataset, eigen_crop: bool) -> d
         return score_dense([torch.full_like(t, majority) for t in eval_set.targets], eval_set)
     valid = torch.cat([t[t > 0].flatten() for t in train.targets])
     return score_dense([torch.full_like(t, float(valid.mean())) for t in eval_set.targets], eval_set,
-                       eigen_crop=eigen_crop)
+                       eigen_crop=eigen_crop, max_depth=max_depth)
 
 
 def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, layers: str | Sequence[int | str]
                 = "last", *, with_cls: Sequence[bool] = (False, True), epochs: int = 20, lr: float = 1e-2,
-                eigen_crop: bool = False, min_depth: float = 1e-3, max_depth: float = 10.0, baseline: bool = True,
+                eigen_crop: bool | None = None, min_depth: float = 1e-3, max_depth: float = 10.0, baseline: bool = True,
                 label: str = "model", norm: bool = True, batch_size: int = 16, device: torch.device | str = "cpu",
                 img_size: int | None = None, cache: Any = True, seed: int = 0, progress: bool = True,
                 size: int | None = None, crops_per_image: int = 1) -> ProbeResult:
@@ -192,6 +195,7 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
     (stride two thirds of the window), see ``vitscope.probes.dense_windows``."""
     if train.task != eval_set.task:
         raise ValueError(f"train is a {train.task} set but eval a {eval_set.task} set")
+    eigen_crop = eval_set.settings.get("eigen_crop", False) if eigen_crop is None else eigen_crop  # NYU: on
     wanted = parse_layers(layers, depth_of(model))
     if not len(train) or not len(eval_set):
         raise ValueError(f"dense probes need training and evaluation images; got {len(train)} and {len(eval_set)}")
@@ -221,14 +225,15 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
                                       **head_options)
                 preds = iter_predictions(head, patch_maps(feats[1][layer], cls), sizes, train.task,
                                          min_depth=min_depth, max_depth=max_depth, device=device, windows=windows)
-                rows += _rows(name, layer, cls, score_dense(preds, eval_set, eigen_crop=eigen_crop), eval_set)
-    trivial = _trivial(train, eval_set, eigen_crop)
+                rows += _rows(name, layer, cls, score_dense(preds, eval_set, eigen_crop=eigen_crop,
+                                                            max_depth=max_depth), eval_set)
+    trivial = _trivial(train, eval_set, eigen_crop, max_depth)
     for layer in wanted:
         rows += _rows(CHANCE, layer, None, trivial, eval_set)
     return ProbeResult("segment" if train.task == "segmentation" else "depth", rows, {
         "model": label, "layers": wanted, "with_cls": list(with_cls), "epochs": epochs, "lr": lr, "norm": norm,
         "input_side": side, "train_images": len(train), "eval_images": len(eval_set), "eigen_crop": eigen_crop,
-        "depth_range": [min_depth, max_depth], "seed": seed, "dataset": eval_set.name,
+        "depth_range": [min_depth, max_depth], "bin_norm": DEFAULT_BIN_NORM, "seed": seed, "dataset": eval_set.name,
         "geometry": "whole image resized to the input side" if size is None else
         f"short side {size}, {crops_per_image} random crop(s) of {side} px, sliding window stride {side * 2 // 3}"})
 

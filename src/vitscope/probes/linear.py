@@ -80,6 +80,21 @@ def stratified_split(labels: Tensor, fraction: float, seed: int) -> tuple[Tensor
     return torch.cat(fit).sort().values, torch.cat(held).sort().values
 
 
+def group_split(groups: Tensor, fraction: float, seed: int) -> tuple[Tensor, Tensor]:
+    """Row indices (fit, held_out) holding out about ``fraction`` of the distinct ``groups`` (N,) whole (seeded),
+    so that rows of one group (the tokens of one image) never sit on both sides; none held out with one group."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"val_fraction={fraction} must be in [0, 1)")
+    groups = torch.as_tensor(groups).long().cpu()
+    names = groups.unique()
+    count = min(int(round(fraction * len(names))), len(names) - 1)
+    if fraction > 0 and len(names) > 1:
+        count = max(count, 1)
+    held_names = names[torch.randperm(len(names), generator=torch.Generator().manual_seed(seed))[:count]]
+    held = torch.isin(groups, held_names)
+    return (~held).nonzero().flatten(), held.nonzero().flatten()
+
+
 def _standardiser(features: Tensor) -> tuple[Tensor, Tensor]:
     """Per-column mean and std (D,) in float64 over every row, streamed in chunks."""
     total = torch.zeros(features.shape[1], dtype=torch.float64)
@@ -151,12 +166,14 @@ def _adamw_logistic(x: Tensor, y: Tensor, num_classes: int, lr: float, weight_de
 def fit_classifier(features: Tensor, labels: Tensor, num_classes: int, *, val_fraction: float = 0.2,
                    lrs: Sequence[float] = DEFAULT_LRS, weight_decays: Sequence[float] = DEFAULT_WEIGHT_DECAYS,
                    epochs: int = 100, batch_size: int = 4096, seed: int = 0,
-                   device: torch.device | str = "cpu") -> LinearClassifier:
+                   device: torch.device | str = "cpu", groups: Tensor | None = None) -> LinearClassifier:
     """Logistic regression from ``features`` (N, D) to integer ``labels`` (N,) in [0, num_classes).
 
     Every (lr, weight decay) pair trains on the rows left after holding out ``val_fraction`` of each class
-    (seeded); the pair with the best held-out top-1 (first on ties) is refitted on all rows. With one pair
-    or ``val_fraction=0`` there is no sweep. Minibatches of ``batch_size`` rows (full batch when N is smaller).
+    (seeded), or of the ``groups`` (N,) when given, whole (tokens: the image each came from, so that the sweep
+    never scores a token of an image it fitted on); the pair with the best held-out top-1 (first on ties) is
+    refitted on all rows. With one pair or ``val_fraction=0`` there is no sweep. Minibatches of ``batch_size``
+    rows (full batch when N is smaller).
     """
     _check_rows(features, labels, "labels")
     labels = torch.as_tensor(labels).long()
@@ -172,7 +189,8 @@ def fit_classifier(features: Tensor, labels: Tensor, num_classes: int, *, val_fr
     grid = [(lr, wd) for lr in lrs for wd in weight_decays]
     sweep = []
     if len(grid) > 1 and val_fraction > 0:
-        fit_rows, held_rows = stratified_split(labels, val_fraction, seed)
+        fit_rows, held_rows = stratified_split(labels, val_fraction, seed) if groups is None \
+            else group_split(groups, val_fraction, seed)
         fit_rows, held_rows = fit_rows.to(device), held_rows.to(device)
         if len(held_rows) and len(fit_rows):
             for lr, wd in grid:
@@ -183,7 +201,8 @@ def fit_classifier(features: Tensor, labels: Tensor, num_classes: int, *, val_fr
     best = max(sweep, key=lambda row: row["val_top1"]) if sweep else {"lr": grid[0][0], "weight_decay": grid[0][1]}
     weight, bias = _train_logistic(x, y, num_classes, best["lr"], best["weight_decay"], epochs, batch_size, seed)
     settings = {"lr": best["lr"], "weight_decay": best["weight_decay"], "epochs": epochs, "batch_size": batch_size,
-                "val_fraction": val_fraction, "seed": seed, "sweep": sweep}
+                "val_fraction": val_fraction, "val_split": "groups" if groups is not None else "rows by class",
+                "seed": seed, "sweep": sweep}
     return LinearClassifier(weight, bias, mean, std, settings)
 
 
@@ -227,11 +246,12 @@ def _ridge(x: Tensor, t: Tensor, penalties: Sequence[float]) -> list[tuple[Tenso
 
 def fit_regressor(features: Tensor, targets: Tensor, *, val_fraction: float = 0.2,
                   weight_decays: Sequence[float] = DEFAULT_RIDGE_PENALTIES, seed: int = 0,
-                  device: torch.device | str = "cpu") -> LinearRegressor:
+                  device: torch.device | str = "cpu", groups: Tensor | None = None) -> LinearRegressor:
     """Least-squares regression from ``features`` (N, D) to ``targets`` (N, K) (or (N,)), closed form.
 
     The ridge penalty λ (``weight_decays``; λ N is added to the diagonal of the standardised Gram matrix) is
-    chosen by held-out MSE on a seeded random ``val_fraction`` of rows, then refitted on every row.
+    chosen by held-out MSE on a seeded random ``val_fraction`` of rows (of the ``groups`` (N,), whole, when
+    given), then refitted on every row.
     """
     targets = torch.as_tensor(targets)
     _check_rows(features, targets, "target rows")
@@ -245,9 +265,12 @@ def fit_regressor(features: Tensor, targets: Tensor, *, val_fraction: float = 0.
     if len(weight_decays) > 1 and val_fraction > 0:
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction={val_fraction} must be in [0, 1)")
-        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed)).to(device)
-        held_count = max(1, int(round(val_fraction * len(x))))
-        held, fit = order[:held_count], order[held_count:]
+        if groups is None:
+            order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed)).to(device)
+            held_count = max(1, int(round(val_fraction * len(x))))
+            held, fit = order[:held_count], order[held_count:]
+        else:
+            fit, held = (rows.to(device) for rows in group_split(groups, val_fraction, seed))
         if len(fit) >= 2:
             for penalty, (weight, bias) in zip(weight_decays, _ridge(x[fit], t[fit], weight_decays), strict=True):
                 error = float(((x[held] @ weight + bias - t[held]) ** 2).mean())

@@ -1,8 +1,9 @@
 """Token probes: what a single token carries, layer by layer (local: position, pixels; global: image class).
 
 * **position**: logistic regression from a patch token to its patch index; top-1 and the mean distance (patch
-  units) between the predicted and the true grid cell. Chance: 1 / patches and the mean distance between two
-  random cells.
+  units) between the predicted and the true grid cell. Chance: the best constant guess over the group's held-out
+  positions: the most frequent position (top-1), and the cell with the smallest mean distance to them (3.09
+  patches on a uniform 8 x 8 grid, not a random guess's 4.14); no probe that beats it reads a mere prior.
 * **pixels**: ridge regression from a patch token to its patch's normalised input pixels (3 p² values); MSE.
   Chance: predicting the mean training patch.
 * **pixels-mlp**: the same target through a 2-layer MLP (``vitscope.probes.mlp``); MSE (chance as pixels).
@@ -12,7 +13,11 @@ Groups: ``cls``, ``register<i>`` (one per register), ``patch-mean``, ``patch`` (
 patch-token masks the caller gives (e.g. ``high-norm`` and ``normal`` tokens). Position and pixels are defined for
 patch-token groups only. Images are split into fit and held-out halves (seeded, stratified by class, then
 class-balanced); within a probe every group has the same number of tokens per split (the smallest group's, at most
-``max_tokens``).
+``max_tokens``). Hyper-parameter sweeps on tokens hold out whole images, never single tokens.
+
+Patch-group rows also carry ``units``: the held-out outcome per image (``images``, ``sums``, ``counts``: per-token
+correctness, distance or squared error summed over each image's tokens), so that a comparison can resample images
+(``vitscope.stats.compare`` with ``clusters``) rather than treat tokens of one image as independent.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from vitscope.analyze.inputs import model_batches
 from vitscope.data import ImageDataset
 from vitscope.metrics.locality import grid_distances
 from vitscope.models.sites import token_blocks
-from vitscope.probes.baselines import majority_top1, mean_predictor_mse, random_twin
+from vitscope.probes.baselines import best_constant_distance, majority_top1, mean_predictor_mse, random_twin
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import fit_classifier, fit_regressor, stratified_split
 from vitscope.probes.mlp import fit_mlp_regressor
@@ -99,21 +104,23 @@ class _Prober:
         return {name: {"fit": _sample(m, self.fit, size, generator), "held": _sample(m, self.held, size, generator)}
                 for name, m in masks.items()}
 
-    def local(self, tokens: Tensor, picks: dict[str, tuple[Tensor, Tensor]]) -> list[tuple[str, float, int]]:
-        """Position and pixel metrics of one patch group: (metric, value, held-out count) triples."""
+    def local(self, tokens: Tensor, picks: dict[str, tuple[Tensor, Tensor]]) -> list[tuple]:
+        """Position and pixel metrics of one patch group: (metric, value, held-out count, units) tuples."""
         rows = []
         (fi, fp), (hi, hp) = picks["fit"], picks["held"]
         if len(fi) < 2 or len(hi) < 1:
             return rows
         x_fit, x_held = tokens[fi, fp].float(), tokens[hi, hp].float()
         if "position" in self.probes:
-            clf = fit_classifier(x_fit, fp, self.distances.shape[0], **self.options)
+            clf = fit_classifier(x_fit, fp, self.distances.shape[0], groups=fi, **self.options)
             predicted = clf.predict(x_held).cpu()
-            rows.append(("position_top1", float((predicted == hp).float().mean()), len(hi)))
-            rows.append(("position_distance", float(self.distances[predicted, hp].mean()), len(hi)))
+            for metric, per_token in (("position_top1", (predicted == hp).double()),
+                                      ("position_distance", self.distances[predicted, hp].double())):
+                rows.append((metric, float(per_token.mean()), len(hi), per_image(per_token, hi)))
         if "pixels" in self.probes and self.pixels is not None:
-            reg = fit_regressor(x_fit, self.pixels[fi, fp], seed=self.seed, device=self.device)
-            rows.append(("pixels_mse", reg.mse(x_held, self.pixels[hi, hp]), len(hi)))
+            reg = fit_regressor(x_fit, self.pixels[fi, fp], seed=self.seed, device=self.device, groups=fi)
+            error = ((reg.predict(x_held).cpu().double() - self.pixels[hi, hp].double()) ** 2).mean(1)
+            rows.append(("pixels_mse", float(error.mean()), len(hi), per_image(error, hi)))
         if "pixels-mlp" in self.probes and self.pixels is not None:
             mlp = fit_mlp_regressor(x_fit, self.pixels[fi, fp], seed=self.seed, device=self.device)
             rows.append(("pixels_mlp_mse", mlp.mse(x_held, self.pixels[hi, hp]), len(hi)))
@@ -133,9 +140,9 @@ class _Prober:
         rows = []
         if picks is not None:
             (fi, fp), (hi, hp) = picks["fit"], picks["held"]
-            if "position" in self.probes and len(hi):
-                rows.append(("position_top1", 1.0 / self.distances.shape[0], len(hi)))
-                rows.append(("position_distance", float(self.distances.mean()), len(hi)))
+            if "position" in self.probes and len(hi) and len(fi):
+                rows.append(("position_top1", majority_top1(hp, hp), len(hi)))  # the best constant guess
+                rows.append(("position_distance", best_constant_distance(hp, hp, self.distances), len(hi)))
             if self.pixels is not None and len(hi) and len(fi):
                 trivial = mean_predictor_mse(self.pixels[fi, fp], self.pixels[hi, hp])
                 rows += [(f"{name.replace('-', '_')}_mse", trivial, len(hi)) for name in ("pixels", "pixels-mlp")
@@ -220,9 +227,10 @@ def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_grou
     singles["patch-mean"] = features.patch_mean()
     out = []
 
-    def add(model: str, group: str, triples: list[tuple[str, float, int]]) -> None:
-        out.extend(row(model=model, layer=layer, layer_kind="token", group=group, metric=metric, value=value, n=n)
-                   for metric, value, n in triples)
+    def add(model: str, group: str, triples: list[tuple]) -> None:
+        for metric, value, n, *units in triples:
+            out.append(row(model=model, layer=layer, layer_kind="token", group=group, metric=metric, value=value,
+                           n=n) | ({"units": units[0]} if units else {}))
 
     for group, pick in picks.items():
         patch_images = (pick["fit"][0], pick["held"][0])
@@ -255,5 +263,14 @@ def _class_on_tokens(prober: _Prober, tokens: tuple[Tensor, Tensor], images: tup
     if "class" not in prober.probes or len(tokens[0]) < 2 or not len(tokens[1]):
         return []
     num_classes = int(prober.labels.max()) + 1
-    clf = fit_classifier(tokens[0].float(), prober.labels[images[0]], num_classes, **prober.options)
-    return [("class_top1", clf.top1(tokens[1].float(), prober.labels[images[1]]), len(images[1]))]
+    clf = fit_classifier(tokens[0].float(), prober.labels[images[0]], num_classes, groups=images[0], **prober.options)
+    correct = (clf.predict(tokens[1].float()).cpu() == prober.labels[images[1]]).double()
+    return [("class_top1", float(correct.mean()), len(images[1]), per_image(correct, images[1]))]
+
+
+def per_image(values: Tensor, images: Tensor) -> dict[str, list]:
+    """Per-token ``values`` (M,) summed per image (``images`` (M,) dataset indices): the ``units`` of a row."""
+    names, index = torch.as_tensor(images).long().unique(return_inverse=True)
+    sums = torch.zeros(len(names), dtype=torch.float64).index_add_(0, index, values.double().cpu())
+    counts = torch.bincount(index, minlength=len(names))
+    return {"images": names.tolist(), "sums": sums.tolist(), "counts": counts.tolist()}

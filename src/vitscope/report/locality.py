@@ -148,16 +148,15 @@ def _name(claim: dict[str, Any]) -> str:
 
 def _verdict_line(claim: dict[str, Any]) -> str:
     measure = "minimum early-layer MAD" if claim["measure"] == "min_early_mad" else "top-1 accuracy"
-    few = min(claim["runs_with"], claim["runs_without"]) < 2
-    caveat = (" One run per side: the interval covers only the heads' spread, not training randomness; run "
-              "several seeds before drawing conclusions." if few else "")
     css = claim["verdict"].replace(" ", "-")
+    interval = (f"95% interval {claim['ci95_low']:+.4g} to {claim['ci95_high']:+.4g}"
+                if claim["ci95_low"] == claim["ci95_low"] else "no interval")
     return (f'<li><b class="{css}">{claim["verdict"].capitalize()}</b>: {html.escape(claim["paper"])}. '
-            f"Measured {measure} {claim['with']:.4g} with vs {claim['without']:.4g} without "
-            f"({claim['runs_with']} vs {claim['runs_without']} runs): difference {claim['difference']:+.4g}, "
-            f"95% interval {claim['ci95_low']:+.4g} to {claim['ci95_high']:+.4g}. Threshold: a difference of at least "
-            f"{claim['threshold']:g} ({html.escape(claim['unit'])}) in the paper's direction (paper: "
-            f"{claim['expected']:+g}).{caveat}</li>")
+            f"Paper's effect {claim['expected']:+g} ({html.escape(claim['unit'])}); ours: {measure} "
+            f"{claim['with']:.4g} with vs {claim['without']:.4g} without, difference {claim['difference']:+.4g} "
+            f"({interval}; {claim['runs_with']} vs {claim['runs_without']} seeds, {html.escape(claim['method'])}). "
+            f"Threshold: half the paper's effect, {claim['threshold']:g}. Why: {html.escape(claim['reason'])}. "
+            f"Power: {html.escape(claim['power'])}.</li>")
 
 
 def _uniform_note(results: dict[str, Any]) -> str:
@@ -181,10 +180,11 @@ def _verdicts(results: dict[str, Any]) -> str:
     if not lines:
         return "<p>None of the paper's claims can be checked with these conditions (they need runs with and " \
                "without CutMix or AutoAugment).</p>" + _uniform_note(results)
-    rule = ("<p>Verdicts: <b>reproduced</b> when the difference goes the paper's way by at least the threshold "
-            "(half the paper's effect) and its 95% interval excludes zero; <b>not reproduced</b> when the whole "
-            "interval stays short of the threshold; <b>inconclusive</b> otherwise. A difference far below the "
-            "threshold is not a finding, whatever its interval.</p>")
+    rule = ("<p>Verdicts (one rule for every study, <code>vitscope.stats.compare</code>; the unit is the seed): "
+            "<b>reproduced</b> when the 95% interval excludes zero in the paper's direction and the difference "
+            "reaches half the paper's effect; <b>not reproduced</b> when the whole interval lies below half the "
+            "paper's effect; <b>inconclusive</b> otherwise, and always with fewer than 2 seeds per side. The "
+            "interval is Welch's t-interval over seeds, which holds at 2-10 seeds.</p>")
     return "<ul>" + "".join(lines) + "</ul>" + _uniform_note(results) + rule
 
 
@@ -229,10 +229,11 @@ def build_report(out: str | Path) -> Path:
     results = json.loads(results_file.read_text())
     paths = make_figures(out, results)
     early = _early(results)
-    claims = [{"comparison": _name(c), "measure": c["measure"], "verdict": c["verdict"], "with": c["with"],
+    claims = [{"comparison": _name(c), "measure": c["measure"], "paper effect": c["expected"], "with": c["with"],
                "without": c["without"], "difference": c["difference"], "ci95_low": c["ci95_low"],
-               "ci95_high": c["ci95_high"], "threshold": c["threshold"], "runs_with": c["runs_with"],
-               "runs_without": c["runs_without"]} for c in _judged(results)]
+               "ci95_high": c["ci95_high"], "seeds per side": f"{c['runs_with']} vs {c['runs_without']}",
+               "method": c["method"], "threshold": c["threshold"], "verdict": c["verdict"], "power": c["power"]}
+              for c in _judged(results)]
     summary = [row | {"early_entropy_mean": float(np.nanmean([row[f"entropy_layer{i + 1}_mean"] for i in early]))}
                for row in results["summary"]]
     per_run = [{"condition": r["condition"], "seed": r["seed"], "accuracy": r["accuracy"],
@@ -248,8 +249,9 @@ def build_report(out: str | Path) -> Path:
         "<h2>What this run shows</h2>", _verdicts(results),
         f"<p>Paper (arXiv 2605.16390): {html.escape(PAPER['cutmix_min_early_mad'])}; "
         f"{html.escape(PAPER['accuracy'])}.</p>",
-        "<h2>Claims checked</h2><p>Each comparison once; differences are (with) - (without); 95% bootstrap "
-        "intervals resample seeds and, for MAD, the heads of the early layers.</p>", table(claims),
+        "<h2>Claims checked</h2><p>Each comparison once; differences are (with) - (without), one value per seed "
+        "(for MAD, each seed's own minimum over its early heads); 95% Welch t-intervals over seeds.</p>",
+        table(claims),
         "<h2>Summary per condition</h2>",
         table(summary, ["condition", "seeds", "accuracy_mean", "accuracy_std", "min_early_mad_mean",
                          "min_early_mad_std", "early_entropy_mean"]),

@@ -14,7 +14,15 @@ from vitscope.report.html import fmt, image, index_link, page, table
 from vitscope.report.norm_figures import high_norm_maps
 from vitscope.report.openings import registers_opening
 from vitscope.studies.registers import load_census_tensors
-from vitscope.studies.registers_findings import ENRICHMENT, MAX_FRACTION, MIN_RATIO, detector_check, findings
+from vitscope.studies.registers_findings import (
+    EFFECTS,
+    ENRICHMENT,
+    MAX_FRACTION,
+    MIN_HELD_OUT,
+    MIN_RATIO,
+    detector_check,
+    findings,
+)
 
 TERMS = ("<p><b>Terms, used once and for all.</b> A <i>high-norm token</i> is a patch token whose L2 norm (block "
          "output, before the final norm) exceeds a threshold fixed on the detection layer and applied to every "
@@ -260,9 +268,18 @@ def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
 
 def _verdict_list(entries: list[dict[str, Any]]) -> str:
     css = {"reproduced": "reproduced", "not reproduced": "not", "mixed": "not"}
-    items = "".join(f"<li><span class='{css.get(e['verdict'], 'untested')}'>{html.escape(e['verdict'])}</span>: "
-                    f"{html.escape(e['published'])}. <i>{html.escape(e['evidence'])}.</i></li>" for e in entries)
-    return f"<ul>{items}</ul>"
+    items = "".join(f"<li><span class='{css.get(e['verdict'], 'untested')}'>{html.escape(e['verdict'])}</span> "
+                    f"(our measurement {html.escape(e['agrees'])} with the paper): {html.escape(e['published'])}. "
+                    f"<i>{html.escape(e['evidence'])}.</i></li>" for e in entries)
+    effects = table([{"measure (high-norm - normal)": metric, "paper's direction": "higher" if sign > 0 else "lower",
+                      "effect": effect, "threshold (half)": effect / 2, "source": source}
+                     for metric, (sign, effect, source) in EFFECTS.items()])
+    rule = (f"<p>A comparison of high-norm and normal tokens follows the one rule of every study "
+            f"(<code>vitscope.stats.compare</code>): a 95% interval that resamples images, never tokens, and at least "
+            f"{MIN_HELD_OUT} held-out tokens in each group; reproduced when the interval excludes zero in the "
+            f"paper's direction and the difference reaches half the effect, not reproduced when the whole interval "
+            f"lies below half the effect, inconclusive otherwise. The effects, stated once:</p>")
+    return f"<ul>{items}</ul>{rule}{effects}"
 
 
 def _scale_note(results: dict[str, Any]) -> str:

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from vitscope.metrics import early_layers as metrics_early_layers
+from vitscope.studies.locality_verdicts import judge
 from vitscope.train.protocols import COMPONENTS, parse_protocol, protocol_name
 
-BOOTSTRAP_SAMPLES = 2000
 PAPER = {  # arXiv 2605.16390, CIFAR-100, vit-compact
     "cutmix_min_early_mad": "every condition with CutMix <= 0.024, every one without >= 0.210 "
                             "(Baseline 0.316 vs Modern 0.008)",
@@ -57,50 +57,29 @@ def summarize(records: list[dict[str, Any]], early_layers: list[int] | None = No
     return rows
 
 
-def _bootstrap_min_mad(runs: list[dict[str, Any]], early_layers, rng: np.random.Generator) -> np.ndarray:
-    """Bootstrap distribution (B,) of the mean over runs of the minimum early-layer MAD, resampling runs
-    (seeds) and, within each run, its early heads."""
-    per_run = []
-    for run in runs:
-        heads = early_heads(run, early_layers)
-        picks = rng.integers(0, heads.size, size=(BOOTSTRAP_SAMPLES, heads.size))
-        per_run.append(heads[picks].min(axis=1))
-    per_run = np.stack(per_run, axis=1)  # (B, runs)
-    choice = rng.integers(0, len(runs), size=(BOOTSTRAP_SAMPLES, len(runs)))
-    return np.take_along_axis(per_run, choice, axis=1).mean(axis=1)
-
-
-def _bootstrap_accuracy(runs: list[dict[str, Any]], rng: np.random.Generator) -> np.ndarray:
-    acc = np.asarray([r["accuracy"] for r in runs], dtype=float)
-    return acc[rng.integers(0, len(acc), size=(BOOTSTRAP_SAMPLES, len(acc)))].mean(axis=1)
-
-
-def _compare(name: str, measure: str, with_runs, without_runs, early_layers, seed: int) -> dict[str, Any] | None:
+def _compare(name: str, measure: str, with_runs, without_runs, early_layers) -> dict[str, Any] | None:
+    """One comparison, with - without, judged on one value per seed (each run's own accuracy or minimum
+    early-layer MAD) by ``locality_verdicts.judge``."""
     if not with_runs or not without_runs:
         return None
     if measure == "accuracy" and any(r["accuracy"] is None for r in with_runs + without_runs):
         return None
-    rng = np.random.default_rng(seed)
     if measure == "min_early_mad":
-        a = _bootstrap_min_mad(with_runs, early_layers, rng)
-        b = _bootstrap_min_mad(without_runs, early_layers, rng)
-        point_a = np.mean([min_early_mad(r, early_layers) for r in with_runs])
-        point_b = np.mean([min_early_mad(r, early_layers) for r in without_runs])
+        values_with = [min_early_mad(r, early_layers) for r in with_runs]
+        values_without = [min_early_mad(r, early_layers) for r in without_runs]
     else:
-        a, b = _bootstrap_accuracy(with_runs, rng), _bootstrap_accuracy(without_runs, rng)
-        point_a = np.mean([r["accuracy"] for r in with_runs])
-        point_b = np.mean([r["accuracy"] for r in without_runs])
-    low, high = np.percentile(a - b, [2.5, 97.5])
-    return {"claim": name, "measure": measure, "with": float(point_a), "without": float(point_b),
-            "difference": float(point_a - point_b), "ci95_low": float(low), "ci95_high": float(high),
-            "runs_with": len(with_runs), "runs_without": len(without_runs),
-            "conditions_with": sorted({r["condition"] for r in with_runs}),
-            "conditions_without": sorted({r["condition"] for r in without_runs}),
-            "interval_excludes_zero": bool(low > 0 or high < 0)}
+        values_with = [float(r["accuracy"]) for r in with_runs]
+        values_without = [float(r["accuracy"]) for r in without_runs]
+    return judge({"claim": name, "measure": measure, "with": float(np.nanmean(values_with)),
+                  "without": float(np.nanmean(values_without)), "values_with": values_with,
+                  "values_without": values_without,
+                  "conditions_with": sorted({r["condition"] for r in with_runs}),
+                  "conditions_without": sorted({r["condition"] for r in without_runs})})
 
 
 def claims(records: list[dict[str, Any]], early_layers: list[int] | None = None) -> list[dict[str, Any]]:
-    """Checks of the paper's claims that the conditions present allow, each with a 95% bootstrap interval."""
+    """Checks of the paper's claims that the conditions present allow, each over seeds with its 95% interval and
+    verdict (``vitscope.stats.compare``, through ``locality_verdicts.judge``)."""
     comps = {r["condition"]: parse_protocol(r["condition"]) for r in records}
     out = []
     for component in COMPONENTS:
@@ -109,7 +88,7 @@ def claims(records: list[dict[str, Any]], early_layers: list[int] | None = None)
         alone = [r for r in records if r["condition"] == protocol_name(frozenset({component}))]
         base = [r for r in records if r["condition"] == "baseline"]
         for measure in ("min_early_mad", "accuracy"):
-            out.append(_compare(f"conditions with {component} vs without", measure, has, lacks, early_layers, 1))
+            out.append(_compare(f"conditions with {component} vs without", measure, has, lacks, early_layers))
             out.append(_compare(f"baseline+{component} vs baseline ({component} alone)", measure, alone, base,
-                                early_layers, 2))
+                                early_layers))
     return [c for c in out if c is not None]

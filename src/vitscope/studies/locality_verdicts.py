@@ -1,13 +1,13 @@
 """Plain verdicts on the locality paper's claims (arXiv 2605.16390) from a study's comparisons.
 
-Each claim the paper makes has an expected effect and an effect-size threshold, half the paper's effect: a
-difference smaller than that is not a finding, whatever its interval. A comparison (``claims`` of
-``locality_results``: with - without, 95% bootstrap interval) is judged:
+Each claim's paper effect is stated once, in ``PAPER_CLAIMS``; the rule is ``vitscope.stats.compare``'s, the same
+for every study. A comparison (``claims`` of ``locality_results``: with - without, one value per seed, every seed
+used) is judged on the seeds: Welch's t-interval, and
 
-* **reproduced**: the difference goes the paper's way by at least the threshold and its interval excludes zero;
-* **not reproduced**: the whole interval stays short of the threshold in the paper's direction (no effect of
-  the paper's size, or one the other way);
-* **inconclusive**: otherwise (the interval reaches both sides of the threshold).
+* **reproduced**: the interval excludes zero in the paper's direction and the difference reaches half the paper's
+  effect;
+* **not reproduced**: the whole interval lies below half the paper's effect in the paper's direction;
+* **inconclusive**: otherwise, and always with fewer than 2 seeds per side.
 """
 
 from __future__ import annotations
@@ -15,23 +15,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vitscope.stats import compare
 from vitscope.train.protocols import COMPONENTS
 
 
 @dataclass(frozen=True)
 class PaperClaim:
     text: str
-    expected: float  # the paper's difference, with - without
-    threshold: float  # smallest difference (in the paper's direction) that counts as reproducing it
+    effect: float  # the paper's difference, with - without
     unit: str
+
+    @property
+    def sign(self) -> int:
+        return 1 if self.effect > 0 else -1
+
+    @property
+    def threshold(self) -> float:
+        """Half the paper's effect, as a magnitude: the smallest difference that counts as reproducing it."""
+        return abs(self.effect) / 2
 
 
 PAPER_CLAIMS: dict[tuple[str, str], PaperClaim] = {
     ("cutmix", "min_early_mad"): PaperClaim(
         "CutMix makes early layers attend locally: minimum early-layer MAD falls by about 0.2 "
-        "(paper: <= 0.024 with CutMix, >= 0.210 without)", -0.2, 0.1, "normalised MAD"),
-    ("cutmix", "accuracy"): PaperClaim("CutMix adds about 6-7 accuracy points", 0.065, 0.03, "top-1"),
-    ("autoaugment", "accuracy"): PaperClaim("AutoAugment adds about 6-7 accuracy points", 0.065, 0.03, "top-1"),
+        "(paper: <= 0.024 with CutMix, >= 0.210 without)", -0.2, "normalised MAD"),
+    ("cutmix", "accuracy"): PaperClaim("CutMix adds about 6-7 accuracy points", 0.065, "top-1"),
+    ("autoaugment", "accuracy"): PaperClaim("AutoAugment adds about 6-7 accuracy points", 0.065, "top-1"),
 }
 
 
@@ -41,22 +50,22 @@ def component_of(claim: dict[str, Any]) -> str | None:
 
 
 def judge(claim: dict[str, Any]) -> dict[str, Any]:
-    """``claim`` with ``verdict`` (reproduced / not reproduced / inconclusive / no paper claim), the paper's
-    claim text, expected effect and threshold added."""
+    """``claim`` (with ``values_with`` and ``values_without``, one value per seed) with the comparison of
+    ``vitscope.stats.compare`` added: ``difference``, ``ci95_low``/``ci95_high``, ``method``, ``verdict``,
+    ``reason``, ``power``, and the paper's claim text, effect and threshold. A comparison the paper makes no claim
+    about gets its interval and the verdict ``no paper claim``."""
     paper = PAPER_CLAIMS.get((component_of(claim), claim["measure"]))
+    a, b = claim["values_with"], claim["values_without"]
+    result = compare(a, b, sign=paper.sign if paper else 1, threshold=paper.threshold if paper else 1.0)
+    shown = {"difference": result.difference, "ci95_low": result.low, "ci95_high": result.high,
+             "method": result.method, "runs_with": result.n_a, "runs_without": result.n_b}
     if paper is None:
-        return claim | {"verdict": "no paper claim", "paper": None, "expected": None, "threshold": None}
-    sign = 1.0 if paper.expected > 0 else -1.0
-    effect = sign * claim["difference"]
-    low, high = sorted((sign * claim["ci95_low"], sign * claim["ci95_high"]))
-    if effect >= paper.threshold and low > 0:
-        verdict = "reproduced"
-    elif high < paper.threshold:
-        verdict = "not reproduced"
-    else:
-        verdict = "inconclusive"
-    return claim | {"verdict": verdict, "paper": paper.text, "expected": paper.expected,
-                    "threshold": paper.threshold, "unit": paper.unit}
+        return claim | shown | {"verdict": "no paper claim", "reason": "", "power": "", "paper": None,
+                                "expected": None, "threshold": None}
+    return claim | shown | {"verdict": result.verdict, "reason": result.reason, "power": result.power_line(),
+                            "min_detectable": result.min_detectable, "seeds_needed": result.seeds_needed,
+                            "paper": paper.text, "expected": paper.effect, "threshold": paper.threshold,
+                            "unit": paper.unit}
 
 
 def distinct(claims: list[dict[str, Any]]) -> list[dict[str, Any]]:

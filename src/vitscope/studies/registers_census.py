@@ -90,6 +90,15 @@ def _row(model: str, layer: int, group: str, metric: str, value: float, n: int, 
             "value": float(value), "n": int(n), **extra}
 
 
+def _per_image(values: Tensor, pick: Tensor) -> dict[str, list]:
+    """Per image with picked patches: the sum of ``values`` (images, patches) over ``pick`` and the count, the
+    ``units`` that image-clustered intervals resample (``vitscope.stats.compare``)."""
+    counts = pick.sum(1)
+    keep = counts > 0
+    sums = (values.double() * pick).sum(1)
+    return {"images": keep.nonzero().flatten().tolist(), "sums": sums[keep].tolist(), "counts": counts[keep].tolist()}
+
+
 def _histograms(norms: dict[str, list[Tensor]], layers: list[int]) -> dict[str, Any]:
     """Log-spaced bin edges shared by every layer and group, and counts per (group, layer)."""
     values = torch.cat([t.flatten() for group in norms.values() for t in group if t.numel()])
@@ -187,8 +196,9 @@ def _location_rows(label: str, layer: int, high: Tensor, local: tuple[Tensor, Te
         for group, pick in (("high-norm", high), ("normal", ~high)):
             count = int(pick.sum())
             if count:
-                rows.append(_row(label, layer, group, "patch_intensity", intensity[pick].mean(), count, **extra))
-                rows.append(_row(label, layer, group, "patch_local_variance", variance[pick].mean(), count, **extra))
+                for metric, values in (("patch_intensity", intensity), ("patch_local_variance", variance)):
+                    rows.append(_row(label, layer, group, metric, values[pick].mean(), count, **extra)
+                                | {"units": _per_image(values, pick)})
     if objects is not None:
         share = region_share(high, objects)
         if share["count_high"]:

@@ -184,7 +184,8 @@ def probe_sets(study: SparseStudy, cfg: TrainConfig | None):
 
 
 def dense_sets(study: SparseStudy) -> DenseSets:
-    """The ``--seg`` / ``--depth`` sets as (train, eval) pairs, loaded once per run."""
+    """The ``--seg`` / ``--depth`` sets as (train, eval) pairs, loaded once per run; a size limit draws a seeded
+    random sample (seed 0, the same images for every run), recorded in each run's ``dense_subsets``."""
     sizes = study.measure.dense_images
     out = DenseSets()
     for task, given, target in (("segmentation", study.seg, out.seg), ("depth", study.depth, out.depth)):
@@ -232,12 +233,16 @@ def _train_and_measure(study: SparseStudy, spec: RunSpec, device: str) -> dict[s
         model = load_model(cfg.out)
         source = {"trained": cfg.to_dict()}
     train_set, eval_set = probe_sets(study, cfg)
+    dense = dense_sets(study)
     record = measure_backbone(model, spec.condition, train_set, eval_set, study.measure, dev, folder,
-                              seed=spec.seed, progress=study.progress, dense_sets=dense_sets(study))
+                              seed=spec.seed, progress=study.progress, dense_sets=dense)
     normaliser = getattr(getattr(model, "cfg", None), "attention", None)
     record.update({"condition": spec.condition, "seed": spec.seed, "normaliser": normaliser, "source": source,
                    "training": {k: (summary or {}).get(k) for k in ("epochs", "steps", "eval")},
                    "probe_subsets": {"train": train_set.selection, "eval": eval_set.selection},
+                   "dense_subsets": {f"{kind}:{name}": {split.split: split.settings.get("subset") for split in pair}
+                                     for kind, sets in (("seg", dense.seg), ("depth", dense.depth))
+                                     for name, pair in sets.items()},
                    "schema_version": SCHEMA_VERSION})
     return record
 

@@ -4,7 +4,7 @@ For one model (a trained run's teacher backbone, or a given ``--model``), on a p
 evaluation split:
 
 * image: linear-probe top-1 (logistic regression on the last layer's CLS) and weighted kNN top-1 (k = 20,
-  temperature 0.07), with the per-image correctness kept for paired bootstrap intervals;
+  temperature 0.07), with the per-image correctness kept in the run's record;
 * attention, per layer and head (patch queries and keys): fraction of exact zeros, mean support size, mean
   attention distance (normalized) and normalised entropy;
 * semantic diffusion per token layer (``vitscope.probes.diffusion``), with per-image cosines at the last layer
@@ -108,7 +108,7 @@ def image_probes(model: nn.Module, train: ImageDataset, eval_set: ImageDataset, 
 def diffusion(model: nn.Module, label: str, dataset: ImageDataset, settings: MeasureSettings,
               device: torch.device, cache: Path | bool, seed: int, progress: bool) -> dict[str, Any]:
     """Semantic-diffusion rows per token layer, and the last layer's scores with per-image cosines and
-    per-token hits (for paired bootstrap intervals)."""
+    per-token hits (kept in the run's record; verdicts are over seeds)."""
     result = semantic_diffusion(model, dataset, settings.layers, max_tokens=settings.diffusion_tokens,
                                 baseline=settings.random_baseline, label=label, batch_size=settings.batch_size,
                                 device=device, cache=cache, seed=seed, progress=progress,

@@ -1,14 +1,11 @@
 """Rows, summaries and claim verdicts of a sparse-attention study, from per-run records (pure numpy).
 
 A record is one measured backbone (``vitscope.studies.sparse_measure``) with its condition and seed. Claims
-compare each condition with ``softmax``: the difference (condition - softmax), a 95 % bootstrap interval
-(over seeds when both sides have at least two, else paired over the same evaluation images, tokens or heads)
-and a verdict against an effect-size threshold ``t`` in the direction the paper predicts:
-
-* reproduced: the interval excludes zero on the predicted side and the difference is at least ``t``;
-* not reproduced: the interval lies on the wrong side of zero, or below ``t`` on the predicted side (no effect
-  of the claimed size);
-* inconclusive at this scale: anything else.
+compare each condition with ``softmax`` on one value per seed, every seed of both sides used: the difference
+(condition - softmax), its 95 % interval and the verdict of the one rule (``vitscope.stats.compare``: Welch's
+t-interval over seeds; reproduced when it excludes zero in the paper's direction and the difference reaches half
+the claim's effect, not reproduced when it lies wholly below half the effect, inconclusive otherwise and always
+with fewer than 2 seeds per side). Each claim's effect is stated once, in ``sparse_presets.CLAIM_EFFECTS``.
 """
 
 from __future__ import annotations
@@ -19,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from vitscope.files import write_csv, write_json
-from vitscope.studies.sparse_presets import THRESHOLDS
+from vitscope.stats import compare
+from vitscope.studies.sparse_presets import claim_effect
 
-BOOTSTRAP_SAMPLES = 2000
 BASELINE = "softmax"
 # measure -> (what it is, predicted sign for a sparse normaliser against softmax: +1 higher, -1 lower)
 CLAIMS = {
@@ -63,23 +60,6 @@ def run_value(record: dict[str, Any], measure: str) -> float:
     return float("nan") if value is None else float(value)
 
 
-def units(record: dict[str, Any], measure: str) -> np.ndarray:
-    """The bootstrap units of one run: per-image correctness, per-token hits, per-image cosines or per-head
-    zero fractions (1-D, NaN where undefined)."""
-    if measure.startswith(("seg:", "depth:")):
-        return np.asarray([], dtype=float)  # one confusion matrix / pooled score per run: no per-image units
-    if measure == "linear_top1":
-        return np.asarray(record["image"]["linear_correct"], dtype=float)
-    if measure == "knn_top1":
-        return np.asarray(record["image"]["knn_correct"], dtype=float)
-    last = record["diffusion"]["last_layer"]
-    if measure == "diffusion_top1":
-        return np.asarray(last.get("hits") or [], dtype=float)
-    if measure == "diffusion_cosine":
-        return np.asarray(last.get("cosines") or [], dtype=float)
-    return np.asarray(record["attention"]["zeros"], dtype=float).ravel()
-
-
 def mean_std(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for one value) ignoring NaN."""
     arr = np.asarray(values, dtype=float)
@@ -89,52 +69,10 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else 0.0
 
 
-def bootstrap_difference(a_runs: list[dict[str, Any]], b_runs: list[dict[str, Any]], measure: str,
-                         seed: int = 0) -> tuple[float, float, str]:
-    """95 % interval of mean(a) - mean(b): over seeds when both sides have two or more runs, else paired over
-    the units of the two first runs (same images), or unpaired when their unit counts differ."""
-    rng = np.random.default_rng(seed)
-    if len(a_runs) > 1 and len(b_runs) > 1:
-        a = np.asarray([run_value(r, measure) for r in a_runs])
-        b = np.asarray([run_value(r, measure) for r in b_runs])
-        diffs = (a[rng.integers(0, len(a), (BOOTSTRAP_SAMPLES, len(a)))].mean(1)
-                 - b[rng.integers(0, len(b), (BOOTSTRAP_SAMPLES, len(b)))].mean(1))
-        over = "seeds"
-    else:
-        a, b = units(a_runs[0], measure), units(b_runs[0], measure)
-        if measure != "attention_zeros" and a.shape == b.shape and a.size:
-            keep = ~(np.isnan(a) | np.isnan(b))
-            delta = (a - b)[keep]
-            diffs = delta[rng.integers(0, delta.size, (BOOTSTRAP_SAMPLES, delta.size))].mean(1)
-            over = {"diffusion_top1": "background tokens (paired)", "diffusion_cosine": "images (paired)"}.get(
-                measure, "images (paired)")
-        else:
-            a, b = a[~np.isnan(a)], b[~np.isnan(b)]
-            if not a.size or not b.size:
-                return float("nan"), float("nan"), "nothing (one run per side, no per-image units: use several seeds)"
-            diffs = (a[rng.integers(0, a.size, (BOOTSTRAP_SAMPLES, a.size))].mean(1)
-                     - b[rng.integers(0, b.size, (BOOTSTRAP_SAMPLES, b.size))].mean(1))
-            over = "heads" if measure == "attention_zeros" else "units (unpaired)"
-    low, high = np.percentile(diffs, [2.5, 97.5])
-    return float(low), float(high), over
-
-
-def verdict(difference: float, low: float, high: float, sign: int | None, threshold: float) -> str:
-    """reproduced / not reproduced / inconclusive at this scale (module docstring), or 'no claim'."""
-    if sign is None:
-        return "no claim"
-    if any(np.isnan(v) for v in (difference, low, high)):
-        return "inconclusive at this scale"
-    d, lo, hi = sign * difference, *sorted((sign * low, sign * high))
-    if lo > 0 and d >= threshold:
-        return "reproduced"
-    if hi < 0 or hi < threshold:
-        return "not reproduced"
-    return "inconclusive at this scale"
-
-
 def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every condition against softmax on every claim measure, with its interval and verdict in plain words."""
+    """Every condition against softmax on every claim measure, over seeds, with its interval, verdict, power line
+    and a sentence in plain words. Conditions without a sparse normaliser (registers only) are shown with their
+    interval but not judged (verdict 'no claim')."""
     by_condition = _by_condition(records)
     if BASELINE not in by_condition:
         return []
@@ -145,34 +83,33 @@ def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         sparse = (runs[0].get("normaliser") or condition.split("+")[0]) != BASELINE
         for measure, (what, predicted) in (CLAIMS | dense_claims(records)).items():
-            a, b = mean_std([run_value(r, measure) for r in runs])[0], mean_std([run_value(r, measure)
-                                                                                  for r in base])[0]
-            difference = a - b
-            low, high, over = bootstrap_difference(runs, base, measure)
+            effect, source = claim_effect(measure)
+            values, baseline_values = [run_value(r, measure) for r in runs], [run_value(r, measure) for r in base]
+            result = compare(values, baseline_values, sign=predicted, threshold=effect / 2)
             sign = predicted if sparse else None
-            threshold = THRESHOLDS[measure.split(":")[0] if ":" in measure else measure]
-            result = verdict(difference, low, high, sign, threshold)
+            verdict = result.verdict if sparse else "no claim"
             out.append({"condition": condition, "baseline": BASELINE, "measure": measure, "what": what,
-                        "value": a, "baseline_value": b, "difference": difference, "ci95_low": low,
-                        "ci95_high": high, "interval_over": over, "threshold": threshold,
-                        "predicted": {1: "higher", -1: "lower", None: "none"}[sign], "verdict": result,
-                        "runs": len(runs), "baseline_runs": len(base),
-                        "sentence": _sentence(condition, what, difference, low, high, over, sign, threshold,
-                                              result)})
+                        "value": mean_std(values)[0], "baseline_value": mean_std(baseline_values)[0],
+                        "values": values, "baseline_values": baseline_values, "difference": result.difference,
+                        "ci95_low": result.low, "ci95_high": result.high, "method": result.method,
+                        "paper_effect": predicted * effect, "effect_source": source, "threshold": effect / 2,
+                        "predicted": {1: "higher", -1: "lower", None: "none"}[sign], "verdict": verdict,
+                        "reason": result.reason if sparse else "the paper predicts nothing for registers alone",
+                        "power": result.power_line() if sparse else "", "runs": result.n_a,
+                        "baseline_runs": result.n_b, "sentence": _sentence(condition, what, result, sign)})
     return out
 
 
-def _sentence(condition: str, what: str, difference: float, low: float, high: float, over: str,
-              sign: int | None, threshold: float, result: str) -> str:
-    direction = "higher" if difference > 0 else "lower"
-    interval = f"95% interval {low:+.3f} to {high:+.3f}, bootstrap over {over}" if low == low else \
-        "no interval: one run per side and no per-image units; use several seeds"
-    said = f"{condition} vs softmax, {what}: {direction} by {abs(difference):.3f} ({interval})"
+def _sentence(condition: str, what: str, result: Any, sign: int | None) -> str:
+    direction = "higher" if result.difference > 0 else "lower"
+    interval = f"95% interval {result.low:+.3g} to {result.high:+.3g}" if result.low == result.low else "no interval"
+    said = f"{condition} vs softmax, {what}: {direction} by {abs(result.difference):.3g} ({interval}; " \
+           f"{result.n_a} vs {result.n_b} seeds, {result.method})"
     if sign is None:
         return f"{said}; the paper makes no prediction for registers, so this is shown, not judged."
     expected = "higher" if sign > 0 else "lower"
-    return f"{said}; the paper predicts {expected} with sparse attention; with an effect-size threshold of " \
-           f"{threshold:g}: {result}."
+    return f"{said}; the paper's direction is {expected} by {result.paper_effect:.3g}: {result.verdict} " \
+           f"({result.reason}); {result.power_line()}."
 
 
 def _by_condition(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
