@@ -82,3 +82,17 @@ def test_a_trained_backbone_segments_the_demo_scenes_better_than_its_random_twin
     miou = {r["model"]: r["value"] for r in result.rows if r["metric"] == "miou"}
     assert miou["trained"] > miou["trained (random init)"] + 1.0, miou
     assert miou["trained"] > miou["chance"] + 1.0, miou
+
+
+def test_the_sparse_headline_states_zeros_per_layer_and_what_the_demo_leaves_out():
+    from vitscope.report.sparse import left_out, zero_line
+
+    runs = [{"condition": "softmax", "attention": {"zeros": [[0.0, 0.0], [0.0, 0.0]]}},
+            {"condition": "entmax15", "attention": {"zeros": [[0.2, 0.4], [0.5, 0.7]]}},
+            {"condition": "entmax15", "attention": {"zeros": [[0.4, 0.2], [0.5, 0.5]]}}]
+    line = zero_line({"runs": runs})
+    assert "<b>softmax</b> 0%, 0%" in line and "<b>entmax15</b> 30%, 55%" in line  # mean over heads and seeds
+    demo = {"settings": {"preset": "demo"}, "summary": [{"group": "seg:synthetic-texture", "metric": "miou"}]}
+    text = left_out(demo)
+    assert "depth" in text and "Point-in-Box" in text and "chance 100 %" in text
+    assert left_out({"settings": {"preset": "compact"}, "summary": []}) == ""

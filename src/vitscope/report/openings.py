@@ -30,15 +30,16 @@ PAPER_SCALE = {
                   "--data-dir /data/imagenet-val --eval-images 5000 --out registers-paper",
                   "about 1 hour for the census of the 14 pretrained models on 5,000 images (an estimate)"),
 }
-UNJUDGED = ("no claim", "not judged", "untested")  # rows shown in a report but not claims of the paper
-VERDICT_CLASS = {"reproduced": "reproduced", "not reproduced": "not", "inconclusive": "untested"}
+UNJUDGED = ("no claim", "no paper claim", "not judged")  # rows shown in a report but not claims of the paper
+VERDICT_CLASS = {"reproduced": "reproduced", "not reproduced": "not", "inconclusive": "untested", "mixed": "untested",
+                 "not testable": "untested"}
 
 
 def _text(claim: dict[str, Any]) -> str:
     if claim.get("condition") and claim.get("measure"):  # the sparse study: one row per condition and measure
         predicted = f" (paper: {claim['predicted']})" \
             if claim.get("predicted") not in (None, "none") else ""
-        return f"{claim['condition']} vs softmax: {claim['measure']}{predicted}"
+        return f"{claim['condition']} vs softmax: {claim.get('what') or claim['measure']}{predicted}"
     for key in ("paper", "published", "claim", "sentence", "finding"):
         if claim.get(key):
             return str(claim[key])
@@ -46,10 +47,13 @@ def _text(claim: dict[str, Any]) -> str:
 
 
 def _detail(claim: dict[str, Any]) -> str:
-    for key in ("reason", "evidence", "sentence"):
-        if claim.get(key) and claim.get(key) != _text(claim):
-            return str(claim[key])
-    return ""
+    """Why the verdict: the rule's reason (and power line), or the evidence; whether it agrees with the paper."""
+    parts = [str(claim[k]) for k in ("reason", "power", "evidence") if claim.get(k)]
+    if not parts and claim.get("sentence") and claim["sentence"] != _text(claim):
+        parts.append(str(claim["sentence"]))
+    if claim.get("agrees"):
+        parts.append(f"agreement with the paper: {claim['agrees']}")
+    return "; ".join(parts)
 
 
 def rows(study: str, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
