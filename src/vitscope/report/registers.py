@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vitscope.files import atomic_write_bytes
+from vitscope.models import PRESETS
 from vitscope.report import registers_figures as rf
 from vitscope.report.html import fmt, image, index_link, page, table
 from vitscope.report.norm_figures import high_norm_maps
@@ -202,6 +203,7 @@ def _chance_of(row: dict[str, Any], label: str, owned: bool) -> bool:
 def _probe_tables(results: dict[str, Any]) -> str:
     rows, parts = results["rows"], []
     metrics = ("position_top1", "position_distance", "pixels_mse", "pixels_mlp_mse", "class_top1")
+    metrics = tuple(m for m in metrics if any(r["metric"] == m for r in rows))  # only the probes that ran
     for m in results["models"]:
         label = m["label"]
         owned = any(r.get("chance_for") == label for r in rows)
@@ -227,9 +229,10 @@ def _probe_tables(results: dict[str, Any]) -> str:
 
 def _title(model: dict[str, Any]) -> str:
     """A model's label as titles show it: random weights said so."""
-    spec = str(model.get("spec") or "")
-    random = not model.get("training") and not model.get("planted") and not model.get("weights") and (
-        spec.startswith("timm:") or "random" in model["label"])
+    entry = model.get("entry") or {}
+    spec = str(entry.get("spec") or "")
+    random = not model.get("training") and not model.get("planted") and not entry.get("weights") and (
+        spec.startswith(("timm:", "hf:", "open_clip:")) or spec in PRESETS)
     return f"{model['label']} ({spec}, random weights)" if random else model["label"]
 
 
@@ -340,7 +343,9 @@ def build_report(out: str | Path) -> Path:
                      image(paths["fraction"], "high-norm fraction per layer")]
     sections += ["<h2>Token norms (log scale)</h2>"] + [image(p, k) for k, p in paths.items() if k.startswith("hist:")]
     sections += ["<h2>Artifact maps (detection layer, first threshold; red: high-norm)</h2>"]
-    sections += [f"<h3>{html.escape(k[5:])}</h3>" + image(p, k) for k, p in paths.items() if k.startswith("maps:")]
+    titles = {m["label"]: _title(m) for m in results["models"]}
+    sections += [f"<h3>{html.escape(titles.get(k[5:], k[5:]))}</h3>" + image(p, k) for k, p in paths.items()
+                 if k.startswith("maps:")]
     sections += ["<h2>Where high-norm tokens sit</h2>", table(_location(results)),
                  "<h2>What attends to them</h2>", table(_attention(results))]
     stages = _stages(results)

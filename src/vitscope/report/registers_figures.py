@@ -35,18 +35,23 @@ def norm_histograms(histograms: dict[str, Any], thresholds: list[dict[str, Any]]
                 ax.step(centres, np.where(values > 0, values, np.nan), where="mid", color=GROUP_COLOURS[group],
                         label=group, lw=1)
         stage = (stages or {}).get(layer)
+        drawn = []
         for t in thresholds:
             if t.get("stage") not in (None, stage) or not np.isfinite(t["value"]):
                 continue
             if edges[0] <= t["value"] <= edges[-1]:
                 ax.axvline(t["value"], color="k", ls=("-", "--", ":")[specs.index(t["spec"]) % 3], lw=0.8,
                            label=f"threshold {t['spec']}")
+                drawn.append(t["value"])
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlim(edges[0], edges[-1])
-        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        shown = [c for g in histograms["counts"].values() if str(layer) in g
+                 for c, n in zip(centres, g[str(layer)], strict=True) if n > 0] + drawn
+        low, high = (min(shown) / 1.08, max(shown) * 1.08) if shown else (edges[0], edges[-1])
+        ax.set_xlim(low, high)  # four labelled values, however narrow the range (log axes label decades only)
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(np.geomspace(low * 1.02, high / 1.02, 4)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.tick_params(labelsize=6)
         ax.set_ylim(bottom=0.7)
         ax.set_title(f"layer {layer}" + (f" (stage {stage})" if stage else ""), fontsize=8)
@@ -59,7 +64,7 @@ def norm_histograms(histograms: dict[str, Any], thresholds: list[dict[str, Any]]
     for ax in axes.ravel():
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
-    fig.legend(list(handles.values()), list(handles), fontsize=6, loc="outside right upper")
+    fig.legend(list(handles.values()), list(handles), fontsize=6, loc="outside lower center", ncols=len(handles))
     fig.suptitle(title, fontsize=9)
     return save_figure(fig, path)
 
