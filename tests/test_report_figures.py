@@ -100,3 +100,17 @@ def test_per_layer_has_a_heading_and_names_its_band(tmp_path, figures_made):
     assert ax.get_title() == "MAD per layer"
     assert "baseline: min-max over heads and seeds" in [t.get_text() for t in ax.get_legend().get_texts()]
     assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_locality_settings_show_each_runs_effective_protocol_and_layers_read_as_numbers():
+    from vitscope.report.locality import _settings, effective_config, layer_list
+
+    config = {"label_smoothing": 0.1, "cutmix_alpha": 1.0, "epochs": 2}
+    assert effective_config(config, "baseline") == {"label_smoothing": "off", "cutmix_alpha": "off", "epochs": 2}
+    assert effective_config(config, "baseline+cutmix")["cutmix_alpha"] == 1.0
+    runs = [{"condition": c, "seed": 0, "train_config": config} for c in ("baseline", "baseline+cutmix")]
+    shared, per_run = _settings({"runs": runs}).split("<h3>Per run</h3>")
+    assert "cutmix_alpha" not in shared and "<td>label_smoothing</td><td>off</td>" in shared
+    assert "<td>baseline seed 0</td><td>off</td>" in per_run
+    assert (layer_list([1]), layer_list([1, 2]), layer_list([1, 2, 3]), layer_list([1, 3, 5])) == (
+        "1", "1 and 2", "1-3", "1, 3 and 5")

@@ -133,7 +133,7 @@ def effective_config(config: dict[str, Any], condition: str) -> dict[str, Any]:
         components = parse_protocol(condition)
     except ValueError:
         return dict(config)
-    return {k: (v if k not in PROTOCOL_SETTINGS or PROTOCOL_SETTINGS[k] in components else f"off ({condition})")
+    return {k: (v if k not in PROTOCOL_SETTINGS or PROTOCOL_SETTINGS[k] in components else "off")
             for k, v in config.items()}
 
 

@@ -133,7 +133,8 @@ def _seeds(results: dict[str, Any]) -> int:
 def locality_opening(results: dict[str, Any]) -> str:
     runs = results["runs"]
     config = runs[0]["train_config"]
-    scale = (f"This run trains <code>{html.escape(str(config['model']))}</code> for {config['epochs']} epochs on "
+    epochs = f"{config['epochs']} epoch{'s' if config['epochs'] != 1 else ''}"
+    scale = (f"This run trains <code>{html.escape(str(config['model']))}</code> for {epochs} on "
              f"{html.escape(str(results['provenance']['dataset']))} with {_seeds(results)} seed(s) per condition. "
              "At this scale it can test whether the training protocol moves the early layers' attention distance "
              "and entropy in a small ViT, with a verdict from seeds;")
