@@ -28,16 +28,16 @@ def demo_seeds(seed: int) -> list[int]:
 class Demo:
     title: str
     runner: str  # "module:function", imported only when the demo runs
-    minutes: float  # measured on 2 idle CPU cores (docs/benchmarks.md)
+    minutes: float  # on 2 idle CPU cores: estimated for two seeds per condition (README, docs/benchmarks.md)
 
 
 DEMOS: dict[str, Demo] = {
     "locality": Demo("Locality: does the training protocol make early layers attend locally? (arXiv 2605.16390)",
-                     "vitscope.cli.study:locality_demo", 4.0),
+                     "vitscope.cli.study:locality_demo", 5.0),
     "sparse": Demo("Sparse attention: does entmax-1.5 in place of softmax cure semantic diffusion? (arXiv 2605.23868)",
-                   "vitscope.cli.study_sparse:sparse_demo", 1.5),
+                   "vitscope.cli.study_sparse:sparse_demo", 3.5),
     "registers": Demo("Registers: high-norm (artifact) tokens across architectures, and what registers change "
-                      "(arXiv 2603.25803)", "vitscope.cli.study_registers:registers_demo", 2.0),
+                      "(arXiv 2603.25803)", "vitscope.cli.study_registers:registers_demo", 2.5),
 }
 
 
@@ -45,8 +45,9 @@ def register(commands) -> None:
     total = sum(d.minutes for d in DEMOS.values())
     demo = commands.add_parser(
         "demo", help=f"every study's demo on built-in data, with an index.html (about {total:g} min, 2 idle cores)",
-        description="Runs the named demos (default: all) on built-in synthetic data. Minutes measured on 2 idle "
-                    "CPU cores: " + ", ".join(f"{n} {d.minutes:g}" for n, d in DEMOS.items()) + ".")
+        description="Runs the named demos (default: all) on built-in synthetic data, two seeds per condition. "
+                    "Minutes on 2 idle CPU cores (estimated from the one-seed runs measured idle): "
+                    + ", ".join(f"{n} {d.minutes:g}" for n, d in DEMOS.items()) + ".")
     demo.add_argument("studies", nargs="*", metavar="STUDY", help=f"one or more of: {', '.join(DEMOS)} (default: all)")
     add_shared(demo, device="auto", batch_size=None, seed=0, out="vitscope-demo")
     demo.set_defaults(handler=run)
