@@ -96,3 +96,11 @@ def test_the_sparse_headline_states_zeros_per_layer_and_what_the_demo_leaves_out
     text = left_out(demo)
     assert "depth" in text and "Point-in-Box" in text and "chance 100 %" in text
     assert left_out({"settings": {"preset": "compact"}, "summary": []}) == ""
+
+
+def test_the_registers_demo_with_two_seeds_plants_in_its_first_seeds_model():
+    from vitscope.studies.registers import RegistersStudy
+
+    study = RegistersStudy(preset="demo", seeds=[3, 4])
+    labels = [m.label for m in study.all_models()]
+    assert study.plant["model"] == "reg0-seed3" and {"reg0-seed3", "reg0-seed4", "reg4-seed4"} <= set(labels)
