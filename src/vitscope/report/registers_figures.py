@@ -102,8 +102,9 @@ def cls_attention(images: np.ndarray, panels: Mapping[str, tuple[np.ndarray, tup
     for row, (label, (rows, grid, prefix)) in enumerate(panels.items(), 1):
         for i in range(count):
             shown = axes[row][i].imshow(rows[i, prefix:].reshape(grid), cmap="magma", vmin=0, vmax=vmax)
-            registers = f"; on registers {float(rows[i, 1:prefix].sum()):.2f}" if prefix > 1 else ""
-            axes[row][i].set_title(f"{label}{registers}", fontsize=6)
+            if prefix > 1:  # the model is named once per row; each panel gives only its register mass
+                axes[row][i].set_title(f"on registers {float(rows[i, 1:prefix].sum()):.2f}", fontsize=6)
+        axes[row][0].set_ylabel(label, fontsize=7)
     for ax in axes.ravel():
         ax.set_xticks([])
         ax.set_yticks([])
