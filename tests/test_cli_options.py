@@ -124,13 +124,26 @@ def test_train_takes_data_flags_and_records_the_subset(tmp_path, capsys):
     run = tmp_path / "run"
     code = main(["train", "--dataset", "synthetic", "--device", "cpu", "--batch-size", "32", "--seed", "5",
                  "--out", str(run), "--set", "model=vit-micro", "--set", "model_options.depth=1",
-                 "--set", "dataset_options.num_images=128", "--set", "train_images=96", "--set", "eval_images=64",
-                 "--set", "epochs=1", "--set", "progress=false"])
-    assert code == 0 and "after 1 epoch;" in capsys.readouterr().out
+                 "--set", "dataset_options.num_images=128", "train_images=96", "eval_images=64",  # several after one
+                 "--set", "epochs=1", "progress=true"])
+    printed = capsys.readouterr()
+    assert code == 0 and "after 1 epoch;" in printed.out
+    assert "read in memory" not in printed.err  # built-in scenes: no data-source notice to read
     meta = json.loads((run / "config.json").read_text())
     assert (meta["config"]["dataset"], meta["config"]["batch_size"], meta["config"]["seed"]) == ("synthetic", 32, 5)
     assert meta["subsets"]["train"]["count"] == 96 and meta["subsets"]["train"]["method"] == "class-stratified"
     assert meta["subsets"]["eval"]["count"] == 64
+
+
+def test_timm_user_warnings_are_kept_out_and_others_kept():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_torch_notices()
+        warnings.warn_explicit("non-contiguous", UserWarning, "interpolate.py", 47, module="timm.layers.interpolate")
+        warnings.warn_explicit("ours", UserWarning, "x.py", 1, module="vitscope.models")
+    assert [str(w.message) for w in seen] == ["ours"]
 
 
 def test_cuda_runtime_notice_is_kept_out(caplog):

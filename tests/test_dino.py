@@ -245,6 +245,8 @@ def test_dino_run_folder_snapshots_and_frozen_last_layer(tmp_path):
         model(torch.randn(4, 3, 32, 32))
     assert [tuple(m.shape) for m in rec.maps] == [(4, 2, 67, 67)] * 2  # CLS + 2 registers + 64 patches
     assert 0 <= summary["eval"]["knn_top1"] <= 1 and "knn_top1_init" in summary
+    assert summary["objective"] == "dino" and "protocol" not in summary  # no supervised protocol was used
+    assert "protocol" not in json.loads((run / "summary.json").read_text())
     logs = [m for m in read_metrics(run) if m["kind"] == "train"]
     assert all(m["teacher_entropy"] >= 0 and m["kl_teacher_centre"] >= -1e-6 for m in logs)
 

@@ -18,6 +18,9 @@ def test_probe_knn_writes_the_shared_schema_with_floors(tmp_path, capsys):
     assert {r["layer"] for r in payload["rows"]} == {0, 4}
     assert (out / "results.csv").read_text().startswith("model,layer,layer_kind,group,metric,value,n")
     assert (out / "knn_top1_by_layer.png").stat().st_size > 0
+    # vit-micro has random weights: its "(random init)" row is a second draw, and the output says so
+    assert "second, independent random draw" in payload["settings"]["random_weights"]
+    assert "second, independent random draw" in capsys.readouterr().out
 
 
 def test_bad_layer_is_one_line_and_exit_2(tmp_path, capsys):
@@ -56,3 +59,22 @@ def test_results_of_a_run_folder_are_stored_there_and_reused_until_its_weights_c
     save_model(model, run / "model.safetensors")  # a new checkpoint: a new key
     assert main(argv) == 0 and "reused" not in capsys.readouterr().out
     assert len(list((run / "probes").glob("pib-*.json"))) == 2
+
+
+def test_a_random_models_twin_is_another_draw_from_the_same_initialisation():
+    """The "(random init)" row of a random-weight model differs from the model's row because the twin is a second
+    draw (different values) from the same initialisation (same spread per parameter), not a different scheme."""
+    import torch
+
+    from vitscope.models import create
+    from vitscope.probes.baselines import random_twin
+
+    torch.manual_seed(0)
+    model = create("vit-micro")
+    twin = random_twin(model, seed=0)
+    drawn = [(name, a, b) for (name, a), (_, b) in zip(model.state_dict().items(), twin.state_dict().items(),
+                                                       strict=True) if a.is_floating_point() and a.numel() > 64
+             and float(a.std()) > 0]
+    assert drawn and any(not torch.equal(a, b) for _, a, b in drawn)
+    for name, a, b in drawn:
+        assert 0.9 < float(b.std() / a.std()) < 1.1, name

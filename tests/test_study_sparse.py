@@ -27,6 +27,7 @@ TINY = {
     "training": {"dataset_options": {"num_images": 128}, "eval_images": 32, "batch_size": 64,
                  "objective_options": {"knn_bank": 128, "n_local": 2}},
     "models": [{"label": "given-micro", "spec": "vit-micro"}],
+    "seg": {"synthetic": None}, "depth": {"synthetic": None},  # both dense paths (the demo itself: texture masks)
     "measure": {"layers": "0,last", "diffusion_tokens": 128, "random_baseline": False, "example_images": 2,
                 "fit_options": {"lrs": [0.1], "weight_decays": [0.0], "epochs": 20}, "dense_layers": "0,last",
                 "dense_epochs": 3, "dense_images": {"train": 32, "eval": 16}},
@@ -168,7 +169,8 @@ def test_conditions_and_folders():
         SparseStudy(preset="huge")
     with pytest.raises(ValueError, match="unknown layout"):
         SparseStudy(seg={"pascal": "/data/voc"})
-    assert SparseStudy().seg == {"synthetic": None}  # the demo probes synthetic masks and depth
+    demo = SparseStudy()  # the demo segments its own texture scenes; depth cannot discriminate there
+    assert (demo.seg, demo.depth, demo.measure.pib) == ({"synthetic-texture": None}, {}, False)
     with pytest.raises(ValueError, match="unique"):
         SparseStudy(models=[{"label": "softmax", "spec": "vit-micro"}])
     study = SparseStudy(conditions=["sparsemax+reg4"])

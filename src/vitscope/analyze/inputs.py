@@ -38,3 +38,17 @@ def model_batches(model: nn.Module, dataset: ImageDataset, batch_size: int, devi
         if images.shape[-1] != side or images.shape[-2] != side:
             images = F.interpolate(images, size=(side, side), mode="bilinear", align_corners=False, antialias=True)
         yield normalize(images, mean, std), labels
+
+
+def has_random_weights(spec: str, weights: str | None = None) -> bool:
+    """True when ``spec`` names an architecture built with random weights: a preset or ``timm:NAME`` without a
+    weights file (run folders and ``.safetensors`` files hold trained weights)."""
+    from vitscope.models import PRESETS
+
+    return weights is None and (str(spec) in PRESETS or str(spec).startswith(("timm:", "hf:", "open_clip:"))
+                                and "@" not in str(spec))
+
+
+def model_label(spec: str, weights: str | None = None) -> str:
+    """``spec`` as titles and report headers show it: ", random weights" added when it has them."""
+    return f"{spec}, random weights" if has_random_weights(spec, weights) else str(spec)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+from typing import Any
 
 from vitscope.cli.common import add_common, add_model_changes, prepare_analysis, print_files
 
@@ -12,7 +15,9 @@ def register(commands) -> None:
     kinds = analyze.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
     locality = kinds.add_parser("locality", help="per-head mean attention distance and entropy")
     add_common(locality)
-    locality.add_argument("--unit", default="normalized", choices=["normalized", "patch", "pixel"])
+    locality.add_argument("--unit", default="normalized", choices=["normalized", "patch", "pixel"],
+                          help="distance unit of MAD: normalized (divided by the grid's largest patch distance), "
+                               "patch (patch widths) or pixel (default: normalized)")
     locality.add_argument("--no-renormalize", dest="renormalize", action="store_false",
                           help="keep the raw patch mass of each row instead of renormalising it")
     locality.set_defaults(handler=run_locality)
@@ -25,16 +30,60 @@ def register(commands) -> None:
     norms.set_defaults(handler=run_norms)
     for sub in (locality, norms):
         add_model_changes(sub)
+        sub.set_defaults(dataset=None)  # None: the run's own dataset for a run folder, else synthetic
+        helps = {"--dataset": "dataset name (default: a run folder's own dataset and options, else synthetic)",
+                 "--out": f"output folder (default: ./vitscope-{sub.prog.split()[-1]})"}
+        for action in sub._actions:
+            action.help = next((helps[o] for o in action.option_strings if o in helps), action.help)
+        sub.add_argument("--set", dest="assignments", action="extend", nargs="+", default=[],
+                         metavar="dataset_options.KEY=VALUE",
+                         help="a synthetic-scene option, as in `vitscope train` (several pairs may follow one --set)")
+
+
+def run_config(model: str) -> dict[str, Any] | None:
+    """The resolved training config of a vitscope run folder (its ``config.json``), else None."""
+    saved = Path(model) / "config.json"
+    if not saved.is_file():
+        return None
+    return json.loads(saved.read_text()).get("config")
+
+
+def resolve_data(args: argparse.Namespace) -> str:
+    """Fill ``args.dataset``, ``data_dir`` and ``dataset_options``: the run's own data (from its config) when
+    ``--model`` is a run folder and ``--dataset`` is not given, else the named dataset (default synthetic);
+    ``--set dataset_options.KEY=VALUE`` then overrides. Returns one line that says which data is used."""
+    from vitscope.train.config import apply_overrides
+
+    wrong = [a for a in args.assignments if not a.strip().startswith("dataset_options.")]
+    if wrong:
+        raise ValueError(f"--set {wrong[0]!r}: analyze takes only dataset_options.KEY=VALUE (the synthetic scenes' "
+                         "options, e.g. --set dataset_options.cue=texture)")
+    config = run_config(args.model) if args.dataset is None else None
+    source = "the run's config"
+    if config is None:
+        config = {"dataset": args.dataset or "synthetic", "dataset_options": {}}
+        source = "--dataset" if args.dataset else "the default"
+    args.dataset = config["dataset"]
+    args.data_dir = args.data_dir if args.data_dir is not None else config.get("data_dir")
+    options = apply_overrides({"dataset_options": dict(config.get("dataset_options") or {})}, args.assignments)
+    args.dataset_options = options["dataset_options"]
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(args.dataset_options.items()))
+    where = f" from {args.data_dir}" if args.data_dir else ""
+    return (f"data: {args.dataset}{where}, eval split" + (f", options {shown}" if shown else "")
+            + f" ({source})")
 
 
 def run_locality(args: argparse.Namespace) -> int:
     from vitscope.analyze import measure_locality, write_locality
+    from vitscope.analyze.inputs import model_label
     from vitscope.report.analysis_figures import locality_figures
 
+    print(resolve_data(args))
     device, dataset, model, out, meta = prepare_analysis(args, "vitscope-locality")
     result = measure_locality(model, dataset, batch_size=args.batch_size, device=device,
                               renormalize=args.renormalize, unit=args.unit, img_size=args.img_size)
-    files = write_locality(out, result, meta) | locality_figures(result, model, args.model, out, args.unit)
+    label = model_label(args.model, args.weights)
+    files = write_locality(out, result, meta) | locality_figures(result, model, label, out, args.unit)
     print(f"min early-layer MAD {result.summary()['min_early_mad']:.4f} ({args.unit}) over {len(dataset)} images")
     print_files(files)
     return 0
@@ -56,16 +105,19 @@ def detect_layer_index(spec: str) -> int:
 
 
 def run_norms(args: argparse.Namespace) -> int:
+    from vitscope.analyze.inputs import model_label
     from vitscope.analyze.norms import measure_norms, write_norms
     from vitscope.metrics.norms import parse_threshold
     from vitscope.report.analysis_figures import norm_figures
 
     parse_threshold(args.threshold)  # fail before loading anything
     detect_block = detect_layer_index(args.detect_layer)
+    print(resolve_data(args))
     device, dataset, model, out, meta = prepare_analysis(args, "vitscope-norms")
     result = measure_norms(model, dataset, threshold=args.threshold, detect_layer=detect_block,
                            batch_size=args.batch_size, device=device, img_size=args.img_size)
-    files = write_norms(out, result, meta) | norm_figures(result, model, dataset, out, args.img_size)
+    files = write_norms(out, result, meta) | norm_figures(result, model, dataset, out, args.img_size,
+                                                            label=model_label(args.model, args.weights))
     top = result.summary()[result.detect_layer]
     print(f"threshold {result.threshold.spec} = {result.threshold.value:.4g}; high-norm patch tokens at layer "
           f"{result.detect_layer + 1}: {top['high_norm_fraction']:.2%}")

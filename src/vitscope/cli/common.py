@@ -140,7 +140,12 @@ class _DropCudaNotice(logging.Filter):
 
 
 def quiet_torch_notices() -> None:
-    """Keep torch's irrelevant CPU-run notices out of vitscope's output (idempotent)."""
+    """Keep torch's irrelevant CPU-run notices, and timm's UserWarnings about its own internals (e.g. a
+    non-contiguous searchsorted when Swin resamples its position tables), out of vitscope's output
+    (idempotent)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"timm(\.|$)")
     logger = logging.getLogger("torch.utils.cpp_extension")
     if not any(isinstance(f, _DropCudaNotice) for f in logger.filters):
         logger.addFilter(_DropCudaNotice())
@@ -163,9 +168,11 @@ def check_launcher_flag(args: argparse.Namespace) -> None:
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     """The options of every command that reads a model and a dataset (model, data and the shared options)."""
-    parser.add_argument("--model", default="vit-micro", help="preset, timm:NAME, or run folder / weights file")
+    parser.add_argument("--model", default="vit-micro",
+                        help="preset, timm:NAME, or run folder / weights file (default: vit-micro, random weights)")
     parser.add_argument("--weights", default=None, help="local weights file for the model")
-    parser.add_argument("--dataset", default="synthetic", help="dataset name (synthetic needs no directory)")
+    parser.add_argument("--dataset", default="synthetic",
+                        help="dataset name (default: synthetic, built-in scenes that need no directory)")
     parser.add_argument("--data-dir", default=None, help="dataset folder or archive")
     parser.add_argument("--num-images", type=positive_int, default=None,
                         help="use a seeded class-stratified sample of N images (seed: --seed)")
@@ -197,7 +204,8 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     torch.manual_seed(args.seed)
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
                  img_size=args.img_size, pos_interp=args.pos_interp)
-    dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download)
+    dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download,
+                           **getattr(args, "dataset_options", {}))
     dataset = dataset.subset(args.num_images, seed=args.seed)
     out = output_dir(args.out or default_out)  # after the model and data load: bad weights leave no folder
     config = {k: v for k, v in vars(args).items()

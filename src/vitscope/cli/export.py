@@ -8,6 +8,8 @@ from pathlib import Path
 
 from vitscope.cli.common import output_dir
 
+from vitscope.cli.common import add_shared
+
 
 def register(commands) -> None:
     export = commands.add_parser("export", help="write a vitscope model as a timm checkpoint")
@@ -15,6 +17,7 @@ def register(commands) -> None:
     export.add_argument("--weights", default=None, help="local weights file for a preset")
     export.add_argument("--format", default="timm", choices=["timm"], help="target library (timm)")
     export.add_argument("--out", required=True, help="output .safetensors file")
+    add_shared(export)  # --debug
     export.set_defaults(handler=run, out_is_file=True)
 
 

@@ -36,6 +36,9 @@ def register(commands) -> None:
     depth = kinds.add_parser("depth", help="linear depth (RMSE): nyu, depthfolder, synthetic")
     for sub in (linear, knn, tokens, pib, pca, segment, depth):
         add_common(sub)
+        for action in sub._actions:  # the folder run_* writes when --out is not given
+            if "--out" in action.option_strings:
+                action.help = f"output folder (default: ./vitscope-probe-{sub.prog.split()[-1]})"
         add_model_changes(sub)
         sub.add_argument("--layers", default="last", help="token layers: last, all or e.g. 0,4,last "
                                                           "(0 = embedding, l = output of block l)")
@@ -67,8 +70,9 @@ def register(commands) -> None:
     linear.add_argument("--dino-last4", action="store_true",
                         help="also DINO's protocol: CLS of the last 4 blocks concatenated")
     linear.add_argument("--epochs", type=int, default=100)
-    knn.add_argument("--k", type=int, default=20)
-    knn.add_argument("--temperature", type=float, default=0.07)
+    knn.add_argument("--k", type=int, default=20, help="neighbours that vote (default: 20)")
+    knn.add_argument("--temperature", type=float, default=0.07,
+                     help="votes weighted by exp(cosine similarity / T) (default: 0.07)")
     tokens.add_argument("--probes", default="position,pixels,class",
                         help="comma-separated: position, pixels, pixels-mlp, class")
     tokens.add_argument("--max-tokens", type=int, default=2048, help="tokens per group and split")
@@ -134,8 +138,15 @@ def _cached(args: argparse.Namespace, model, data: list, compute):
 
 
 def _finish(args: argparse.Namespace, result, out: Path, device, subsets: dict, metrics: list[str]) -> int:
+    from vitscope.analyze.inputs import has_random_weights
     from vitscope.report.probe_figures import score_by_layer
 
+    if has_random_weights(args.model, args.weights) and args.baseline:
+        # two random draws of one architecture: the rows differ by the draw alone
+        result.settings["random_weights"] = (
+            f"{args.model} has random weights itself (drawn under --seed {args.seed}); its '(random init)' row is a "
+            "second, independent random draw of the same architecture, so the two rows differ only by the draw")
+        print(f"note: {result.settings['random_weights']}")
     files = result.write(out, _provenance(args, device, subsets))
     for metric in metrics:
         if any(r["metric"] == metric for r in result.rows):

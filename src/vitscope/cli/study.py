@@ -58,6 +58,9 @@ def run_locality(args: argparse.Namespace) -> int:
 
 
 def locality_demo(out: Path, device: str, seed: int, batch_size: int | None) -> Path:
-    """The locality study's demo: Baseline against Baseline + CutMix on synthetic scenes (the demo preset)."""
-    return run_locality_study(conditions=["baseline", "baseline+cutmix"], seeds=[seed], preset="demo",
-                              batch_size=batch_size, device=device, out=str(out))
+    """The locality study's demo: Baseline against Baseline + CutMix on synthetic scenes (the demo preset),
+    ``DEMO_SEEDS`` seeds each, all runs trained as one pack."""
+    from vitscope.cli.demo import demo_seeds
+
+    return run_locality_study(conditions=["baseline", "baseline+cutmix"], seeds=demo_seeds(seed), preset="demo",
+                              batch_size=batch_size, device=device, out=str(out), pack="auto")

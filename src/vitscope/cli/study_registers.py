@@ -112,4 +112,7 @@ def run_registers(args: argparse.Namespace) -> int:
 
 def registers_demo(out: Path, device: str, seed: int, batch_size: int | None) -> Path:
     """The registers study's demo preset on synthetic scenes."""
-    return run_registers_study(preset="demo", seeds=[seed], batch_size=batch_size, device=device, out=str(out))
+    from vitscope.cli.demo import demo_seeds
+
+    return run_registers_study(preset="demo", seeds=demo_seeds(seed), batch_size=batch_size, device=device,
+                               out=str(out))

@@ -80,4 +80,7 @@ def run_sparse(args: argparse.Namespace) -> int:
 
 def sparse_demo(out: Path, device: str, seed: int, batch_size: int | None) -> Path:
     """The sparse study's demo: softmax against entmax-1.5 on synthetic scenes (the demo preset)."""
-    return run_sparse_study(preset="demo", seeds=[seed], batch_size=batch_size, device=device, out=str(out))
+    from vitscope.cli.demo import demo_seeds
+
+    return run_sparse_study(preset="demo", seeds=demo_seeds(seed), batch_size=batch_size, device=device,
+                            out=str(out))

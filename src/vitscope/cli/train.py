@@ -18,8 +18,9 @@ def register(commands) -> None:
     train = commands.add_parser("train", help="train a model from a config file (or resume a run)")
     train.add_argument("--config", default=None, help="YAML, JSON or TOML file of TrainConfig keys, or a shipped "
                                                       "config's name (dino-demo, dino-compact, dino-vit-s16)")
-    train.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config key (repeatable; dotted keys reach into model_options)")
+    train.add_argument("--set", dest="assignments", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                       help="override config keys (several pairs may follow one --set, and --set may repeat; "
+                            "dotted keys reach into model_options, dataset_options, ...)")
     train.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run")
     train.add_argument("--dataset", default=None, help="dataset name (same as --set dataset=NAME)")
     train.add_argument("--data-dir", default=None, help="dataset folder or archive (same as --set data_dir=PATH)")

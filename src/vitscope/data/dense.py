@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitscope.data.dataset import ImageDataset
-from vitscope.data.synthetic import SHAPES, SYNTHETIC_MEAN, SYNTHETIC_STD, synthetic_scenes
+from vitscope.data.synthetic import SYNTHETIC_MEAN, SYNTHETIC_STD, class_names, synthetic_scenes
 
 TASKS = ("segmentation", "depth")
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -79,15 +79,17 @@ class DenseDataset:
 
 
 def synthetic_dense(task: str, split: str = "train", num_images: int | None = None, image_size: int = 32,
-                    num_classes: int = 8, seed: int = 0) -> DenseDataset:
-    """Synthetic scenes with their masks (0 = background, 1 + shape class; no ignored pixels) or depth."""
-    scenes = synthetic_scenes(split, num_images, image_size, num_classes, seed)
+                    num_classes: int = 8, seed: int = 0, cue: str = "shape") -> DenseDataset:
+    """Synthetic scenes with their masks (0 = background, 1 + class: the shape, or with ``cue='texture'`` the
+    texture of the four objects; no ignored pixels) or depth."""
+    scenes = synthetic_scenes(split, num_images, image_size, num_classes, seed, cue=cue)
+    name = "synthetic" if cue == "shape" else f"synthetic-{cue}"
     if task == "segmentation":
         targets = [mask.long() for mask in scenes.extras["masks"]]
-        classes = ["background", *SHAPES[:num_classes]]
+        classes = ["background", *class_names(num_classes, cue)]
     elif task == "depth":
         targets, classes = list(scenes.extras["depth"].float()), []
     else:
         raise ValueError(f"task {task!r} is unknown; use {', '.join(TASKS)}")
-    return DenseDataset("synthetic", split, task, list(scenes.images), targets, classes, None, SYNTHETIC_MEAN,
+    return DenseDataset(name, split, task, list(scenes.images), targets, classes, None, SYNTHETIC_MEAN,
                         SYNTHETIC_STD)

@@ -34,8 +34,9 @@ from torch import Tensor
 
 from vitscope.data.dense import DenseDataset, synthetic_dense
 
-SEGMENTATION = ("voc", "ade20k", "cityscapes", "segfolder", "synthetic")
-DEPTH = ("nyu", "depthfolder", "synthetic")
+SEGMENTATION = ("voc", "ade20k", "cityscapes", "segfolder", "synthetic", "synthetic-texture")
+DEPTH = ("nyu", "depthfolder", "synthetic", "synthetic-texture")
+SYNTHETIC_CUES = {"synthetic": "shape", "synthetic-texture": "texture"}  # built-in scenes by name
 VOC_CLASSES = ("background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
                "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train",
                "tvmonitor")
@@ -225,11 +226,12 @@ _LOADERS = {"voc": _voc, "ade20k": _ade20k, "cityscapes": _cityscapes, "segfolde
 
 def load_dense(name: str, root: str | Path | None, split: str, *, task: str = "segmentation",
                limit: int | None = None, seed: int = 0, synthetic_images: int | None = None) -> DenseDataset:
-    """A dense dataset by ``--dataset`` name; ``synthetic`` needs no root and serves either ``task``. ``limit``
-    images are a seeded random sample (``seed``) of the split, described in ``settings["subset"]``."""
-    if name == "synthetic":
+    """A dense dataset by ``--dataset`` name; ``synthetic`` (shape scenes) and ``synthetic-texture`` (the texture
+    scenes the DINO demos train on) need no root and serve either ``task``. ``limit`` images are a seeded random
+    sample (``seed``) of the split, described in ``settings["subset"]``."""
+    if name in SYNTHETIC_CUES:
         count = synthetic_images or (256 if split == "train" else 64)
-        return synthetic_dense(task, "train" if split == "train" else "eval", count)
+        return synthetic_dense(task, "train" if split == "train" else "eval", count, cue=SYNTHETIC_CUES[name])
     names = SEGMENTATION if task == "segmentation" else DEPTH
     if name not in _LOADERS or name not in names:
         raise ValueError(f"dataset {name!r} has no {task} layout; use one of {', '.join(names)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from torch import nn
 
 from vitscope.analyze import LocalityResult
@@ -39,18 +40,28 @@ def plain_uniform_mad(model: nn.Module, unit: str) -> float | None:
 
 
 def norm_figures(result: NormsResult, model: nn.Module, dataset: ImageDataset, out: Path,
-                 img_size: int | None = None) -> dict[str, Path]:
-    """Norm histograms per layer; for plain ViTs also the high-norm maps of the first images over the images
-    (each image min-max scaled to [0, 1] for display)."""
-    files = {"histograms": norm_histograms([n.numpy().ravel() for n in result.norms], result.names,
+                 img_size: int | None = None, label: str | None = None) -> dict[str, Path]:
+    """Norm histograms per token layer; for plain ViTs also the high-norm maps of the first images beside
+    those images (each image min-max scaled to [0, 1] for display). ``label`` names the model in titles."""
+    layers = [f"layer {i + 1}" for i in range(len(result.norms))]  # token layer l = output of block l
+    files = {"histograms": norm_histograms([n.numpy().ravel() for n in result.norms], layers,
                                            result.threshold.value, result.threshold.spec,
-                                           out / "norm_histograms.png")}
+                                           out / "norm_histograms.png", model=label)}
     if result.tokens["kind"] == "plain":
-        grid = result.tokens["patches"]["grid"]
-        count = min(MAX_MAP_IMAGES, len(dataset))
-        images, _ = next(model_batches(model, dataset.subset(count), count, "cpu", img_size))
-        shown = images - images.amin(dim=(1, 2, 3), keepdim=True)
-        shown = (shown / shown.amax(dim=(1, 2, 3), keepdim=True)).permute(0, 2, 3, 1).numpy()
-        maps = result.norms[result.detect_layer][:count, result.prefix:].view(count, *grid).numpy()
-        files["maps"] = high_norm_maps(shown, maps, result.threshold.value, out / "high_norm_maps.png")
+        shown, maps = norm_map_inputs(result, model, dataset, img_size)
+        files["maps"] = high_norm_maps(shown, maps, result.threshold.value, out / "high_norm_maps.png",
+                                       layer=result.detect_layer + 1, model=label)
     return files
+
+
+def norm_map_inputs(result: NormsResult, model: nn.Module, dataset: ImageDataset, img_size: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``MAX_MAP_IMAGES`` images of ``dataset`` (N, H, W, 3) in [0, 1] and, for the same images (the
+    norms are in dataset order), their detection-layer patch-norm maps (N, gh, gw)."""
+    grid = result.tokens["patches"]["grid"]
+    count = min(MAX_MAP_IMAGES, len(dataset), len(result.norms[result.detect_layer]))
+    images, _ = next(model_batches(model, dataset, count, "cpu", img_size))  # the first batch: images 0..count-1
+    shown = images - images.amin(dim=(1, 2, 3), keepdim=True)
+    shown = (shown / shown.amax(dim=(1, 2, 3), keepdim=True).clamp_min(1e-12)).permute(0, 2, 3, 1).numpy()
+    maps = result.norms[result.detect_layer][:count, result.prefix:].reshape(count, *grid).numpy()
+    return shown, maps

@@ -81,15 +81,19 @@ def behaviour_space(panels: Mapping[str, tuple[np.ndarray, np.ndarray]], path: s
 
 
 def per_layer(curves: Mapping[str, np.ndarray], ylabel: str, path: str | Path, reference: float | None = None,
-              reference_label: str = "uniform attention") -> Path:
-    """Mean over heads per layer for each condition (title -> (layers, heads)), head range shaded; the y axis
-    starts at 0 and shows ``reference`` (e.g. the uniform-attention value) as a dashed line."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for title, values in curves.items():
+              reference_label: str = "uniform attention", title: str | None = None,
+              band: str = "min-max over heads") -> Path:
+    """Mean over heads per layer for each condition (title -> (layers, heads)), the ``band`` (range over the
+    heads) shaded and named in the legend; the y axis starts at 0 and shows ``reference`` (e.g. the
+    uniform-attention value) as a dashed line. Layers are token layers 1..L on integer ticks; the legend sits
+    outside the axes so that it covers no line; ``title`` heads the figure."""
+    fig, ax = plt.subplots(figsize=(7.4, 3.8))
+    for i, (name, values) in enumerate(curves.items()):
         layers = np.arange(1, values.shape[0] + 1)
-        line = ax.plot(layers, np.nanmean(values, axis=1), marker="o", ms=3, label=title)[0]
+        line = ax.plot(layers, np.nanmean(values, axis=1), marker="o", ms=3, label=f"{name} (mean over heads)",
+                       color=f"C{i}")[0]
         ax.fill_between(layers, np.nanmin(values, axis=1), np.nanmax(values, axis=1), color=line.get_color(),
-                        alpha=0.12)
+                        alpha=0.12, label=f"{name}: {band}")
     if reference is not None:
         ax.axhline(reference, **REFERENCE_STYLE, label=f"{reference_label} ({reference:.4g})")
     ax.set_ylim(0, _upper(np.concatenate([np.ravel(v) for v in curves.values()]), reference))
@@ -97,7 +101,9 @@ def per_layer(curves: Mapping[str, np.ndarray], ylabel: str, path: str | Path, r
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    if title:
+        ax.set_title(title, fontsize=10)
     return save_figure(fig, path)
 
 

@@ -12,7 +12,16 @@ STYLE = """body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em aut
 table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;margin:1em 0}
 .note{background:#fff8e1;border-left:4px solid #f0b400;padding:.6em 1em}code{background:#f3f3f3;padding:0 3px}
-.reproduced{color:#1b7f2a;font-weight:600}.not{color:#b3261e;font-weight:600}.untested{color:#666}"""
+.reproduced{color:#1b7f2a;font-weight:600}.not{color:#b3261e;font-weight:600}.untested{color:#666}
+.opening{font-size:15px;line-height:1.45;border-left:4px solid #3b6ea8;padding:.4em 1em;background:#f2f6fb}
+.back{font-size:13px}"""
+INDEX_LINK = '<p class="back"><a href="../index.html">&larr; all studies (index.html)</a></p>'
+
+
+def index_link(report_dir: str | Path) -> str:
+    """The link back to ``index.html`` one folder up (where ``vitscope demo`` writes it); empty when there is
+    none, so that a study run on its own has no dead link."""
+    return INDEX_LINK if (Path(report_dir).parent / "index.html").is_file() else ""
 
 
 def fmt(value: Any) -> str:

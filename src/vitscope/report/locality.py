@@ -19,7 +19,8 @@ from vitscope.analyze.locality import DEFINITIONS
 from vitscope.files import atomic_write_bytes
 from vitscope.metrics import early_layers
 from vitscope.report import figures
-from vitscope.report.html import image, table
+from vitscope.report.html import image, index_link, table
+from vitscope.report.openings import locality_opening as opening
 from vitscope.studies.locality_results import PAPER
 from vitscope.studies.locality_verdicts import distinct, judge
 from vitscope.train.protocols import parse_protocol
@@ -28,8 +29,12 @@ STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em aut
 table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;margin:1em 0}
 .note{background:#fff8e1;border-left:4px solid #f0b400;padding:.6em 1em}code{background:#f3f3f3;padding:0 3px}
-.reproduced{color:#1b7a1b}.not-reproduced{color:#b00020}.inconclusive{color:#8a6d00}li{margin:.5em 0}"""
+.reproduced{color:#1b7a1b}.not-reproduced{color:#b00020}.inconclusive{color:#8a6d00}li{margin:.5em 0}
+.opening{font-size:15px;line-height:1.45;border-left:4px solid #3b6ea8;padding:.4em 1em;background:#f2f6fb}"""
 EXAMPLE_IMAGES = 2  # example images per condition in the report
+BAND = "min-max over heads and seeds"  # what the per-layer figures shade
+# settings that act only when the run's protocol has the component (vitscope.train.protocols.Protocol)
+PROTOCOL_SETTINGS = {"label_smoothing": "labelsmoothing", "cutmix_alpha": "cutmix"}
 
 
 def _stack(runs: list[dict[str, Any]], metric: str) -> np.ndarray:
@@ -68,9 +73,11 @@ def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     paths = {
         "behaviour": figures.behaviour_space(space, fig_dir / "behaviour_space.png", uniform=uniform),
         "mad": figures.per_layer({c: _stack(rs, "mad") for c, rs in by_cond.items()}, "MAD (normalized)",
-                                 fig_dir / "mad_per_layer.png", reference=uniform),
+                                 fig_dir / "mad_per_layer.png", reference=uniform, band=BAND,
+                                 title="mean attention distance per layer"),
         "entropy": figures.per_layer({c: _stack(rs, "entropy") for c, rs in by_cond.items()}, "normalised entropy",
-                                     fig_dir / "entropy_per_layer.png", reference=1.0),
+                                     fig_dir / "entropy_per_layer.png", reference=1.0, band=BAND,
+                                     title="normalised attention entropy per layer"),
     }
     points = [{"condition": row["condition"], "accuracy": row["accuracy_mean"], "accuracy_std": row["accuracy_std"],
                "min_early_mad": row["min_early_mad_mean"], "min_early_mad_std": row["min_early_mad_std"],
@@ -107,8 +114,27 @@ def _scale_note(results: dict[str, Any]) -> str:
             f"{' or '.join(_count(e, 'epoch') for e in epochs)}, batch {train['batch_size']}, {len(runs)} runs "
             f"({_count(len({r['condition'] for r in runs}), 'condition')} x "
             f"{_count(len({r['seed'] for r in runs}), 'seed')}), "
-            f"each analysed on {runs[0]['num_images']} evaluation images. Early layers: {early}. "
+            f"each analysed on {runs[0]['num_images']} evaluation images. Early layers: {layer_list(early)}. "
             "The paper's numbers come from CIFAR-100 at full scale; this report claims only what this run shows.")
+
+
+def layer_list(layers: list[int]) -> str:
+    """Layer numbers as a reader writes them: '1', '1 and 2', '1-3'."""
+    if not layers:
+        return "none"
+    if len(layers) > 2 and layers == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}-{layers[-1]}"
+    return ", ".join(map(str, layers[:-1])) + (" and " if len(layers) > 1 else "") + str(layers[-1])
+
+
+def effective_config(config: dict[str, Any], condition: str) -> dict[str, Any]:
+    """A run's config as it acted: a protocol setting whose component the condition lacks reads 'off'."""
+    try:
+        components = parse_protocol(condition)
+    except ValueError:
+        return dict(config)
+    return {k: (v if k not in PROTOCOL_SETTINGS or PROTOCOL_SETTINGS[k] in components else "off")
+            for k, v in config.items()}
 
 
 def _judged(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -164,12 +190,12 @@ def _verdicts(results: dict[str, Any]) -> str:
 
 def _settings(results: dict[str, Any]) -> str:
     """Settings shared by every run in one table, then the settings that differ, per run."""
-    configs = [r["train_config"] for r in results["runs"]]
+    configs = [effective_config(r["train_config"], r["condition"]) for r in results["runs"]]
     keys = list(dict.fromkeys(k for c in configs for k in c))
     shared = [k for k in keys if all(json.dumps(c.get(k)) == json.dumps(configs[0].get(k)) for c in configs)]
     varying = [k for k in keys if k not in shared]
-    per_run = [{"run": f"{r['condition']} seed {r['seed']}", **{k: r["train_config"].get(k) for k in varying}}
-               for r in results["runs"]]
+    per_run = [{"run": f"{r['condition']} seed {r['seed']}", **{k: c.get(k) for k in varying}}
+               for r, c in zip(results["runs"], configs, strict=True)]
     return (f"<h3>Shared by all {len(configs)} runs</h3>"
             + table([{"setting": k, "value": configs[0].get(k)} for k in shared])
             + "<h3>Per run</h3>" + table(per_run, ["run", *varying]))
@@ -216,7 +242,9 @@ def build_report(out: str | Path) -> Path:
                for r in results["runs"]]
     examples = "".join(image(p, k) for k, p in paths.items() if k.startswith("examples:"))
     sections = [
+        index_link(out),
         "<h1>Locality study: does the training protocol make early layers attend locally?</h1>",
+        opening(results),
         f'<p class="note">{_scale_note(results)}</p>',
         "<h2>What this run shows</h2>", _verdicts(results),
         f"<p>Paper (arXiv 2605.16390): {html.escape(PAPER['cutmix_min_early_mad'])}; "
@@ -230,7 +258,8 @@ def build_report(out: str | Path) -> Path:
         "<h2>Runs</h2>", table(per_run),
         "<h2>MAD-entropy behaviour space</h2><p>Dashed lines: uniform attention (MAD "
         f"{_uniform(results):.4f} normalised, entropy 1).</p>", image(paths["behaviour"], "behaviour space"),
-        "<h2>Per layer</h2>", image(paths["mad"], "MAD per layer"), image(paths["entropy"], "entropy per layer"),
+        "<h2>Per layer</h2>", f"<p>Lines: the mean over heads (and seeds) per layer; shaded: the {BAND}; dashed: "
+        "uniform attention.</p>", image(paths["mad"], "MAD per layer"), image(paths["entropy"], "entropy per layer"),
     ]
     if "accuracy" in paths:
         sections += ["<h2>Accuracy against early-layer locality</h2>", image(paths["accuracy"], "accuracy vs MAD")]

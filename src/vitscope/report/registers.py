@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from vitscope.files import atomic_write_bytes
+from vitscope.models import PRESETS
 from vitscope.report import registers_figures as rf
-from vitscope.report.html import fmt, image, page, table
+from vitscope.report.html import fmt, image, index_link, page, table
 from vitscope.report.norm_figures import high_norm_maps
+from vitscope.report.openings import registers_opening
 from vitscope.studies.registers import load_census_tensors
 from vitscope.studies.registers_findings import (
     EFFECTS,
@@ -201,6 +203,7 @@ def _chance_of(row: dict[str, Any], label: str, owned: bool) -> bool:
 def _probe_tables(results: dict[str, Any]) -> str:
     rows, parts = results["rows"], []
     metrics = ("position_top1", "position_distance", "pixels_mse", "pixels_mlp_mse", "class_top1")
+    metrics = tuple(m for m in metrics if any(r["metric"] == m for r in rows))  # only the probes that ran
     for m in results["models"]:
         label = m["label"]
         owned = any(r.get("chance_for") == label for r in rows)
@@ -224,6 +227,15 @@ def _probe_tables(results: dict[str, Any]) -> str:
     return "".join(parts) or "<p>(no token probes were run)</p>"
 
 
+def _title(model: dict[str, Any]) -> str:
+    """A model's label as titles show it: random weights said so."""
+    entry = model.get("entry") or {}
+    spec = str(entry.get("spec") or "")
+    random = not model.get("training") and not model.get("planted") and not entry.get("weights") and (
+        spec.startswith(("timm:", "hf:", "open_clip:")) or spec in PRESETS)
+    return f"{model['label']} ({spec}, random weights)" if random else model["label"]
+
+
 def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     """Write every figure of the report into ``out/figures`` and return their paths by key."""
     fig_dir, rows, paths = out / "figures", results["rows"], {}
@@ -238,13 +250,16 @@ def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     for m in results["models"]:
         label = m["label"]
         census = json.loads((out / "models" / label / "census.json").read_text())
+        stages = {r["layer"]: r["stage"] for r in _by(rows, model=label) if r.get("stage") and "layer" in r}
         paths[f"hist:{label}"] = rf.norm_histograms(census["histograms"], census["thresholds"],
-                                                    f"{label}: token norms per layer", fig_dir / f"norms_{label}.png")
+                                                    f"{_title(m)}: token norms per layer",
+                                                    fig_dir / f"norms_{label}.png", stages=stages)
         tensors = {k: v.numpy() for k, v in load_census_tensors(out, label).items()}
         if "norm_maps" in tensors:
             shown = tensors["images"].transpose(0, 2, 3, 1)
             paths[f"maps:{label}"] = high_norm_maps(shown, tensors["norm_maps"], m["thresholds"][0]["value"],
-                                                    fig_dir / f"artifacts_{label}.png")
+                                                    fig_dir / f"artifacts_{label}.png",
+                                                    layer=m["thresholds"][0].get("detection_layer"), model=_title(m))
             if not m.get("planted"):  # every plain model, registers or not, on the same images
                 images = shown if images is None else images
                 panels[label] = (tensors["cls_attention_last"], tuple(m["tokens"]["patches"]["grid"]),
@@ -311,8 +326,9 @@ def build_report(out: str | Path) -> Path:
     paths = make_figures(out, results)
     checks = detector_check(results["rows"], results["models"])
     sections = [
+        index_link(out),
         "<h1>Registers study: high-norm tokens across architectures, and what registers change</h1>",
-        f'<p class="note">{_scale_note(results)}</p>', TERMS,
+        registers_opening(results), f'<p class="note">{_scale_note(results)}</p>', TERMS,
         "<h2>Published findings: reproduced or not at this scale</h2>",
         _verdict_list(findings(results["rows"], results["models"])),
         f"<p>CLS attention counts as enriched at {ENRICHMENT:g}x the high-norm tokens' share of keys.</p>",
@@ -327,7 +343,9 @@ def build_report(out: str | Path) -> Path:
                      image(paths["fraction"], "high-norm fraction per layer")]
     sections += ["<h2>Token norms (log scale)</h2>"] + [image(p, k) for k, p in paths.items() if k.startswith("hist:")]
     sections += ["<h2>Artifact maps (detection layer, first threshold; red: high-norm)</h2>"]
-    sections += [f"<h3>{html.escape(k[5:])}</h3>" + image(p, k) for k, p in paths.items() if k.startswith("maps:")]
+    titles = {m["label"]: _title(m) for m in results["models"]}
+    sections += [f"<h3>{html.escape(titles.get(k[5:], k[5:]))}</h3>" + image(p, k) for k, p in paths.items()
+                 if k.startswith("maps:")]
     sections += ["<h2>Where high-norm tokens sit</h2>", table(_location(results)),
                  "<h2>What attends to them</h2>", table(_attention(results))]
     stages = _stages(results)

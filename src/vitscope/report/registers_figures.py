@@ -15,32 +15,57 @@ GROUP_COLOURS = {"patch": "C0", "cls": "C3", "register": "C2"}
 
 
 def norm_histograms(histograms: dict[str, Any], thresholds: list[dict[str, Any]], title: str, path: str | Path,
-                    max_panels: int = 6) -> Path:
-    """Token-norm histograms of one model on log-log axes, one panel per token layer (evenly chosen, the last
-    included), patch, CLS and register tokens in their own colours; every threshold drawn as a vertical line."""
+                    stages: Mapping[int, int] | None = None, columns: int = 6) -> Path:
+    """Token-norm histograms of one model on log-log axes, one panel per token layer (every layer, ``columns``
+    per row), patch, CLS and register tokens in their own colours, x ticks labelled with their values; every
+    threshold that applies to a layer drawn as a vertical line (on Swin / PVT-v2 a stage's thresholds in that
+    stage's layers: ``stages`` maps token layer -> stage)."""
     edges = np.asarray(histograms["edges"])
     layers = sorted({int(k) for counts in histograms["counts"].values() for k in counts})
-    picks = sorted({layers[int(round(i))] for i in np.linspace(0, len(layers) - 1, min(max_panels, len(layers)))})
-    fig, axes = plt.subplots(1, len(picks), figsize=(2.6 * len(picks), 2.6), squeeze=False, sharey=True)
+    cols = min(columns, len(layers))
+    rows = -(-len(layers) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.7 * cols, 2.5 * rows + 0.4), squeeze=False, sharey=True,
+                             layout="constrained")
     centres = np.sqrt(edges[:-1] * edges[1:])
-    for ax, layer in zip(axes[0], picks, strict=True):
+    specs = list(dict.fromkeys(t["spec"] for t in thresholds))
+    for ax, layer in zip(axes.ravel(), layers, strict=False):
         for group, counts in histograms["counts"].items():
             if str(layer) in counts and sum(counts[str(layer)]):
                 values = np.asarray(counts[str(layer)], dtype=float)
                 ax.step(centres, np.where(values > 0, values, np.nan), where="mid", color=GROUP_COLOURS[group],
                         label=group, lw=1)
-        for i, t in enumerate(thresholds):
-            if t.get("stage") is None and np.isfinite(t["value"]) and edges[0] <= t["value"] <= edges[-1]:
-                ax.axvline(t["value"], color="k", ls=("-", "--", ":")[i % 3], lw=0.8, label=t["spec"])
+        stage = (stages or {}).get(layer)
+        drawn = []
+        for t in thresholds:
+            if t.get("stage") not in (None, stage) or not np.isfinite(t["value"]):
+                continue
+            if edges[0] <= t["value"] <= edges[-1]:
+                ax.axvline(t["value"], color="k", ls=("-", "--", ":")[specs.index(t["spec"]) % 3], lw=0.8,
+                           label=f"threshold {t['spec']}")
+                drawn.append(t["value"])
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        shown = [c for g in histograms["counts"].values() if str(layer) in g
+                 for c, n in zip(centres, g[str(layer)], strict=True) if n > 0] + drawn
+        low, high = (min(shown) / 1.08, max(shown) * 1.08) if shown else (edges[0], edges[-1])
+        ax.set_xlim(low, high)  # four labelled values, however narrow the range (log axes label decades only)
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(np.geomspace(low * 1.02, high / 1.02, 4)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.tick_params(labelsize=6)
         ax.set_ylim(bottom=0.7)
-        ax.set_title(f"layer {layer}", fontsize=8)
+        ax.set_title(f"layer {layer}" + (f" (stage {stage})" if stage else ""), fontsize=8)
         ax.set_xlabel("token norm", fontsize=7)
-    axes[0][0].set_ylabel("tokens")
-    axes[0][-1].legend(fontsize=6, loc="upper right")
-    fig.suptitle(title, fontsize=9, y=1.04)
+    for ax in axes.ravel()[len(layers):]:
+        ax.axis("off")
+    for r in range(rows):
+        axes[r][0].set_ylabel("tokens", fontsize=7)
+    handles = {}
+    for ax in axes.ravel():
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, h)
+    fig.legend(list(handles.values()), list(handles), fontsize=6, loc="outside lower center", ncols=len(handles))
+    fig.suptitle(title, fontsize=9)
     return save_figure(fig, path)
 
 
@@ -77,8 +102,9 @@ def cls_attention(images: np.ndarray, panels: Mapping[str, tuple[np.ndarray, tup
     for row, (label, (rows, grid, prefix)) in enumerate(panels.items(), 1):
         for i in range(count):
             shown = axes[row][i].imshow(rows[i, prefix:].reshape(grid), cmap="magma", vmin=0, vmax=vmax)
-            registers = f"; on registers {float(rows[i, 1:prefix].sum()):.2f}" if prefix > 1 else ""
-            axes[row][i].set_title(f"{label}{registers}", fontsize=6)
+            if prefix > 1:  # the model is named once per row; each panel gives only its register mass
+                axes[row][i].set_title(f"on registers {float(rows[i, 1:prefix].sum()):.2f}", fontsize=6)
+        axes[row][0].set_ylabel(label, fontsize=7)
     for ax in axes.ravel():
         ax.set_xticks([])
         ax.set_yticks([])

@@ -13,12 +13,14 @@ from safetensors.numpy import load_file
 
 from vitscope.files import atomic_write_bytes
 from vitscope.report import sparse_figures
-from vitscope.report.html import image, page, table
+from vitscope.report.html import image, index_link, page, table
+from vitscope.report.openings import sparse_opening
 from vitscope.studies.runner import RunSpec
 from vitscope.studies.sparse_presets import (
     CLAIM_EFFECTS,
     COMMAND_LINES,
     COMPACT_GPU_HOURS,
+    DEMO_LEFT_OUT,
     PAPER_GPU_HOURS,
     PAPER_NUMBERS,
     PAPER_SETTING,
@@ -119,11 +121,12 @@ def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
                 if len(set(prefix.values())) > 1:  # registers change the token count: one figure per model
                     for c, m in maps.items():
                         paths[f"attention:{layer}:{i}:{c}"] = sparse_figures.attention_heads(
-                            first["images"][i], {c: m}, grids[c], prefix[c], fig_dir / f"attn_{layer}_{i}_{c}.png")
+                            first["images"][i], {c: m}, grids[c], prefix[c], fig_dir / f"attn_{layer}_{i}_{c}.png",
+                            layer=f"{layer} layer, image {i + 1}")
                 else:
                     paths[f"attention:{layer}:{i}"] = sparse_figures.attention_heads(
                         first["images"][i], maps, tuple(run0["grid_size"]), run0["num_prefix_tokens"],
-                        fig_dir / f"attn_{layer}_{i}.png")
+                        fig_dir / f"attn_{layer}_{i}.png", layer=f"{layer} layer, image {i + 1}")
     return paths
 
 
@@ -181,6 +184,37 @@ def _model_text(results: dict[str, Any]) -> str:
     return f"{t['model']}, DINO {t['epochs']} epochs on {t['dataset']}"
 
 
+def zero_fractions(results: dict[str, Any]) -> dict[str, list[float]]:
+    """Per condition: the fraction of exactly-zero attention probabilities per layer (mean over heads and
+    seeds), in [0, 1]."""
+    per: dict[str, list[np.ndarray]] = {}
+    for run in results["runs"]:
+        per.setdefault(run["condition"], []).append(np.asarray(run["attention"]["zeros"], dtype=float))
+    return {c: np.nanmean(np.stack(z), axis=(0, 2)).tolist() for c, z in per.items()}
+
+
+def zero_line(results: dict[str, Any]) -> str:
+    """One sentence: exact zeros per layer of each condition, softmax's (0 % by construction) beside them."""
+    parts = [f"<b>{html.escape(c)}</b> " + ", ".join(f"{z:.0%}" for z in zeros)
+             for c, zeros in zero_fractions(results).items()]
+    return ("Exact zeros in the attention maps, per layer 1..L (mean over heads and seeds): " + "; ".join(parts)
+            + ". Softmax never gives an exact zero.")
+
+
+def left_out(results: dict[str, Any]) -> str:
+    """For the demo: the measurements it leaves out because they cannot discriminate at its scale, and why."""
+    if results["settings"].get("preset") != "demo":
+        return ""
+    shown = {r["group"] for r in results["summary"] if isinstance(r.get("group"), str)}
+    missing = {name: why for name, why in DEMO_LEFT_OUT.items()
+               if not any(g.startswith("depth:") for g in shown) or name != "depth"}
+    if any(r.get("metric") == "pib" for r in results["summary"]):
+        missing.pop("Point-in-Box", None)
+    items = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in missing.items())
+    return f"<p>Left out of the demo, because at this scale they cannot discriminate:</p><ul>{items}</ul>" \
+        if items else ""
+
+
 def _scale_note(results: dict[str, Any]) -> str:
     settings = results["settings"]
     runs = results["runs"]
@@ -202,6 +236,21 @@ def _scale_note(results: dict[str, Any]) -> str:
                  "behaves almost like softmax; train longer (more epochs or the compact preset) before reading "
                  "anything into its comparison with softmax.")
     return text
+
+
+def settings_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The study's settings; one left to the preset (None) shows the value the runs used, marked as the preset's."""
+    trained = [r["source"]["trained"] for r in results["runs"] if "trained" in r.get("source", {})]
+    rows = []
+    for key, value in results["settings"].items():
+        used = {json.dumps(t.get(key)) for t in trained} if value is None else set()
+        if value is None and len(used) == 1 and key in trained[0]:
+            value = f"{json.loads(used.pop())} (the preset's)"
+        probe = {"probe_train_images": "probe_train_images", "probe_eval_images": "eval_images"}.get(key)
+        if value is None and probe and results["runs"] and results["runs"][0].get(probe) is not None:
+            value = f"{results['runs'][0][probe]} (the preset's)"
+        rows.append({"setting": key, "value": json.dumps(value) if isinstance(value, dict | list) else value})
+    return rows
 
 
 def build_report(out: str | Path) -> Path:
@@ -229,7 +278,9 @@ def build_report(out: str | Path) -> Path:
             for r in results["runs"]]
     attention = "".join(image(p, k) for k, p in paths.items() if k.startswith("attention:"))
     sections = [
-        "<h1>Sparse attention against semantic diffusion</h1>",
+        index_link(out),
+        "<h1>Sparse attention against semantic diffusion</h1>", sparse_opening(results),
+        f"<p><b>{zero_line(results)}</b></p>", left_out(results),
         f'<p class="note">{_scale_note(results)}</p>',
         "<h2>What this run shows</h2>",
         f"<ul>{verdicts}</ul>" if verdicts else "<p>No softmax baseline among the conditions: nothing to compare.</p>",
@@ -253,7 +304,7 @@ def build_report(out: str | Path) -> Path:
         sections += ["<h2>PCA maps of last-layer patch tokens (first 3 components as RGB, per image)</h2>",
                      image(paths["pca"], "PCA maps")]
     sections += [
-        "<h2>CLS attention per head (first and last layer; white = exactly zero)</h2>", attention or "<p>(none)</p>",
+        "<h2>CLS attention per head (first and last layer; cyan = exactly zero)</h2>", attention or "<p>(none)</p>",
         "<h2>Runs</h2>", table(runs),
         "<h2>At full scale</h2>",
         f"<p>Estimated cost (our estimate, not a measurement): paper preset about {PAPER_GPU_HOURS['per_run_a100']} "
@@ -261,8 +312,7 @@ def build_report(out: str | Path) -> Path:
         f"default; compact about {COMPACT_GPU_HOURS['per_run_a100']} A100 GPU-hours per run.</p>",
         table([{"how": k, "command": v} for k, v in COMMAND_LINES.items()]),
         "<h2>Definitions</h2>", table([{"quantity": k, "definition": v} for k, v in DEFINITIONS.items()]),
-        "<h2>Settings</h2>", table([{"setting": k, "value": json.dumps(v) if isinstance(v, dict | list) else v}
-                                    for k, v in results["settings"].items()]),
+        "<h2>Settings</h2>", table(settings_rows(results)),
         "<h2>Provenance</h2>",
         table([{"field": k, "value": v} for k, v in results["provenance"].items() if k != "config"]),
     ]

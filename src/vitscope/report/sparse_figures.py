@@ -4,34 +4,72 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import matplotlib.ticker
 import numpy as np
 import torch
 
 from vitscope.probes.pca import rgb_maps
 from vitscope.report.figures import plt, save_figure
 
+# suffixes that name a variant of a model (same colour, another line style), longest first
+VARIANTS = {" (random init)": "--", " (patches + CLS)": ":", " (patches)": "-"}
+ZERO_COLOUR = "#00c8ff"  # exact zeros in attention maps: a colour no value of the colour map takes
+
+
+def model_of(name: str) -> str:
+    """The model a curve belongs to: ``name`` without its variant suffixes."""
+    for suffix in VARIANTS:
+        name = name.replace(suffix, "")
+    return name
+
+
+def model_colours(names: list[str]) -> dict[str, str]:
+    """One colour per model (variants share it), in order of first appearance; chance is grey."""
+    colours: dict[str, str] = {}
+    for name in names:
+        model = model_of(name)
+        if model not in colours:
+            colours[model] = "grey" if model.startswith("chance") else f"C{sum(c != 'grey' for c in colours.values())}"
+    return colours
+
+
+def _style(name: str) -> str:
+    if name.startswith("chance"):
+        return "-."
+    return next((ls for suffix, ls in VARIANTS.items() if suffix in name), "-")
+
 
 def layer_curves(curves: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]], ylabels: list[str],
                  path: str | Path, title: str = "") -> Path:
-    """One panel per quantity (ylabels[i]); in each, one line per model (name -> (layers, mean, std)),
-    the std over seeds shaded."""
-    fig, axes = plt.subplots(1, len(ylabels), figsize=(5.2 * len(ylabels), 3.6), squeeze=False)
+    """One panel per quantity (ylabels[i]); in each, one line per model (name -> (layers, mean, std)), the std
+    over seeds shaded. A model has one colour in every panel (its random-init twin dashed, chance grey); layers
+    sit on integer ticks; one legend for the figure, outside the panels, so that it covers no line."""
+    colours = model_colours([name for ylabel in ylabels for name in curves.get(ylabel, {})])
+    fig, axes = plt.subplots(1, len(ylabels), figsize=(4.6 * len(ylabels) + 2.2, 3.6), squeeze=False)
+    handles: dict[str, Any] = {}
     for ax, ylabel in zip(axes[0], ylabels, strict=True):
         for name, (layers, mean, std) in curves.get(ylabel, {}).items():
-            dashed = "(random init)" in name or name.startswith("chance")
-            line = ax.plot(layers, mean, marker="o", ms=3, label=name, ls="--" if dashed else "-")[0]
+            line = ax.plot(layers, mean, marker="o", ms=3, label=name, ls=_style(name),
+                           color=colours[model_of(name)])[0]
             ax.fill_between(layers, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+            handles.setdefault(name, line)
         if ax.lines:  # zero always on the axis, so small differences are not zoomed into effects
             low, high = ax.get_ylim()
             ax.set_ylim(min(low, 0.0), max(high, 0.0))
         attention = "attention" in ylabel or "Point-in-Box" in ylabel  # measured inside block l
         ax.set_xlabel("attention layer (block)" if attention else "token layer (0 = embedding)")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set_ylabel(ylabel)
+        ax.set_title(ylabel, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 0.95),
+                   title="shaded: std over seeds", title_fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
     return save_figure(fig, path)
 
 
@@ -62,22 +100,33 @@ def pca_maps(images: np.ndarray, patches: Mapping[str, np.ndarray], grid: tuple[
 
 
 def attention_heads(image: np.ndarray, maps: Mapping[str, np.ndarray], grid: tuple[int, int], prefix: int,
-                    path: str | Path) -> Path:
+                    path: str | Path, layer: str = "") -> Path:
     """One image and, per model (name -> (heads, T, T) attention of one layer), each head's CLS-to-patch
-    attention on the grid; exact zeros are drawn white."""
+    attention on the grid, on one colour scale with a colour bar; exact zeros are drawn in ``ZERO_COLOUR``
+    (a colour the map never takes), so that a zero never reads as a faint value."""
     heads = max(m.shape[0] for m in maps.values())
-    fig, axes = plt.subplots(len(maps), heads + 1, figsize=(1.4 * (heads + 1), 1.45 * len(maps)), squeeze=False)
+    fig, axes = plt.subplots(len(maps), heads + 1, figsize=(1.4 * (heads + 1) + 1.0, 1.5 * len(maps) + 0.5),
+                             squeeze=False)
+    top = max(float(np.max(attn[:, 0, prefix:])) for attn in maps.values())
+    cmap = plt.get_cmap("magma").with_extremes(bad=ZERO_COLOUR)
+    shown = None
     for r, (name, attn) in enumerate(maps.items()):
         axes[r][0].imshow(image.transpose(1, 2, 0))
         axes[r][0].set_title(name, fontsize=7)
         for h in range(attn.shape[0]):
             row = attn[h, 0, prefix:].reshape(grid)
-            shown = np.ma.masked_where(row == 0, row)
-            cmap = plt.get_cmap("magma").with_extremes(bad="white")
-            axes[r][h + 1].imshow(shown, cmap=cmap, interpolation="nearest")
+            shown = axes[r][h + 1].imshow(np.ma.masked_where(row == 0, row), cmap=cmap, interpolation="nearest",
+                                          vmin=0.0, vmax=top)
             zeros = float((row == 0).mean())
             axes[r][h + 1].set_title(f"head {h + 1}\n{zeros:.0%} zero", fontsize=6)
+        for h in range(attn.shape[0], heads):
+            axes[r][h + 1].axis("off")
     for ax in axes.ravel():
         ax.set_xticks([])
         ax.set_yticks([])
+    if shown is not None:
+        bar = fig.colorbar(shown, ax=axes.ravel().tolist(), shrink=0.85, pad=0.02)
+        bar.set_label("CLS attention probability", fontsize=7)
+        bar.ax.tick_params(labelsize=6)
+    fig.suptitle(f"CLS attention per head{', ' + layer if layer else ''}; cyan: exactly zero", fontsize=8)
     return save_figure(fig, path)

@@ -117,7 +117,9 @@ class RegistersStudy:
         if isinstance(self.probes, dict):
             self.probes = ProbeSettings(**self.probes)
         if self.plant == "preset":
-            self.plant = dict(DEMO_PLANT) if self.preset == "demo" and 0 in self.registers else None
+            # the demo plants in its first seed's reg0 (labelled reg0-seed<S> when there are several seeds)
+            self.plant = dict(DEMO_PLANT, model=self.run_label("supervised", 0, self.seeds[0])) \
+                if self.preset == "demo" and 0 in self.registers else None
         self.models = [m if isinstance(m, ModelEntry) else ModelEntry(**m) for m in self.models]
         labels = [m.label for m in self.all_models()]
         if len(set(labels)) != len(labels):

@@ -36,6 +36,7 @@ from vitscope.studies.runner import Launch, RunSpec, check_launcher, devices, ru
 from vitscope.studies.sparse_measure import DenseSets, MeasureSettings, measure_backbone
 from vitscope.studies.sparse_presets import (
     DEFAULT_CONDITIONS,
+    DEMO_DENSE,
     DEMO_OVERRIDES,
     MEASURE,
     PROBE_IMAGES,
@@ -119,7 +120,7 @@ class SparseStudy:
         if not self.conditions and not self.models:
             raise ValueError("the study has nothing to measure: name conditions or give --model LABEL=SPEC")
         if self.preset == "demo" and not self.seg and not self.depth:
-            self.seg, self.depth = {"synthetic": None}, {"synthetic": None}
+            self.seg, self.depth = dict(DEMO_DENSE["seg"]), dict(DEMO_DENSE["depth"])
         for given, names, flag in ((self.seg, SEGMENTATION, "--seg"), (self.depth, DEPTH, "--depth")):
             unknown = sorted(set(given) - set(names))
             if unknown:

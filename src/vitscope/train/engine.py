@@ -86,7 +86,7 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     eval_set = data_choice["eval"][0].subset(cfg.eval_images)
     data_choice = {split: decision for split, (_, decision) in data_choice.items()}
     check_splits(train_set, eval_set, cfg)
-    if ctx.is_main and cfg.progress:
+    if ctx.is_main and cfg.progress and cfg.data_dir is not None:  # built-in scenes: nothing to choose
         print("vitscope: data " + "; ".join(f"{split} {'streamed' if d['stream'] else 'in memory'} ({d['reason']})"
                                             for split, d in data_choice.items()), file=sys.stderr)
     if cfg.batch_size % ctx.world_size or cfg.batch_size > len(train_set):

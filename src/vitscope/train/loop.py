@@ -260,7 +260,9 @@ def finish_run(run_dir: Path, cfg: TrainConfig, model: VisionTransformer, *, glo
                ) -> dict[str, Any]:
     """The run's summary (``counts``: num_classes, train_images, eval_images); the main rank writes the
     final model.safetensors and summary.json."""
-    summary = {"run_dir": str(run_dir), "objective": cfg.objective, "protocol": cfg.protocol, "epochs": cfg.epochs,
+    # the augmentation protocol is the supervised objective's; DINO brings its own multi-crop augmentation
+    protocol = {"protocol": cfg.protocol} if cfg.objective == "supervised" else {}
+    summary = {"run_dir": str(run_dir), "objective": cfg.objective, **protocol, "epochs": cfg.epochs,
                "steps": global_step, "eval": evaluation, **counts, **(extra or {}),
                "provenance": run_provenance(cfg, device, started, subsets)}
     if is_main:

@@ -1,0 +1,177 @@
+"""What each study report opens with, and what ``index.html`` shows of it: the headline verdicts (one per
+claim) and one paragraph in plain words (what this scale can and cannot test, which claims were tested,
+what was found, the command that runs the study at paper scale and its estimated time on one GPU).
+
+Every study's claims come out as ``{"study", "claim", "verdict", "detail"}`` rows (``headlines``), whatever
+the shape of its results file, so that the index can show the three studies in one table.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vitscope.studies.sparse_presets import COMMAND_LINES as SPARSE_COMMANDS
+from vitscope.studies.sparse_presets import PAPER_GPU_HOURS
+
+# The paper-scale command of each study and our estimate of its time on one GPU (not measurements: the
+# locality figure is docs/locality-study.md's estimate, the registers census one forward pass per model).
+PAPER_SCALE = {
+    "locality": ("vitscope study locality --preset paper --dataset cifar100 --data-dir DATA/cifar100_jpg.tar.gz "
+                 "--conditions ablation --seeds 0,1,2 --pack auto --out locality-paper",
+                 "about 4 hours for the 24 runs (8 conditions x 3 seeds, about 10 minutes per run; an estimate)"),
+    "sparse": (SPARSE_COMMANDS["torchrun"].replace(" --gpus-per-run 8", ""),
+               f"about {PAPER_GPU_HOURS['per_run_a100']} A100 GPU-hours per run, "
+               f"{PAPER_GPU_HOURS['runs_default']} runs per condition (an estimate; weeks on one GPU)"),
+    "registers": ("vitscope study registers --preset paper --weights-dir WEIGHTS --dataset imagefolder "
+                  "--data-dir /data/imagenet-val --eval-images 5000 --out registers-paper",
+                  "about 1 hour for the census of the 14 pretrained models on 5,000 images (an estimate)"),
+}
+UNJUDGED = ("no claim", "no paper claim", "not judged")  # rows shown in a report but not claims of the paper
+VERDICT_CLASS = {"reproduced": "reproduced", "not reproduced": "not", "inconclusive": "untested", "mixed": "untested",
+                 "not testable": "untested"}
+
+
+def _text(claim: dict[str, Any]) -> str:
+    if claim.get("condition") and claim.get("measure"):  # the sparse study: one row per condition and measure
+        predicted = f" (paper: {claim['predicted']})" \
+            if claim.get("predicted") not in (None, "none") else ""
+        return f"{claim['condition']} vs softmax: {claim.get('what') or claim['measure']}{predicted}"
+    for key in ("paper", "published", "claim", "sentence", "finding"):
+        if claim.get(key):
+            return str(claim[key])
+    return str(claim.get("measure", "claim"))
+
+
+def _detail(claim: dict[str, Any]) -> str:
+    """Why the verdict: the rule's reason (and power line), or the evidence; whether it agrees with the paper."""
+    parts = [str(claim[k]) for k in ("reason", "power", "evidence") if claim.get(k)]
+    if not parts and claim.get("sentence") and claim["sentence"] != _text(claim):
+        parts.append(str(claim["sentence"]))
+    if claim.get("agrees"):
+        parts.append(f"agreement with the paper: {claim['agrees']}")
+    return "; ".join(parts)
+
+
+def rows(study: str, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Claims with a verdict as index rows (claims without one are left out)."""
+    return [{"study": study, "claim": _text(c), "verdict": c["verdict"], "detail": _detail(c)}
+            for c in claims if c.get("verdict") and c["verdict"] not in UNJUDGED]
+
+
+def locality_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
+    from vitscope.studies.locality_verdicts import distinct, judge
+
+    return [c for c in (judge(c) for c in distinct(results["claims"])) if c.get("paper") is not None]
+
+
+def sparse_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(results.get("claims", []))
+
+
+def registers_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
+    from vitscope.studies.registers_findings import PUBLISHED, findings
+
+    found = findings(results["rows"], results["models"])
+    return [{**f, "published": f.get("published") or PUBLISHED.get(f.get("finding"), f.get("finding"))}
+            for f in found]
+
+
+CLAIMS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
+    "locality": locality_claims, "sparse": sparse_claims, "registers": registers_claims}
+
+
+def headlines(study: str, results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The study's claims and verdicts as index rows; a results file this version cannot read gives one row
+    that says so rather than failing the index."""
+    try:
+        return rows(study, CLAIMS[study](results))
+    except (KeyError, TypeError, ValueError) as err:
+        return [{"study": study, "claim": "(results not readable by this version)", "verdict": "",
+                 "detail": f"{type(err).__name__}: {err}"}]
+
+
+def study_headlines(folder: str | Path, study: str) -> list[dict[str, Any]] | None:
+    """``headlines`` of the study whose results are in ``folder`` (None when it has no results yet)."""
+    file = Path(folder) / "results.json"
+    if not file.is_file():
+        return None
+    return headlines(study, json.loads(file.read_text()))
+
+
+def _claims_list(found: list[dict[str, Any]]) -> str:
+    """The claims tested, grouped by verdict: 'reproduced: A, B; inconclusive: C'."""
+    groups: dict[str, list[str]] = {}
+    for row in found:
+        groups.setdefault(row["verdict"], []).append(row["claim"])
+    return "; ".join(f"<b>{html.escape(v)}</b>: " + ", ".join(html.escape(c) for c in claims)
+                     for v, claims in groups.items())
+
+
+def opening(study: str, results: dict[str, Any], scale: str, cannot: str) -> str:
+    """One paragraph in plain words: what ``scale`` can test and what it ``cannot``, the claims tested and their
+    verdicts, and the paper-scale command with its estimated time on one GPU."""
+    found = headlines(study, results)
+    command, cost = PAPER_SCALE[study]
+    tested = f" It tested {len(found)} claim{'s' if len(found) != 1 else ''} and found {_claims_list(found)}." \
+        if found else " No claim of the paper could be judged with these runs."
+    return (f'<p class="opening"><b>In short.</b> {scale} {cannot}{tested} '
+            f"To run the same study at paper scale: <code>{html.escape(command)}</code> ({html.escape(cost)}).</p>")
+
+
+def _seeds(results: dict[str, Any]) -> int:
+    runs = results.get("runs") or []
+    per: dict[Any, set] = {}
+    for r in runs:
+        per.setdefault(r.get("condition"), set()).add(r.get("seed"))
+    return min((len(s) for s in per.values()), default=0)
+
+
+def locality_opening(results: dict[str, Any]) -> str:
+    runs = results["runs"]
+    config = runs[0]["train_config"]
+    epochs = f"{config['epochs']} epoch{'s' if config['epochs'] != 1 else ''}"
+    scale = (f"This run trains <code>{html.escape(str(config['model']))}</code> for {epochs} on "
+             f"{html.escape(str(results['provenance']['dataset']))} with {_seeds(results)} seed(s) per condition. "
+             "At this scale it can test whether the training protocol moves the early layers' attention distance "
+             "and entropy in a small ViT, with a verdict from seeds;")
+    cannot = ("it cannot test the paper's CIFAR-100 effect sizes or its accuracy ranking, which need vit-compact "
+              "trained for 200 epochs.")
+    return opening("locality", results, scale, cannot)
+
+
+def sparse_opening(results: dict[str, Any]) -> str:
+    settings = results["settings"]
+    trained = [r["source"]["trained"] for r in results["runs"] if "trained" in r.get("source", {})]
+    what = "the given models"
+    if trained:
+        epochs = trained[0]["epochs"]
+        what = (f"<code>{html.escape(str(trained[0]['model']))}</code> pretrained with DINO for {epochs} "
+                f"epoch{'s' if epochs != 1 else ''} on {html.escape(str(trained[0]['dataset']))}")
+    scale = (f"This run ({html.escape(str(settings.get('preset')))} preset) compares {what}, differing only in "
+             f"the attention normaliser, with {_seeds(results)} seed(s) per condition. At this scale it can test "
+             "whether entmax-1.5 gives attention exact zeros and whether that changes the probes and semantic "
+             "diffusion in a small backbone;")
+    cannot = ("it cannot test the paper's ImageNet effect sizes (+0.56 linear top-1, +6 mIoU on VOC), which need "
+              "ViT-S/16 pretrained for 200 epochs.")
+    return opening("sparse", results, scale, cannot)
+
+
+def registers_opening(results: dict[str, Any]) -> str:
+    models = results["models"]
+    random = [m["label"] for m in models if not m.get("training") and not m.get("planted")]
+    trained = [m["label"] for m in models if m.get("training") and not m.get("planted")]
+    scale = (f"This run measures {len(models)} models on {html.escape(str(results['provenance']['dataset']))}: "
+             + (f"{html.escape(', '.join(trained))} trained here for minutes, " if trained else "")
+             + (f"{html.escape(', '.join(random))} with random weights (they show that the census runs on each "
+                "architecture, not findings), " if random else "")
+             + ("and a model with planted outliers whose answer is known. " if any(m.get("planted") for m in models)
+                else "") + "At this scale it can test the detector, "
+             "the census and the probes, and whether small, briefly trained models grow artifacts (the paper says "
+             "they do not);")
+    cannot = ("it cannot test whether large, long-trained models (DINOv2, OpenCLIP, DeiT-III) grow them, which "
+              "needs their pretrained weights.")
+    return opening("registers", results, scale, cannot)
