@@ -6,9 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from vitscope.cli.common import output_dir
-
-from vitscope.cli.common import add_shared
+from vitscope.cli.common import add_shared, output_dir
 
 
 def register(commands) -> None:
