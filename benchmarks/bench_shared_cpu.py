@@ -7,6 +7,7 @@ Each setting runs in a fresh process, since OpenMP reads its wait policy once, w
   passive   OMP_WAIT_POLICY=PASSIVE, what ``import vitscope`` now sets unless told otherwise (vitscope.threads)
   spin10k   the default policy with GOMP_SPINCOUNT=10000 (a shorter spin)
   threads1  the default policy on one intra-op thread
+  auto      passive, with VITSCOPE_THREADS=auto: as many threads as cores the busy processes leave free
 A busy process is ``python -c 'while True: pass'`` (one core's worth of CPU-bound work). Figures are medians of
 ``--steps`` steps after 2 warm-up steps; the slowdown is against the same setting with no busy process, and
 the idle ratio is each setting's idle step against ``spin``'s, all measured in one run.
@@ -28,6 +29,7 @@ SETTINGS: dict[str, dict[str, str]] = {
     "passive": {},
     "spin10k": {"VITSCOPE_OMP_PASSIVE": "0", "GOMP_SPINCOUNT": "10000"},
     "threads1": {"VITSCOPE_OMP_PASSIVE": "0", "BENCH_THREADS": "1"},
+    "auto": {"VITSCOPE_THREADS": "auto"},
 }
 
 
@@ -65,7 +67,8 @@ def child(steps: int, batch_size: int) -> None:
 
 
 def measure(setting: str, steps: int, batch_size: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "VITSCOPE_THREADS")}
     env.update(SETTINGS[setting])
     command = [sys.executable, __file__, "--child", "--steps", str(steps), "--batch-size", str(batch_size)]
     out = subprocess.run(command, env=env, check=True, capture_output=True, text=True, timeout=900)
@@ -77,7 +80,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--loads", default="0,1,2", help="numbers of busy processes beside the step")
-    parser.add_argument("--settings", default="spin,passive,spin10k,threads1")
+    parser.add_argument("--settings", default="spin,passive,spin10k,threads1,auto")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

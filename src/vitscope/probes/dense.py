@@ -146,13 +146,14 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
                 label: str = "model", norm: bool = True, batch_size: int = 16, device: torch.device | str = "cpu",
                 img_size: int | None = None, cache: Any = True, seed: int = 0, progress: bool = True,
                 size: int | None = None, crops_per_image: int = 1,
-                loss_points: int | str | None = DEFAULT_LOSS_POINTS) -> ProbeResult:
+                loss_points: int | str | None = DEFAULT_LOSS_POINTS, tile_values: int = TILE_VALUES) -> ProbeResult:
     """Segmentation or depth probe (by ``train.task``) per token layer, with and without CLS concatenated.
 
     ``size=None``: every image resized whole to the backbone's square input side. ``size=S``: images resized to
     short side S; training on ``crops_per_image`` random crops of the input side, evaluation by sliding window
     (stride two thirds of the window), see ``vitscope.probes.dense_windows``. ``loss_points``: label pixels per
-    image in each training step's loss, or ``"full"`` for every pixel (see the module docstring)."""
+    image in each training step's loss, or ``"full"`` for every pixel (see the module docstring); ``tile_values``:
+    logits per evaluation tile (the same predictions at any value; larger holds more memory)."""
     points = loss_points_of(loss_points)
     if train.task != eval_set.task:
         raise ValueError(f"train is a {train.task} set but eval a {eval_set.task} set")
@@ -181,7 +182,7 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
                           **head_options)
         for (layer, cls), head in sorted(heads.items()):
             preds = iter_predictions(head, HeadInputs.of(feats[1][layer]), sizes, train.task, min_depth=min_depth,
-                                     max_depth=max_depth, device=device, windows=windows)
+                                     max_depth=max_depth, device=device, windows=windows, tile_values=tile_values)
             rows += _rows(name, layer, cls, score_dense(preds, eval_set, eigen_crop=eigen_crop), eval_set)
     trivial = _trivial(train, eval_set, eigen_crop)
     for layer in wanted:
@@ -192,7 +193,8 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
         "depth_range": [min_depth, max_depth], "seed": seed, "dataset": eval_set.name,
         "loss_points": "full" if points is None else points,
         "loss": "full-resolution, every valid pixel" if points is None else
-        f"{points} uniformly sampled valid pixels per image (unbiased estimate of the full-resolution loss)",
+        f"{points} uniformly sampled valid pixels per image (unbiased estimate of the full-resolution loss; "
+        "every pixel when no label has more)",
         "geometry": "whole image resized to the input side" if size is None else
         f"short side {size}, {crops_per_image} random crop(s) of {side} px, sliding window stride {side * 2 // 3}"})
 

@@ -167,7 +167,8 @@ def fit_heads(inputs: dict[int, HeadInputs], targets: Sequence[Tensor], task: st
     """Heads by (layer, with_cls) trained on ``inputs`` by layer against per-image ``targets`` (H_i, W_i):
     cross-entropy (segmentation) or the scale-invariant log loss of the bin-weighted depth (depth), at
     ``loss_points`` sampled pixels per image (``vitscope.probes.dense_points``) or, with None, at every pixel of
-    the full-resolution upsampling. CLS heads are skipped for layers without a CLS token."""
+    the full-resolution upsampling (also when no label has more pixels than ``loss_points``). CLS heads are
+    skipped for layers without a CLS token."""
     outputs = num_classes if task == "segmentation" else DEPTH_BINS
     heads: dict[tuple[int, bool], DenseHead] = {}
     for layer, layer_inputs in inputs.items():
@@ -182,6 +183,8 @@ def fit_heads(inputs: dict[int, HeadInputs], targets: Sequence[Tensor], task: st
     steps = epochs * len(size_groups(targets, batch_size, torch.Generator().manual_seed(seed)))
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, steps))
     generator = torch.Generator().manual_seed(seed)
+    if loss_points is not None and loss_points >= max(t.numel() for t in targets):
+        loss_points = None  # as many points as pixels: the exact full-resolution loss is no more work
     sampler = None if loss_points is None else PointSampler(
         targets, task, ignore_index, loss_points, torch.Generator().manual_seed(seed + 1))
     loss_options = {"task": task, "ignore_index": ignore_index, "bins": depth_bins(min_depth, max_depth, device)}
