@@ -10,9 +10,10 @@ lr/weight-decay sweep, the closed-form ridge read-out, and the dense segmentatio
 ``--dense``: issue 25's protocol, the whole ``dense_probe`` (ViT-S/16 at 224 with random weights and its random
 twin, one layer, with and without CLS, 20 epochs) on piecewise textured scenes (``dense_scenes``): segment
 367 + 101 images of 360 x 480 with 11 classes, depth 400 + 100 of 480 x 640, both times ``--scale``; ``sweep``:
-segment at every token layer. New: point-sampled loss (4096 per image), tiled evaluation. Old reference:
-``loss_points="full"`` with untiled evaluation (one tile per image), on ``--old-scale`` of the images (where it
-fits memory), with the new path measured on the same subset in the same run. Features are extracted once per
+segment at every token layer (0-12) against layer 12 alone, on the same set. New: point-sampled loss (4096 per
+image), tiled evaluation. Old reference: ``loss_points="full"`` with untiled evaluation (one tile per image), on
+``--old-scale`` of the images (where it fits memory), with the new path measured on the same subset in the same
+run. Features are extracted once per
 set (cached in a temporary folder) and timed apart; peak memory is this process's ``ru_maxrss``.
 """
 
@@ -126,9 +127,11 @@ def dense_protocol(kind: str, scale: float, old_scale: float, epochs: int, devic
             for data in (train, held):
                 extract_features(backbone, data.model_view(224), layers, cache=cache, progress=False, device=device)
         extraction = time.perf_counter() - start
-        runs = [("new: 4096 points, tiles", 4096, False)] + ([("old: full loss, untiled", "full", True)] if old else [])
-        for name, points, untiled in runs:
-            seconds, result = _probe_seconds(model, train, held, layers, points, untiled, epochs, cache, device)
+        runs = [("new: 4096 points, tiles", 4096, False, layers)]
+        runs += [("old: full loss, untiled", "full", True, layers)] if old else []
+        runs += [("new, layer 12 only", 4096, False, "last")] if kind == "sweep" else []
+        for name, points, untiled, which in runs:
+            seconds, result = _probe_seconds(model, train, held, which, points, untiled, epochs, cache, device)
             rows.append([f"{kind} {len(train)}+{len(held)} ({label})", name, f"{extraction:.0f}", f"{seconds:.0f}",
                          f"{extraction + seconds:.0f}", _score(result, task, layer), f"{_peak_gb():.2f}"])
             print(" | ".join(rows[-1]), flush=True)
