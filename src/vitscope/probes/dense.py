@@ -37,6 +37,7 @@ from vitscope.probes.dense_points import depth_at
 from vitscope.probes.dense_tiles import TILE_VALUES, predict_full
 from vitscope.probes.dense_windows import eval_windows, stitch, train_crops
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
+from vitscope.probes.linear import threads_for
 from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, ProbeResult, row
 
 DEFAULT_LOSS_POINTS = 4096
@@ -183,7 +184,9 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
         for (layer, cls), head in sorted(heads.items()):
             preds = iter_predictions(head, HeadInputs.of(feats[1][layer]), sizes, train.task, min_depth=min_depth,
                                      max_depth=max_depth, device=device, windows=windows, tile_values=tile_values)
-            rows += _rows(name, layer, cls, score_dense(preds, eval_set, eigen_crop=eigen_crop), eval_set)
+            with threads_for(head.outputs * max(h * w for h, w in sizes), device):  # one thread for small labels
+                scores = score_dense(preds, eval_set, eigen_crop=eigen_crop)
+            rows += _rows(name, layer, cls, scores, eval_set)
     trivial = _trivial(train, eval_set, eigen_crop)
     for layer in wanted:
         rows += _rows(CHANCE, layer, None, trivial, eval_set)

@@ -185,12 +185,13 @@ def fit_heads(inputs: dict[int, HeadInputs], targets: Sequence[Tensor], task: st
     generator = torch.Generator().manual_seed(seed)
     if loss_points is not None and loss_points >= max(t.numel() for t in targets):
         loss_points = None  # as many points as pixels: the exact full-resolution loss is no more work
-    sampler = None if loss_points is None else PointSampler(
-        targets, task, ignore_index, loss_points, torch.Generator().manual_seed(seed + 1))
     loss_options = {"task": task, "ignore_index": ignore_index, "bins": depth_bins(min_depth, max_depth, device)}
     for head in heads.values():
         head.train()
     with threads_for(_step_work(inputs, targets, heads, loss_points, batch_size), device):
+        with threads_for(0, "cpu"):  # counting and drawing pixels: small CPU work, one thread
+            sampler = None if loss_points is None else PointSampler(
+                targets, task, ignore_index, loss_points, torch.Generator().manual_seed(seed + 1))
         _train(heads, inputs, targets, with_cls, sampler, optimizer, schedule, generator, epochs, batch_size, device,
                loss_options)
     return {key: head.eval() for key, head in heads.items()}
@@ -214,7 +215,8 @@ def _train(heads: dict[tuple[int, bool], DenseHead], inputs: dict[int, HeadInput
     for _ in range(epochs):
         for batch in size_groups(targets, batch_size, generator):
             indices = batch.tolist()
-            points = sampler.batch(indices) if sampler is not None else None
+            with threads_for(0, "cpu"):
+                points = sampler.batch(indices) if sampler is not None else None
             full = None if points is not None else torch.stack([targets[i] for i in indices]).to(device)
             optimizer.zero_grad(set_to_none=True)
             for layer, layer_inputs in inputs.items():
