@@ -14,7 +14,7 @@ from vitscope.data.dense import synthetic_dense
 from vitscope.models import create
 from vitscope.probes.dense import dense_probe, fit_dense_head, iter_predictions, silog_loss
 from vitscope.probes.dense_heads import depth_bins
-from vitscope.probes.dense_points import PointSampler, depth_at, logits_at, point_cross_entropy, point_silog
+from vitscope.probes.dense_points import PointSampler, depth_at, logits_at, point_cross_entropy, point_silog, rows_at
 from vitscope.probes.dense_tiles import predict_full
 
 
@@ -39,7 +39,7 @@ def test_point_sampled_cross_entropy_is_unbiased_for_the_full_resolution_loss(on
     for _ in range(300):
         points = sampler.batch([0, 1, 2])
         sampled = logits_at(logits, points.grid)
-        draws.append(point_cross_entropy(sampled, points))
+        draws.append(point_cross_entropy(sampled.transpose(1, 2), points))
         per_point = F.cross_entropy(sampled, points.values, reduction="none")
         unweighted.append(per_point.mean())  # every image weighted alike: biased when valid counts differ
     draws, unweighted = torch.stack(draws), torch.stack(unweighted)
@@ -76,6 +76,8 @@ def test_points_read_the_same_values_as_the_full_resolution_upsampling():
     x, y = points.grid[0, 0].unbind(-1)
     flat = (((y + 1) * 17 - 1) / 2).round().long() * 23 + (((x + 1) * 23 - 1) / 2).round().long()
     torch.testing.assert_close(logits_at(logits, points.grid)[0], full[:, flat], atol=1e-5, rtol=0)
+    table = logits.flatten(2).transpose(1, 2)  # channel-last (1, rows * cols, C), as training reads it
+    torch.testing.assert_close(rows_at(table, points.corners((5, 6)))[0].T, full[:, flat], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("task", ["segmentation", "depth"])

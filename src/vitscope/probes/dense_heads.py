@@ -27,9 +27,10 @@ from vitscope.probes.dense_points import (
     SILOG_LAMBDA,
     PointSampler,
     depth_at,
-    logits_at,
+    depth_last,
     point_cross_entropy,
     point_silog,
+    rows_at,
 )
 from vitscope.probes.features import LayerFeatures
 from vitscope.probes.linear import threads_for
@@ -122,6 +123,11 @@ class DenseHead(nn.Module):
 def _stacked_logits(heads: Sequence[DenseHead], patches: Tensor, cls: Tensor | None, grid: tuple[int, int]
                     ) -> Tensor:
     """Standardised (B, P, D) patches and (B, D) CLS through heads sharing them: (B, heads, C, rows, cols)."""
+    return _stacked_table(heads, patches, cls).permute(0, 2, 3, 1).unflatten(-1, grid)
+
+
+def _stacked_table(heads: Sequence[DenseHead], patches: Tensor, cls: Tensor | None) -> Tensor:
+    """Channel-last logits of heads sharing standardised inputs: (B, P, heads, C)."""
     dim = patches.shape[-1]
     folded = [head.folded() for head in heads]
     weight = torch.cat([w[:, :dim] for w, _ in folded])
@@ -131,7 +137,7 @@ def _stacked_logits(heads: Sequence[DenseHead], patches: Tensor, cls: Tensor | N
     if any(e is not None for e in extra):
         zeros = logits.new_zeros(heads[0].outputs, len(patches))
         logits = logits + torch.stack([zeros if e is None else e for e in extra], 0).permute(2, 0, 1)[:, None]
-    return logits.permute(0, 2, 3, 1).unflatten(-1, grid)
+    return logits
 
 
 def depth_bins(min_depth: float, max_depth: float, device: torch.device | str = "cpu") -> Tensor:
@@ -217,28 +223,30 @@ def _train(heads: dict[tuple[int, bool], DenseHead], inputs: dict[int, HeadInput
             indices = batch.tolist()
             with threads_for(0, "cpu"):
                 points = sampler.batch(indices) if sampler is not None else None
+                corners = points.corners(next(iter(inputs.values())).grid) if points is not None else None
             full = None if points is not None else torch.stack([targets[i] for i in indices]).to(device)
             optimizer.zero_grad(set_to_none=True)
             for layer, layer_inputs in inputs.items():
                 layer_heads = [heads[layer, cls] for cls in with_cls if (layer, cls) in heads]
                 if layer_heads:
-                    _layer_step(layer_heads, layer_inputs, batch, points, full, device, loss_options)
+                    _layer_step(layer_heads, layer_inputs, batch, points, corners, full, device, loss_options)
             optimizer.step()
             schedule.step()
 
 
-def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, points: Any, full: Tensor | None,
-                device: torch.device | str, options: dict[str, Any]) -> None:
+def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, points: Any, corners: Any,
+                full: Tensor | None, device: torch.device | str, options: dict[str, Any]) -> None:
     """Backpropagate the losses of one layer's heads on one batch (gradients accumulate per head)."""
     standardiser = heads[0].standardiser
     patches = standardiser.patches(inputs.patches[batch].to(device))
     cls = standardiser.cls(inputs.cls[batch].to(device)) if any(h.with_cls for h in heads) else None
-    logits = _stacked_logits(heads, patches, cls, inputs.grid)  # (B, heads, C, rows, cols)
+    table = _stacked_table(heads, patches, cls)  # (B, P, heads, C)
     if points is not None:
-        sampled = logits_at(logits.flatten(1, 2), points.grid).unflatten(1, (len(heads), -1))  # (B, heads, C, K)
-        losses = [_point_loss(sampled[:, h], points, options) for h in range(len(heads))]
+        sampled = rows_at(table.flatten(2), corners).unflatten(-1, (len(heads), -1))  # (B, K, heads, C)
+        losses = [_point_loss(sampled[:, :, h], points, options) for h in range(len(heads))]
         torch.stack(losses).sum().backward()
         return
+    logits = table.permute(0, 2, 3, 1).unflatten(-1, inputs.grid)  # (B, heads, C, rows, cols)
     for h in range(len(heads)):  # one head's full-resolution graph at a time
         upsampled = F.interpolate(logits[:, h], size=tuple(full.shape[-2:]), mode="bilinear", align_corners=False)
         if options["task"] == "segmentation":
@@ -252,4 +260,4 @@ def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, point
 def _point_loss(logits: Tensor, points: Any, options: dict[str, Any]) -> Tensor:
     if options["task"] == "segmentation":
         return point_cross_entropy(logits, points)
-    return point_silog(depth_at(logits, options["bins"]), points)
+    return point_silog(depth_last(logits, options["bins"]), points)

@@ -35,11 +35,35 @@ def valid_pixels(target: Tensor, task: str, ignore_index: int | None) -> Tensor:
 @dataclass
 class PointBatch:
     """K sampled pixels of each of B images: ``grid`` (B, 1, K, 2) grid_sample coordinates (x, y) in [-1, 1],
-    ``values`` (B, K) the labels there, ``weights`` (B,) each image's share of the batch's valid pixels."""
+    ``values`` (B, K) the labels there, ``weights`` (B,) each image's share of the batch's valid pixels, ``rows``
+    and ``cols`` (B, K) the pixels and ``sizes`` each image's label (H, W)."""
 
     grid: Tensor
     values: Tensor
     weights: Tensor
+    rows: Tensor
+    cols: Tensor
+    sizes: list[tuple[int, int]]
+
+    def corners(self, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """The 4 source cells of each point on a (rows, cols) logit grid, as flat indices into the batch's
+        (B * rows * cols) cells, (B * K, 4), and their bilinear weights (B * K, 4) (``dense_tiles.source_index``'s
+        arithmetic, the upsampling of ``F.interpolate`` with ``align_corners=False``)."""
+        index, weight = [], []
+        for b, (height, width) in enumerate(self.sizes):
+            r0, r1, fr = _source(self.rows[b], height, grid[0])
+            c0, c1, fc = _source(self.cols[b], width, grid[1])
+            base = b * grid[0] * grid[1]
+            index.append(torch.stack([r0 * grid[1] + c0, r0 * grid[1] + c1, r1 * grid[1] + c0, r1 * grid[1] + c1],
+                                     -1) + base)
+            weight.append(torch.stack([(1 - fr) * (1 - fc), (1 - fr) * fc, fr * (1 - fc), fr * fc], -1))
+        return torch.cat(index), torch.cat(weight)
+
+
+def _source(pixels: Tensor, out_size: int, in_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    position = ((pixels.float() + 0.5) * (in_size / out_size) - 0.5).clamp(min=0)
+    low = position.floor().long().clamp(max=in_size - 1)
+    return low, (low + 1).clamp(max=in_size - 1), position - low.float()
 
 
 class PointSampler:
@@ -74,7 +98,7 @@ class PointSampler:
         return torch.cat(kept)[: self.points]
 
     def batch(self, indices: Sequence[int]) -> PointBatch:
-        grids, values = [], []
+        grids, values, all_rows, all_cols, sizes = [], [], [], [], []
         for index in indices:
             target = self.targets[index]
             height, width = target.shape[-2:]
@@ -82,9 +106,12 @@ class PointSampler:
             rows, cols = flat // width, flat % width
             grids.append(torch.stack([(2 * cols + 1) / width - 1, (2 * rows + 1) / height - 1], dim=-1))
             values.append(target.reshape(-1)[flat])
+            all_rows.append(rows)
+            all_cols.append(cols)
+            sizes.append((height, width))
         counts = torch.tensor([float(self.counts[i]) for i in indices])
         return PointBatch(torch.stack(grids)[:, None].float(), torch.stack(values),
-                          counts / counts.sum().clamp(min=1))
+                          counts / counts.sum().clamp(min=1), torch.stack(all_rows), torch.stack(all_cols), sizes)
 
 
 def logits_at(logits: Tensor, grid: Tensor) -> Tensor:
@@ -93,10 +120,27 @@ def logits_at(logits: Tensor, grid: Tensor) -> Tensor:
                          align_corners=False)[:, :, 0]
 
 
+def rows_at(table: Tensor, corners: tuple[Tensor, Tensor]) -> Tensor:
+    """Channel-last logits (B, rows * cols, C) read at the points whose ``PointBatch.corners`` are given:
+    (B, K, C), each point the weighted sum of its 4 source cells (``embedding_bag``: fast forward and backward,
+    unlike ``grid_sample`` on many channels)."""
+    index, weight = corners
+    flat = F.embedding_bag(index.to(table.device), table.reshape(-1, table.shape[-1]),
+                           per_sample_weights=weight.to(table.device, table.dtype), mode="sum")
+    return flat.view(len(table), -1, table.shape[-1])
+
+
 def point_cross_entropy(logits: Tensor, points: PointBatch) -> Tensor:
-    """Estimate of the batch's mean cross-entropy over valid pixels from (B, C, K) logits at the points."""
-    per_point = F.cross_entropy(logits, points.values.to(logits.device).long(), reduction="none")
+    """Estimate of the batch's mean cross-entropy over valid pixels from channel-last (B, K, C) logits at the
+    points."""
+    values = points.values.to(logits.device).long().reshape(-1)
+    per_point = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), values, reduction="none").view(len(logits), -1)
     return (per_point.mean(1) * points.weights.to(logits.device)).sum()
+
+
+def depth_last(logits: Tensor, bins: Tensor) -> Tensor:
+    """Channel-last (..., bins) logits -> (...) depth."""
+    return logits.softmax(dim=-1) @ bins
 
 
 def depth_at(logits: Tensor, bins: Tensor) -> Tensor:
