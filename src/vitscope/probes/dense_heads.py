@@ -205,13 +205,15 @@ def fit_heads(inputs: dict[int, HeadInputs], targets: Sequence[Tensor], task: st
 
 def _step_work(inputs: dict[int, HeadInputs], targets: Sequence[Tensor], heads: dict[tuple[int, bool], DenseHead],
                loss_points: int | None, batch_size: int) -> float:
-    """Multiply-adds (roughly) of one training step: the linear maps and the loss at every read pixel."""
+    """Multiply-adds (roughly) of one layer's part of a training step (its ops are that size, whatever the number
+    of layers): the linear maps and the loss at every read pixel."""
     pixels = loss_points if loss_points is not None else max(t.numel() for t in targets)
-    work = 0.0
+    work: dict[int, float] = {}
     for (layer, _), head in heads.items():
         patches = inputs[layer].patches
-        work += patches.shape[1] * patches.shape[2] * head.outputs + pixels * head.outputs * 10
-    return min(batch_size, len(targets)) * work
+        work[layer] = work.get(layer, 0.0) + patches.shape[1] * patches.shape[2] * head.outputs \
+            + pixels * head.outputs * 10
+    return min(batch_size, len(targets)) * max(work.values(), default=0.0)
 
 
 def _train(heads: dict[tuple[int, bool], DenseHead], inputs: dict[int, HeadInputs], targets: Sequence[Tensor],
