@@ -112,6 +112,7 @@ def dense_protocol(kind: str, scale: float, old_scale: float, epochs: int, devic
     from vitscope.models import load
 
     task, n_train, n_eval, height, width = SHAPES["segment" if kind == "sweep" else kind]
+    torch.manual_seed(0)  # the same random ViT-S in every run
     model = load("timm:vit_small_patch16_224")
     layers = "all" if kind == "sweep" else "last"
     layer = 12
