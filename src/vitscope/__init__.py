@@ -1,7 +1,13 @@
 """vitscope: train, modify and measure how tokens interact inside Vision Transformers."""
-from vitscope.metrics import AttentionStats
-from vitscope.record import record_attention, record_tokens
-from vitscope.version import __version__
+
+from vitscope.threads import set_passive_wait, set_thread_count
+
+set_passive_wait()  # before anything imports torch (vitscope.threads)
+set_thread_count()
+
+from vitscope.metrics import AttentionStats  # noqa: E402
+from vitscope.record import record_attention, record_tokens  # noqa: E402
+from vitscope.version import __version__  # noqa: E402
 
 
 def explore(*args, **kwargs):

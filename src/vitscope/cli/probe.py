@@ -59,6 +59,9 @@ def register(commands) -> None:
                          help="resize images to this short side, train on random crops of the model's input side "
                               "and evaluate by sliding window (default: each image resized whole to the input)")
         sub.add_argument("--crops-per-image", type=int, default=1, help="random training crops per image (--size)")
+        sub.add_argument("--loss-points", default="4096", metavar="N|full",
+                         help="label pixels per image in each training step's loss, sampled uniformly from the "
+                              "valid ones (an unbiased estimate of the full loss); full: every pixel (default 4096)")
         sub.set_defaults(handler=run_dense)
     depth.add_argument("--eigen-crop", action=argparse.BooleanOptionalAction, default=None,
                        help="evaluate inside the NYU Eigen crop (default: on for nyu, off otherwise)")
@@ -237,8 +240,9 @@ def run_pca(args: argparse.Namespace) -> int:
 
 def run_dense(args: argparse.Namespace) -> int:
     from vitscope.data.dense_layouts import load_dense
-    from vitscope.probes.dense import dense_probe
+    from vitscope.probes.dense import dense_probe, loss_points_of
 
+    loss_points_of(args.loss_points)  # a bad --loss-points is refused before the model loads
     task = "segmentation" if args.probe == "segment" else "depth"
     if not getattr(args, "max_depth", 10.0) > 0:  # before anything loads (a negative bound gave a wrong RMSE)
         raise ValueError(f"--max-depth {args.max_depth} must be a depth in metres > 0, e.g. --max-depth 10")
@@ -251,6 +255,6 @@ def run_dense(args: argparse.Namespace) -> int:
         eigen_crop=getattr(args, "eigen_crop", None), max_depth=getattr(args, "max_depth", 10.0),
         baseline=args.baseline, label=label, norm=args.norm, batch_size=args.batch_size, device=device,
         img_size=args.img_size, cache=args.cache, seed=args.seed, size=args.size,
-        crops_per_image=args.crops_per_image))
+        crops_per_image=args.crops_per_image, loss_points=args.loss_points))
     subsets = {"train": train.settings.get("subset"), "eval": held.settings.get("subset")}
     return _finish(args, result, out, device, subsets, ["miou", "rmse"])

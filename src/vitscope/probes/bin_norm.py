@@ -15,17 +15,23 @@ DEFAULT_BIN_NORM = "linear"
 LINEAR_EPS = 0.1  # DINOv2's eps in the linear strategy
 
 
+def raw_bin_weights(logits: Tensor, norm: str = DEFAULT_BIN_NORM, dim: int = 1) -> Tensor:
+    """The strategy's weights before they are divided by their sum along ``dim`` (all positive)."""
+    if norm == "linear":
+        return logits.relu() + LINEAR_EPS
+    if norm == "softmax":
+        return (logits - logits.amax(dim=dim, keepdim=True)).exp()
+    if norm == "sigmoid":
+        return logits.sigmoid()
+    raise ValueError(f"depth bin normalisation {norm!r} is unknown; use one of {', '.join(BIN_NORMS)}")
+
+
 def bin_weights(logits: Tensor, norm: str = DEFAULT_BIN_NORM, dim: int = 1) -> Tensor:
     """Weights over the bins (summing to 1 along ``dim``) from ``logits`` by the strategy ``norm``."""
-    if norm == "linear":
-        weights = logits.relu() + LINEAR_EPS
-        return weights / weights.sum(dim=dim, keepdim=True)
     if norm == "softmax":
         return logits.softmax(dim=dim)
-    if norm == "sigmoid":
-        weights = logits.sigmoid()
-        return weights / weights.sum(dim=dim, keepdim=True)
-    raise ValueError(f"depth bin normalisation {norm!r} is unknown; use one of {', '.join(BIN_NORMS)}")
+    weights = raw_bin_weights(logits, norm, dim)
+    return weights / weights.sum(dim=dim, keepdim=True)
 
 
 def depth_from_bins(logits: Tensor, bins: Tensor, norm: str = DEFAULT_BIN_NORM) -> Tensor:

@@ -1,13 +1,19 @@
 """Dense probes on frozen patch tokens: segmentation (mIoU) and depth (RMSE), layer by layer, with or without CLS.
 
-Head: batch norm + 1x1 linear layer on the patch-token map (B, D, rows, cols), optionally with the CLS token
-concatenated to every patch (D -> 2D), its output upsampled bilinearly to each label's own size (labels are only
-ever resized nearest-neighbour, with their training crop). Segmentation: cross-entropy with the dataset's ignore
-index; scores from one confusion matrix over the eval split (``vitscope.metrics.dense``). Depth (DINOv2's linear
-head): 256 bins spaced linearly in [``min_depth``, ``max_depth``] metres, depth = the bin centres weighted by
-DINOv2's ``linear`` normalisation (ReLU + 0.1, divided by the sum; ``vitscope.probes.bin_norm``), scale-invariant
-log loss (λ = 0.85) on valid pixels; RMSE, abs-rel and δ < 1.25 per image then averaged, and pooled RMSE, over
-ground truth in (1e-3, ``max_depth``], in NYU's Eigen crop by default (``vitscope.metrics.dense``).
+Head: the patch-token map, optionally with the CLS token concatenated to every patch (D -> 2D), standardised with
+the training set's statistics and read out by one linear map (``vitscope.probes.dense_heads``); its logits are
+upsampled bilinearly to each label's own size (labels are only ever resized nearest-neighbour, with their training
+crop). Training (``loss_points``, default 4096): the loss at that many label pixels per image sampled uniformly
+from the valid ones, where the upsampling is evaluated exactly (``vitscope.probes.dense_points``; an unbiased
+estimate of the full-resolution loss); ``"full"``: the loss over every pixel of the full-resolution upsampling.
+All heads (every layer, with and without CLS) train in one pass over the cached features. Evaluation: every pixel
+of every label, computed in tiles of label rows (``vitscope.probes.dense_tiles``).
+Segmentation: cross-entropy with the dataset's ignore index; scores from one confusion matrix over the eval split
+(``vitscope.metrics.dense``). Depth (DINOv2's linear head): 256 bins spaced linearly in [``min_depth``,
+``max_depth``] metres, depth = the bin centres weighted by DINOv2's ``linear`` normalisation (ReLU + 0.1, divided by
+the sum; ``vitscope.probes.bin_norm``), scale-invariant log loss (λ = 0.85) on valid pixels; RMSE, abs-rel and
+δ < 1.25 per image then averaged, and pooled RMSE, over ground truth in (1e-3, ``max_depth``], in NYU's Eigen crop
+by default (``vitscope.metrics.dense``).
 
 By default the backbone sees each image resized whole to its (square) input side; with ``size`` images are
 resized to that short side, training uses random crops and evaluation a sliding window (``dense_windows``).
@@ -28,16 +34,32 @@ from vitscope.analyze.inputs import model_input
 from vitscope.data.dense import DenseDataset
 from vitscope.metrics.dense import confusion_matrix, depth_scores, segmentation_scores
 from vitscope.probes.baselines import random_twin
-from vitscope.probes.bin_norm import DEFAULT_BIN_NORM, depth_from_bins
+from vitscope.probes.bin_norm import DEFAULT_BIN_NORM
+from vitscope.probes.dense_heads import DEPTH_BINS, DenseHead, HeadInputs, depth_bins, fit_heads, silog_loss
+from vitscope.probes.dense_points import depth_at
+from vitscope.probes.dense_tiles import TILE_VALUES, predict_full
 from vitscope.probes.dense_windows import eval_windows, stitch, train_crops
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import threads_for
 from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, ProbeResult, row
 
-DEPTH_BINS = 256
-SILOG_LAMBDA = 0.85
+DEFAULT_LOSS_POINTS = 4096
+EVAL_CHUNK = 16  # eval images whose low-resolution logits are computed together
 # placements (image, y, x) of each window, resized (height, width) of each image, window side in pixels
 Windows = tuple[list[tuple[int, int, int]], list[tuple[int, int]], int]
+__all__ = ["DEPTH_BINS", "DenseHead", "HeadInputs", "dense_probe", "depth_at", "fit_dense_head", "fit_heads",
+           "iter_predictions", "loss_points_of", "patch_maps", "predict_dense", "score_dense", "silog_loss"]
+
+
+def loss_points_of(value: int | str | None) -> int | None:
+    """``"full"`` or None -> None (full-resolution loss); a positive int (or its text) -> points per image."""
+    if value is None or str(value).strip().lower() == "full":
+        return None
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--loss-points {value!r} is not a positive number of pixels per image; pass e.g. "
+                         "4096, or 'full' for every pixel")
+    return int(text)
 
 
 def patch_maps(features: LayerFeatures, with_cls: bool) -> Tensor:
@@ -51,97 +73,34 @@ def patch_maps(features: LayerFeatures, with_cls: bool) -> Tensor:
     return patches.transpose(1, 2).reshape(n, d, *features.grid)
 
 
-class DenseHead(nn.Module):
-    """Batch norm and a 1x1 convolution on (B, D, rows, cols); ``forward(maps, size)`` upsamples to ``size``."""
-
-    def __init__(self, dim: int, outputs: int):
-        super().__init__()
-        self.norm = nn.BatchNorm2d(dim)
-        self.linear = nn.Conv2d(dim, outputs, kernel_size=1)
-
-    def forward(self, maps: Tensor, size: tuple[int, int]) -> Tensor:
-        return F.interpolate(self.linear(self.norm(maps)), size=size, mode="bilinear", align_corners=False)
+def fit_dense_head(maps: Tensor | HeadInputs, targets: Sequence[Tensor], task: str, *, with_cls: bool = False,
+                   loss_points: int | str | None = DEFAULT_LOSS_POINTS, **options: Any) -> DenseHead:
+    """One head on ``maps`` (N, D, rows, cols) or ``HeadInputs`` against per-image ``targets`` (H_i, W_i); the
+    options of ``fit_heads`` (num_classes, ignore_index, epochs, lr, batch_size, seed, device, ...)."""
+    inputs = HeadInputs.from_maps(maps) if isinstance(maps, Tensor) else maps
+    return fit_heads({0: inputs}, targets, task, with_cls=(with_cls,), loss_points=loss_points_of(loss_points),
+                     **options)[0, with_cls]
 
 
-def depth_bins(min_depth: float, max_depth: float, device: torch.device | str = "cpu") -> Tensor:
-    return torch.linspace(min_depth, max_depth, DEPTH_BINS, device=device)
-
-
-def depth_from_logits(logits: Tensor, bins: Tensor, norm: str = DEFAULT_BIN_NORM) -> Tensor:
-    """(B, bins, H, W) logits -> (B, H, W) depth: the bin centres weighted by ``norm`` (``probes.bin_norm``)."""
-    return depth_from_bins(logits, bins, norm)
-
-
-def silog_loss(pred: Tensor, target: Tensor) -> Tensor:
-    """Scale-invariant log loss sqrt(mean g² - λ (mean g)²), g = log pred - log target, on pixels with target > 0."""
-    valid = (target > 0) & target.isfinite()
-    if not valid.any():
-        return pred.sum() * 0.0
-    g = pred[valid].clamp(min=1e-6).log() - target[valid].log()
-    return ((g * g).mean() - SILOG_LAMBDA * g.mean() ** 2).clamp(min=1e-12).sqrt()
-
-
-def _size_groups(targets: Sequence[Tensor], batch_size: int, generator: torch.Generator) -> list[Tensor]:
-    """Shuffled batches of indices whose targets share one size."""
-    by_size: dict[tuple[int, int], list[int]] = {}
-    for i, target in enumerate(targets):
-        by_size.setdefault(tuple(target.shape[-2:]), []).append(i)
-    batches = []
-    for indices in by_size.values():
-        order = torch.tensor(indices)[torch.randperm(len(indices), generator=generator)]
-        batches += list(order.split(batch_size))
-    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
-
-
-def fit_dense_head(maps: Tensor, targets: Sequence[Tensor], task: str, *, num_classes: int = 0,
-                   ignore_index: int | None = None, min_depth: float = 1e-3, max_depth: float = 10.0,
-                   epochs: int = 20, lr: float = 1e-2, weight_decay: float = 1e-4, batch_size: int = 16,
-                   seed: int = 0, device: torch.device | str = "cpu") -> DenseHead:
-    """Train a ``DenseHead`` on ``maps`` (N, D, rows, cols) against per-image ``targets`` (H_i, W_i)."""
-    torch.manual_seed(seed)
-    head = DenseHead(maps.shape[1], num_classes if task == "segmentation" else DEPTH_BINS).to(device)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
-    generator = torch.Generator().manual_seed(seed)
-    steps = epochs * len(_size_groups(targets, batch_size, torch.Generator().manual_seed(seed)))
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, steps))
-    bins = depth_bins(min_depth, max_depth, device)
-    head.train()
-    work = min(batch_size, len(targets)) * maps.shape[1] * head.linear.out_channels * maps.shape[2] * maps.shape[3]
-    with threads_for(work, device):
-        _train_head(head, optimizer, schedule, maps, targets, task, ignore_index, bins, epochs, batch_size,
-                    generator, device)
-    return head.eval()
-
-
-def _train_head(head: DenseHead, optimizer: torch.optim.Optimizer, schedule: Any, maps: Tensor,
-                targets: Sequence[Tensor], task: str, ignore_index: int | None, bins: Tensor, epochs: int,
-                batch_size: int, generator: torch.Generator, device: torch.device | str) -> None:
-    for _ in range(epochs):
-        for batch in _size_groups(targets, batch_size, generator):
-            x = maps[batch].to(device)
-            y = torch.stack([targets[i] for i in batch.tolist()]).to(device)
-            logits = head(x, tuple(y.shape[-2:]))
-            if task == "segmentation":
-                loss = F.cross_entropy(logits, y.long(), ignore_index=-100 if ignore_index is None else ignore_index)
-            else:
-                loss = silog_loss(depth_from_logits(logits, bins), y.float())
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
+def _low_res(head: DenseHead, inputs: HeadInputs, index: Sequence[int], device: torch.device | str) -> Tensor:
+    cls = inputs.cls[index] if head.with_cls else None
+    return head.low_res(inputs.patches[index].to(device), cls, inputs.grid)
 
 
 @torch.no_grad()
-def iter_predictions(head: DenseHead, maps: Tensor, sizes: Sequence[tuple[int, int]], task: str, *,
+def iter_predictions(head: DenseHead, inputs: HeadInputs | Tensor, sizes: Sequence[tuple[int, int]], task: str, *,
                      min_depth: float = 1e-3, max_depth: float = 10.0, device: torch.device | str = "cpu",
-                     windows: Windows | None = None) -> Iterator[Tensor]:
-    """Per image, one at a time: class map (H, W) int64 or depth (H, W) float32 at the image's label size. With
-    ``windows`` (placements and resized shapes from ``eval_windows``), ``maps`` are per window and are stitched."""
+                     windows: Windows | None = None, tile_values: int = TILE_VALUES) -> Iterator[Tensor]:
+    """Per image, one at a time: class map (H, W) int64 or depth (H, W) float32 at the image's label size, in
+    tiles of label rows. With ``windows`` (placements and resized shapes from ``eval_windows``), ``inputs`` are
+    per window and are stitched."""
+    inputs = HeadInputs.from_maps(inputs) if isinstance(inputs, Tensor) else inputs
     bins = depth_bins(min_depth, max_depth, device)
     if windows is None:
-        for i, size in enumerate(sizes):
-            logits = head(maps[i : i + 1].to(device), tuple(size))
-            yield (logits.argmax(1) if task == "segmentation" else depth_from_logits(logits, bins))[0].cpu()
+        for start in range(0, len(sizes), EVAL_CHUNK):
+            logits = _low_res(head, inputs, list(range(start, min(len(sizes), start + EVAL_CHUNK))), device)
+            for offset, one in enumerate(logits):
+                yield predict_full(one, tuple(sizes[start + offset]), task, bins, tile_values).cpu()
         return
     placements, shapes, window = windows
     slots: dict[int, list[int]] = {}
@@ -149,16 +108,20 @@ def iter_predictions(head: DenseHead, maps: Tensor, sizes: Sequence[tuple[int, i
         slots.setdefault(index, []).append(slot)
     for index, size in enumerate(sizes):
         chosen = slots[index]
-        logits = head(maps[chosen].to(device), (window, window))
-        outputs = logits if task == "segmentation" else depth_from_logits(logits, bins)[:, None]
+        logits = _low_res(head, inputs, chosen, device)
+        if task == "segmentation":
+            outputs = F.interpolate(logits, size=(window, window), mode="bilinear", align_corners=False)
+        else:
+            outputs = torch.stack([predict_full(one, (window, window), task, bins, tile_values) for one in logits])
+            outputs = outputs[:, None]
         stitched = stitch(outputs, [placements[s][1:] for s in chosen], shapes[index], tuple(size))
         yield (stitched.argmax(0) if task == "segmentation" else stitched[0]).cpu()
 
 
-def predict_dense(head: DenseHead, maps: Tensor, sizes: Sequence[tuple[int, int]], task: str, **options: Any
-                  ) -> list[Tensor]:
+def predict_dense(head: DenseHead, inputs: HeadInputs | Tensor, sizes: Sequence[tuple[int, int]], task: str,
+                  **options: Any) -> list[Tensor]:
     """``iter_predictions`` as a list."""
-    return list(iter_predictions(head, maps, sizes, task, **options))
+    return list(iter_predictions(head, inputs, sizes, task, **options))
 
 
 def score_dense(preds: Iterable[Tensor], data: DenseDataset, *, eigen_crop: bool = False, max_depth: float = 10.0
@@ -187,12 +150,16 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
                 eigen_crop: bool | None = None, min_depth: float = 1e-3, max_depth: float = 10.0, baseline: bool = True,
                 label: str = "model", norm: bool = True, batch_size: int = 16, device: torch.device | str = "cpu",
                 img_size: int | None = None, cache: Any = True, seed: int = 0, progress: bool = True,
-                size: int | None = None, crops_per_image: int = 1) -> ProbeResult:
+                size: int | None = None, crops_per_image: int = 1,
+                loss_points: int | str | None = DEFAULT_LOSS_POINTS, tile_values: int = TILE_VALUES) -> ProbeResult:
     """Segmentation or depth probe (by ``train.task``) per token layer, with and without CLS concatenated.
 
     ``size=None``: every image resized whole to the backbone's square input side. ``size=S``: images resized to
     short side S; training on ``crops_per_image`` random crops of the input side, evaluation by sliding window
-    (stride two thirds of the window), see ``vitscope.probes.dense_windows``."""
+    (stride two thirds of the window), see ``vitscope.probes.dense_windows``. ``loss_points``: label pixels per
+    image in each training step's loss, or ``"full"`` for every pixel (see the module docstring); ``tile_values``:
+    logits per evaluation tile (the same predictions at any value; larger holds more memory)."""
+    points = loss_points_of(loss_points)
     if train.task != eval_set.task:
         raise ValueError(f"train is a {train.task} set but eval a {eval_set.task} set")
     eigen_crop = eval_set.settings.get("eigen_crop", False) if eigen_crop is None else eigen_crop  # NYU: on
@@ -203,7 +170,7 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
     side = model_input(model, one.model_view(min(one.images[0].shape[-2:])), img_size)[0]
     head_options = {"num_classes": train.num_classes, "ignore_index": train.ignore_index, "min_depth": min_depth,
                     "max_depth": max_depth, "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
-                    "device": device}
+                    "device": device, "loss_points": points, "with_cls": tuple(with_cls)}
     models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, seed))] if baseline else [])
     sizes = [tuple(t.shape[-2:]) for t in eval_set.targets]
     windows: Windows | None = None
@@ -217,16 +184,14 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
         feats = [extract_features(backbone, view, wanted, norm=norm, batch_size=batch_size, device=device,
                                   img_size=img_size, cache=cache, progress=progress)
                  for view in (fit_data.model_view(side), eval_view)]
-        for layer in wanted:
-            for cls in with_cls:
-                if cls and not feats[0][layer].has_cls:
-                    continue
-                head = fit_dense_head(patch_maps(feats[0][layer], cls), fit_data.targets, train.task,
-                                      **head_options)
-                preds = iter_predictions(head, patch_maps(feats[1][layer], cls), sizes, train.task,
-                                         min_depth=min_depth, max_depth=max_depth, device=device, windows=windows)
-                rows += _rows(name, layer, cls, score_dense(preds, eval_set, eigen_crop=eigen_crop,
-                                                            max_depth=max_depth), eval_set)
+        heads = fit_heads({layer: HeadInputs.of(feats[0][layer]) for layer in wanted}, fit_data.targets, train.task,
+                          **head_options)
+        for (layer, cls), head in sorted(heads.items()):
+            preds = iter_predictions(head, HeadInputs.of(feats[1][layer]), sizes, train.task, min_depth=min_depth,
+                                     max_depth=max_depth, device=device, windows=windows, tile_values=tile_values)
+            with threads_for(head.outputs * max(h * w for h, w in sizes), device):  # one thread for small labels
+                scores = score_dense(preds, eval_set, eigen_crop=eigen_crop, max_depth=max_depth)
+            rows += _rows(name, layer, cls, scores, eval_set)
     trivial = _trivial(train, eval_set, eigen_crop, max_depth)
     for layer in wanted:
         rows += _rows(CHANCE, layer, None, trivial, eval_set)
@@ -234,6 +199,10 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
         "model": label, "layers": wanted, "with_cls": list(with_cls), "epochs": epochs, "lr": lr, "norm": norm,
         "input_side": side, "train_images": len(train), "eval_images": len(eval_set), "eigen_crop": eigen_crop,
         "depth_range": [min_depth, max_depth], "bin_norm": DEFAULT_BIN_NORM, "seed": seed, "dataset": eval_set.name,
+        "loss_points": "full" if points is None else points,
+        "loss": "full-resolution, every valid pixel" if points is None else
+        f"{points} uniformly sampled valid pixels per image (unbiased estimate of the full-resolution loss; "
+        "every pixel when no label has more)",
         "geometry": "whole image resized to the input side" if size is None else
         f"short side {size}, {crops_per_image} random crop(s) of {side} px, sliding window stride {side * 2 // 3}"})
 

@@ -1,0 +1,265 @@
+"""Linear dense heads on cached patch tokens, every head of every layer trained in one pass over the features.
+
+A head is a batch norm and a linear map, as before, but the batch norm normalises with the training set's
+statistics, computed once per layer (``Standardiser``: what its running statistics converge to), instead of each
+batch's; its learned scale and shift stay (``gamma``, ``beta``, trained with the linear map as before) and are
+folded into the linear map at each step, so the heads of one layer read one standardised batch. Logits
+(B, C, rows, cols). The CLS half of the linear map is the same at every patch, so it is one (B, C) term
+added to the patch logits; the (B, 2D, rows, cols) concatenation is never built.
+
+``fit_heads`` trains the heads of all layers and both CLS settings together: every step draws one batch (and, with
+point-sampled losses, one set of label points) and each head takes its own AdamW step on its own loss, exactly as
+if trained alone with the same seed (same initialisation, same batches, same points), but features are read and
+standardised once per layer and step, and the heads of one layer share one matrix product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitscope.probes.dense_points import (
+    SILOG_LAMBDA,
+    PointSampler,
+    depth_at,
+    depth_last,
+    point_cross_entropy,
+    point_silog,
+    rows_at,
+)
+from vitscope.probes.features import LayerFeatures
+from vitscope.probes.linear import threads_for
+
+DEPTH_BINS = 256
+BN_EPS = 1e-5
+_STATS_CHUNK = 64  # images per chunk when computing the statistics
+
+
+@dataclass
+class HeadInputs:
+    """One token layer's head inputs: ``patches`` (N, rows * cols, D) in any float dtype (memory-mapped float16
+    when cached), ``grid`` (rows, cols) and ``cls`` (N, D) or None."""
+
+    patches: Tensor
+    grid: tuple[int, int]
+    cls: Tensor | None = None
+
+    @classmethod
+    def of(cls, features: LayerFeatures) -> HeadInputs:
+        return cls(features.patches, tuple(features.grid), features.cls.float() if features.has_cls else None)
+
+    @classmethod
+    def from_maps(cls, maps: Tensor) -> HeadInputs:
+        """From (N, D, rows, cols) patch maps (no CLS)."""
+        return cls(maps.flatten(2).transpose(1, 2), tuple(maps.shape[-2:]))
+
+    def __len__(self) -> int:
+        return len(self.patches)
+
+
+def _moments(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-channel mean and biased variance of (N, ..., D) rows, in float64, read in chunks."""
+    total, square, count = 0.0, 0.0, 0
+    for start in range(0, len(rows), _STATS_CHUNK):
+        chunk = rows[start : start + _STATS_CHUNK].double().reshape(-1, rows.shape[-1])
+        total, square, count = total + chunk.sum(0), square + (chunk * chunk).sum(0), count + len(chunk)
+    mean = total / count
+    return mean, (square / count - mean * mean).clamp(min=0)
+
+
+class Standardiser(nn.Module):
+    """(x - mean) / sqrt(var + eps) per channel with the training set's patch (and CLS) statistics."""
+
+    def __init__(self, inputs: HeadInputs):
+        super().__init__()
+        mean, var = _moments(inputs.patches)
+        self.register_buffer("mean", mean.float())
+        self.register_buffer("scale", (var + BN_EPS).rsqrt().float())
+        if inputs.cls is not None:
+            cls_mean, cls_var = _moments(inputs.cls)
+            self.register_buffer("cls_mean", cls_mean.float())
+            self.register_buffer("cls_scale", (cls_var + BN_EPS).rsqrt().float())
+
+    def patches(self, patches: Tensor) -> Tensor:
+        return (patches.to(self.mean.device, torch.float32) - self.mean) * self.scale
+
+    def cls(self, cls: Tensor) -> Tensor:
+        return (cls.to(self.cls_mean.device, torch.float32) - self.cls_mean) * self.cls_scale
+
+
+class DenseHead(nn.Module):
+    """Standardisation, a learned per-channel scale and shift, and one linear map of patch tokens (D) or patch
+    and CLS tokens (2D) to ``outputs``."""
+
+    def __init__(self, standardiser: Standardiser, dim: int, outputs: int, with_cls: bool):
+        super().__init__()
+        if with_cls and not hasattr(standardiser, "cls_mean"):
+            raise ValueError("this model has no CLS token to concatenate; probe without CLS")
+        self.standardiser, self.dim, self.with_cls = standardiser, dim, with_cls
+        channels = 2 * dim if with_cls else dim
+        self.gamma, self.beta = nn.Parameter(torch.ones(channels)), nn.Parameter(torch.zeros(channels))
+        self.linear = nn.Linear(channels, outputs)
+
+    @property
+    def outputs(self) -> int:
+        return self.linear.out_features
+
+    def folded(self) -> tuple[Tensor, Tensor]:
+        """The scale and shift folded into the linear map: weight (C, channels) and bias (C,)."""
+        weight = self.linear.weight
+        return weight * self.gamma, self.linear.bias + weight @ self.beta
+
+    def low_res(self, patches: Tensor, cls: Tensor | None, grid: tuple[int, int]) -> Tensor:
+        """Raw (B, rows * cols, D) patches and (B, D) CLS -> (B, C, rows, cols) logits."""
+        return _stacked_logits([self], self.standardiser.patches(patches),
+                               self.standardiser.cls(cls) if self.with_cls else None, grid)[:, 0]
+
+
+def _stacked_logits(heads: Sequence[DenseHead], patches: Tensor, cls: Tensor | None, grid: tuple[int, int]
+                    ) -> Tensor:
+    """Standardised (B, P, D) patches and (B, D) CLS through heads sharing them: (B, heads, C, rows, cols)."""
+    return _stacked_table(heads, patches, cls).permute(0, 2, 3, 1).unflatten(-1, grid)
+
+
+def _stacked_table(heads: Sequence[DenseHead], patches: Tensor, cls: Tensor | None) -> Tensor:
+    """Channel-last logits of heads sharing standardised inputs: (B, P, heads, C)."""
+    dim = patches.shape[-1]
+    folded = [head.folded() for head in heads]
+    weight = torch.cat([w[:, :dim] for w, _ in folded])
+    bias = torch.cat([b for _, b in folded])
+    logits = (patches @ weight.T + bias).unflatten(-1, (len(heads), -1))  # (B, P, heads, C)
+    extra = [w[:, dim:] @ cls.T if head.with_cls else None for head, (w, _) in zip(heads, folded, strict=True)]
+    if any(e is not None for e in extra):
+        zeros = logits.new_zeros(heads[0].outputs, len(patches))
+        logits = logits + torch.stack([zeros if e is None else e for e in extra], 0).permute(2, 0, 1)[:, None]
+    return logits
+
+
+def depth_bins(min_depth: float, max_depth: float, device: torch.device | str = "cpu") -> Tensor:
+    return torch.linspace(min_depth, max_depth, DEPTH_BINS, device=device)
+
+
+def silog_loss(pred: Tensor, target: Tensor) -> Tensor:
+    """Scale-invariant log loss sqrt(mean g² - λ (mean g)²), g = log pred - log target, on pixels with target > 0."""
+    valid = (target > 0) & target.isfinite()
+    if not valid.any():
+        return pred.sum() * 0.0
+    g = pred[valid].clamp(min=1e-6).log() - target[valid].log()
+    return ((g * g).mean() - SILOG_LAMBDA * g.mean() ** 2).clamp(min=1e-12).sqrt()
+
+
+def size_groups(targets: Sequence[Tensor], batch_size: int, generator: torch.Generator) -> list[Tensor]:
+    """Shuffled batches of indices whose targets share one size."""
+    by_size: dict[tuple[int, int], list[int]] = {}
+    for i, target in enumerate(targets):
+        by_size.setdefault(tuple(target.shape[-2:]), []).append(i)
+    batches = []
+    for indices in by_size.values():
+        order = torch.tensor(indices)[torch.randperm(len(indices), generator=generator)]
+        batches += list(order.split(batch_size))
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+
+def fit_heads(inputs: dict[int, HeadInputs], targets: Sequence[Tensor], task: str, *,
+              with_cls: Sequence[bool] = (False,), loss_points: int | None = 4096, num_classes: int = 0,
+              ignore_index: int | None = None, min_depth: float = 1e-3, max_depth: float = 10.0, epochs: int = 20,
+              lr: float = 1e-2, weight_decay: float = 1e-4, batch_size: int = 16, seed: int = 0,
+              device: torch.device | str = "cpu") -> dict[tuple[int, bool], DenseHead]:
+    """Heads by (layer, with_cls) trained on ``inputs`` by layer against per-image ``targets`` (H_i, W_i):
+    cross-entropy (segmentation) or the scale-invariant log loss of the bin-weighted depth (depth), at
+    ``loss_points`` sampled pixels per image (``vitscope.probes.dense_points``) or, with None, at every pixel of
+    the full-resolution upsampling (also when no label has more pixels than ``loss_points``). CLS heads are
+    skipped for layers without a CLS token."""
+    outputs = num_classes if task == "segmentation" else DEPTH_BINS
+    heads: dict[tuple[int, bool], DenseHead] = {}
+    for layer, layer_inputs in inputs.items():
+        standardiser = Standardiser(layer_inputs).to(device)
+        for cls in with_cls:
+            if cls and layer_inputs.cls is None:
+                continue
+            torch.manual_seed(seed)  # each head starts as it would alone
+            heads[layer, cls] = DenseHead(standardiser, layer_inputs.patches.shape[-1], outputs, cls).to(device)
+    parameters = [p for head in heads.values() for p in head.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
+    steps = epochs * len(size_groups(targets, batch_size, torch.Generator().manual_seed(seed)))
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, steps))
+    generator = torch.Generator().manual_seed(seed)
+    if loss_points is not None and loss_points >= max(t.numel() for t in targets):
+        loss_points = None  # as many points as pixels: the exact full-resolution loss is no more work
+    loss_options = {"task": task, "ignore_index": ignore_index, "bins": depth_bins(min_depth, max_depth, device)}
+    for head in heads.values():
+        head.train()
+    with threads_for(_step_work(inputs, targets, heads, loss_points, batch_size), device):
+        with threads_for(0, "cpu"):  # counting and drawing pixels: small CPU work, one thread
+            sampler = None if loss_points is None else PointSampler(
+                targets, task, ignore_index, loss_points, torch.Generator().manual_seed(seed + 1))
+        _train(heads, inputs, targets, with_cls, sampler, optimizer, schedule, generator, epochs, batch_size, device,
+               loss_options)
+    return {key: head.eval() for key, head in heads.items()}
+
+
+def _step_work(inputs: dict[int, HeadInputs], targets: Sequence[Tensor], heads: dict[tuple[int, bool], DenseHead],
+               loss_points: int | None, batch_size: int) -> float:
+    """Multiply-adds (roughly) of one layer's part of a training step (its ops are that size, whatever the number
+    of layers): the linear maps and the loss at every read pixel."""
+    pixels = loss_points if loss_points is not None else max(t.numel() for t in targets)
+    work: dict[int, float] = {}
+    for (layer, _), head in heads.items():
+        patches = inputs[layer].patches
+        work[layer] = work.get(layer, 0.0) + patches.shape[1] * patches.shape[2] * head.outputs \
+            + pixels * head.outputs * 10
+    return min(batch_size, len(targets)) * max(work.values(), default=0.0)
+
+
+def _train(heads: dict[tuple[int, bool], DenseHead], inputs: dict[int, HeadInputs], targets: Sequence[Tensor],
+           with_cls: Sequence[bool], sampler: PointSampler | None, optimizer: torch.optim.Optimizer, schedule: Any,
+           generator: torch.Generator, epochs: int, batch_size: int, device: torch.device | str,
+           loss_options: dict[str, Any]) -> None:
+    for _ in range(epochs):
+        for batch in size_groups(targets, batch_size, generator):
+            indices = batch.tolist()
+            with threads_for(0, "cpu"):
+                points = sampler.batch(indices) if sampler is not None else None
+                corners = points.corners(next(iter(inputs.values())).grid) if points is not None else None
+            full = None if points is not None else torch.stack([targets[i] for i in indices]).to(device)
+            optimizer.zero_grad(set_to_none=True)
+            for layer, layer_inputs in inputs.items():
+                layer_heads = [heads[layer, cls] for cls in with_cls if (layer, cls) in heads]
+                if layer_heads:
+                    _layer_step(layer_heads, layer_inputs, batch, points, corners, full, device, loss_options)
+            optimizer.step()
+            schedule.step()
+
+
+def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, points: Any, corners: Any,
+                full: Tensor | None, device: torch.device | str, options: dict[str, Any]) -> None:
+    """Backpropagate the losses of one layer's heads on one batch (gradients accumulate per head)."""
+    standardiser = heads[0].standardiser
+    patches = standardiser.patches(inputs.patches[batch].to(device))
+    cls = standardiser.cls(inputs.cls[batch].to(device)) if any(h.with_cls for h in heads) else None
+    table = _stacked_table(heads, patches, cls)  # (B, P, heads, C)
+    if points is not None:
+        sampled = rows_at(table.flatten(2), corners).unflatten(-1, (len(heads), -1))  # (B, K, heads, C)
+        losses = [_point_loss(sampled[:, :, h], points, options) for h in range(len(heads))]
+        torch.stack(losses).sum().backward()
+        return
+    logits = table.permute(0, 2, 3, 1).unflatten(-1, inputs.grid)  # (B, heads, C, rows, cols)
+    for h in range(len(heads)):  # one head's full-resolution graph at a time
+        upsampled = F.interpolate(logits[:, h], size=tuple(full.shape[-2:]), mode="bilinear", align_corners=False)
+        if options["task"] == "segmentation":
+            ignore = options["ignore_index"]
+            loss = F.cross_entropy(upsampled, full.long(), ignore_index=-100 if ignore is None else ignore)
+        else:
+            loss = silog_loss(depth_at(upsampled, options["bins"]), full.float())
+        loss.backward(retain_graph=h < len(heads) - 1)
+
+
+def _point_loss(logits: Tensor, points: Any, options: dict[str, Any]) -> Tensor:
+    if options["task"] == "segmentation":
+        return point_cross_entropy(logits, points)
+    return point_silog(depth_last(logits, options["bins"]), points)
