@@ -180,6 +180,8 @@ def _compared(rows: list[dict[str, Any]], has: list[str], with_artifacts: dict[s
     supported, against, undecided, said = [], [], [], []
     for label in has:
         layer = with_artifacts[label][-1]
+        if all(_row(rows, model=label, layer=layer, group="high-norm", metric=m) is None for m in metrics):
+            continue  # not measured (e.g. not probed): untested for this model, not undecided
         results, missing = [], []
         for metric in metrics:
             result, why = group_comparison(rows, label, layer, metric)
