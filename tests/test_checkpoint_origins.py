@@ -163,6 +163,21 @@ def test_cli_records_the_interpolation_used_in_the_provenance(tmp_path, choice, 
     assert "origin dino" in capsys.readouterr().err
 
 
+def test_probe_cli_records_the_interpolation_used_in_the_provenance(tmp_path):
+    import json
+
+    from vitscope.cli import main
+
+    model = load("timm:vit_tiny_patch16_224", img_size=64, num_classes=0)
+    torch.save(model.state_dict(), tmp_path / "dino_tiny.pth")
+    code = main(["probe", "pca", "--model", "timm:vit_tiny_patch16_224", "--weights", str(tmp_path / "dino_tiny.pth"),
+                 "--img-size", "48", "--pos-interp", "timm", "--dataset", "synthetic", "--num-images", "2",
+                 "--count", "2", "--batch-size", "2", "--device", "cpu", "--out", str(tmp_path / "out")])
+    assert code == 0
+    loaded = json.loads((tmp_path / "out" / "pca.json").read_text())["provenance"]["config"]["model_load"]
+    assert loaded["origin"] == "dino" and loaded["pos_interp"] == "timm"
+
+
 def test_an_original_dinov3_file_loads_into_timms_dinov3(tmp_path, capsys):
     """The DINOv3 repository's names (storage_tokens, ls1.gamma, rope_embed.periods, qkv.bias with its mask)."""
     model = load("timm:vit_small_patch16_dinov3", img_size=64, num_classes=0, **TINY).eval()

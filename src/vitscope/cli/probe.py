@@ -109,6 +109,7 @@ def _prepare(args: argparse.Namespace):
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
                  img_size=args.img_size, pos_interp=args.pos_interp)
     out = output_dir(args.out or f"vitscope-probe-{args.probe}")  # after the model loads: bad weights, no folder
+    args.model_load = getattr(model, "vitscope_load", None)  # origin, keys, drops, position interpolation: provenance
     return out, device, model, args.label or args.model
 
 

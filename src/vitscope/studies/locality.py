@@ -34,7 +34,7 @@ from vitscope.train import TrainConfig, expand_conditions, train
 # lr 1e-3 with 10 warmup epochs and cosine decay to 1e-5, weight decay 0.05, gradient clipping at 1.
 PAPER_TRAINING = {"epochs": 200, "batch_size": 128, "lr": 1e-3, "min_lr": 1e-5, "warmup_epochs": 10,
                   "weight_decay": 0.05, "grad_clip": 1.0}
-DEMO_TRAINING = {"epochs": 24, "batch_size": 128, "lr": 2e-3, "min_lr": 1e-5, "warmup_epochs": 2,
+DEMO_TRAINING = {"epochs": 10, "batch_size": 128, "lr": 2e-3, "min_lr": 1e-5, "warmup_epochs": 2,
                  "weight_decay": 0.05, "grad_clip": 1.0}
 # Conditions when none are named: the demo compares the two a short run separates; the paper, its headline pair.
 DEFAULT_CONDITIONS = {"demo": ["baseline", "baseline+cutmix"], "paper": ["baseline", "modern"]}
