@@ -28,16 +28,16 @@ def demo_seeds(seed: int) -> list[int]:
 class Demo:
     title: str
     runner: str  # "module:function", imported only when the demo runs
-    minutes: float  # on 2 idle CPU cores: estimated for two seeds per condition (README, docs/benchmarks.md)
+    minutes: float  # on 2 idle CPU cores, two seeds per condition, measured Dec 1 (README, docs/benchmarks.md)
 
 
 DEMOS: dict[str, Demo] = {
     "locality": Demo("Locality: does the training protocol make early layers attend locally? (arXiv 2605.16390)",
-                     "vitscope.cli.study:locality_demo", 5.0),
+                     "vitscope.cli.study:locality_demo", 3.5),
     "sparse": Demo("Sparse attention: does entmax-1.5 in place of softmax cure semantic diffusion? (arXiv 2605.23868)",
-                   "vitscope.cli.study_sparse:sparse_demo", 3.5),
+                   "vitscope.cli.study_sparse:sparse_demo", 2.0),
     "registers": Demo("Registers: high-norm (artifact) tokens across architectures, and what registers change "
-                      "(arXiv 2603.25803)", "vitscope.cli.study_registers:registers_demo", 2.5),
+                      "(arXiv 2603.25803)", "vitscope.cli.study_registers:registers_demo", 3.5),
 }
 
 
