@@ -27,26 +27,25 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0."""
+def _number(text: str, accept, wanted: str) -> float:
+    """``text`` as a float that ``accept`` takes, else an ArgumentTypeError saying it must be ``wanted``."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0")
+    if not accept(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be {wanted}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    return _number(text, lambda v: 0 < v < math.inf, "a number > 0")
 
 
 def unit_fraction(text: str) -> float:
     """An argparse type: a number in [0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number in [0, 1]")
-    return value
+    return _number(text, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 
 SHARED_OPTIONS: dict[str, dict[str, Any]] = {
