@@ -1,13 +1,17 @@
 """A fixed training step on a shared CPU: its slowdown beside 0, 1 and 2 busy processes, per OpenMP wait setting.
 
-Usage: python benchmarks/bench_shared_cpu.py [--steps 8] [--batch-size 32] [--loads 0,1,2] [--settings spin,passive]
-Step: vit-compact (32 px, batch 32) forward + backward + AdamW on fixed synthetic images, all torch threads.
-Each setting runs in a fresh process, since OpenMP reads its wait policy once, when torch loads it:
-  spin      OpenMP's default: threads spin for a while at each barrier before sleeping (before vitscope set it)
-  passive   OMP_WAIT_POLICY=PASSIVE, what ``import vitscope`` now sets unless told otherwise (vitscope.threads)
-  spin10k   the default policy with GOMP_SPINCOUNT=10000 (a shorter spin)
-  threads1  the default policy on one intra-op thread
-  auto      passive, with VITSCOPE_THREADS=auto: as many threads as cores the busy processes leave free
+Usage: python benchmarks/bench_shared_cpu.py [--steps 8] [--batch-size 128] [--loads 0,1,2] [--settings spin,adapt]
+Step: vit-compact (32 px, batch 128: the locality study's batch) forward + backward + AdamW on fixed synthetic
+images, stepping ``vitscope.threads.CoreShare`` as the training loops do. Each setting runs in a fresh process,
+since OpenMP reads its wait policy once, when torch loads it:
+  spin           OpenMP's default: threads spin ~300,000 times at each barrier, fixed threads (vitscope before)
+  passive        OMP_WAIT_POLICY=PASSIVE, fixed threads (VITSCOPE_THREADS=fixed): the previous default
+  short          GOMP_SPINCOUNT=10000, what ``import vitscope`` sets (vitscope.threads), fixed threads
+  passive-adapt  passive, with CoreShare keeping the threads at the cores left free
+  adapt          vitscope's default: the short spin with CoreShare
+  spin1k         the default policy with GOMP_SPINCOUNT=1000, fixed threads
+  threads1       the default policy on one intra-op thread
+  auto           passive, with VITSCOPE_THREADS=auto: threads = cores the busy processes leave free at import
 A busy process is ``python -c 'while True: pass'`` (one core's worth of CPU-bound work). Figures are medians of
 ``--steps`` steps after 2 warm-up steps; the slowdown is against the same setting with no busy process, and
 the idle ratio is each setting's idle step against ``spin``'s, all measured in one run.
@@ -25,11 +29,14 @@ import time
 from pathlib import Path
 
 SETTINGS: dict[str, dict[str, str]] = {
-    "spin": {"VITSCOPE_OMP_PASSIVE": "0"},
-    "passive": {},
-    "spin10k": {"VITSCOPE_OMP_PASSIVE": "0", "GOMP_SPINCOUNT": "10000"},
-    "threads1": {"VITSCOPE_OMP_PASSIVE": "0", "BENCH_THREADS": "1"},
-    "auto": {"VITSCOPE_THREADS": "auto"},
+    "spin": {"VITSCOPE_OMP_WAIT": "default", "VITSCOPE_THREADS": "fixed"},
+    "passive": {"VITSCOPE_OMP_WAIT": "passive", "VITSCOPE_THREADS": "fixed"},
+    "short": {"VITSCOPE_THREADS": "fixed"},
+    "passive-adapt": {"VITSCOPE_OMP_WAIT": "passive"},
+    "adapt": {},
+    "spin1k": {"VITSCOPE_OMP_WAIT": "default", "GOMP_SPINCOUNT": "1000", "VITSCOPE_THREADS": "fixed"},
+    "threads1": {"VITSCOPE_OMP_WAIT": "default", "BENCH_THREADS": "1", "VITSCOPE_THREADS": "fixed"},
+    "auto": {"VITSCOPE_OMP_WAIT": "passive", "VITSCOPE_THREADS": "auto"},
 }
 
 
@@ -44,6 +51,7 @@ def child(steps: int, batch_size: int) -> None:
 
     from vitscope.data import synthetic_scenes
     from vitscope.models import create
+    from vitscope.threads import CoreShare
 
     if os.environ.get("BENCH_THREADS"):
         torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
@@ -54,21 +62,26 @@ def child(steps: int, batch_size: int) -> None:
     labels = data.labels % model.cfg.num_classes
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times = []
-    for step in range(steps + 2):
-        start = time.perf_counter()
-        loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if step >= 2:
-            times.append(time.perf_counter() - start)
-    print(json.dumps({"median_s": statistics.median(times), "threads": torch.get_num_threads(),
-                      "policy": os.environ.get("OMP_WAIT_POLICY", "unset")}))
+    with CoreShare() as cores:  # as vitscope's training loops run their steps
+        for step in range(steps + 2):
+            start = time.perf_counter()
+            loss = F.cross_entropy(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            cores.tick()
+            if step >= 2:
+                times.append(time.perf_counter() - start)
+        threads = cores.summary() if cores.enabled else str(torch.get_num_threads())
+    print(json.dumps({"median_s": statistics.median(times), "threads": threads,
+                      "policy": f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, GOMP_SPINCOUNT="
+                                f"{os.environ.get('GOMP_SPINCOUNT', 'unset')}"}))
 
 
 def measure(setting: str, steps: int, batch_size: int) -> dict:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "VITSCOPE_THREADS")}
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "VITSCOPE_THREADS",
+                        "VITSCOPE_OMP_PASSIVE", "VITSCOPE_OMP_WAIT", "BENCH_THREADS")}
     env.update(SETTINGS[setting])
     command = [sys.executable, __file__, "--child", "--steps", str(steps), "--batch-size", str(batch_size)]
     out = subprocess.run(command, env=env, check=True, capture_output=True, text=True, timeout=900)
@@ -78,9 +91,9 @@ def measure(setting: str, steps: int, batch_size: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--loads", default="0,1,2", help="numbers of busy processes beside the step")
-    parser.add_argument("--settings", default="spin,passive,spin10k,threads1,auto")
+    parser.add_argument("--settings", default="spin,passive,short,passive-adapt,adapt")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -102,7 +115,7 @@ def main() -> None:
                 result = measure(setting, args.steps, args.batch_size)
                 seconds[setting, load] = result["median_s"]
                 print(f"  {setting:>9} beside {load} busy: {result['median_s'] * 1e3:.0f} ms "
-                      f"({result['threads']} threads, OMP_WAIT_POLICY={result['policy']})", flush=True)
+                      f"(threads: {result['threads']}, OMP_WAIT_POLICY={result['policy']})", flush=True)
         finally:
             for process in busy:
                 process.kill()

@@ -1,8 +1,8 @@
 """vitscope: train, modify and measure how tokens interact inside Vision Transformers."""
 
-from vitscope.threads import set_passive_wait, set_thread_count
+from vitscope.threads import set_thread_count, set_wait_policy
 
-set_passive_wait()  # before anything imports torch (vitscope.threads)
+set_wait_policy()  # before anything imports torch (vitscope.threads)
 set_thread_count()
 
 from vitscope.metrics import AttentionStats  # noqa: E402

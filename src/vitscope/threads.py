@@ -1,16 +1,22 @@
-"""OpenMP's wait policy, set before torch loads its OpenMP runtime (which reads it once, at load).
+"""How vitscope's CPU threads wait and how many there are, on a machine other processes share.
 
-With OpenMP's default policy, intra-op threads spin at every barrier before they sleep. On a machine whose cores
-other processes also use, a spinning thread holds a core the thread it waits for needs, and a training step
-slowed by 4-6x beside one or two busy processes (``benchmarks/bench_shared_cpu.py``; docs/benchmarks.md).
-``OMP_WAIT_POLICY=PASSIVE`` makes waiting threads sleep at once. ``import vitscope`` sets it when torch is not
-yet imported and the variable is unset; ``VITSCOPE_OMP_PASSIVE=0`` keeps OpenMP's default, and an
-``OMP_WAIT_POLICY`` already in the environment is left as it is.
+Intra-op threads meet at a barrier after every operation. With OpenMP's default policy (libgomp, in torch's pip
+wheels) a waiting thread spins for about 300,000 iterations before it sleeps, and on a shared core it holds the
+core the thread it waits for needs: a training step ran 2.7-10x slower beside one or two busy processes
+(``benchmarks/bench_shared_cpu.py``; docs/benchmarks.md). Waiting passively (``OMP_WAIT_POLICY=PASSIVE``) cures
+that but costs idle speed on small steps (+22 % on a batch-32 step: every wake-up goes through the kernel).
+``import vitscope`` therefore sets a short spin, ``GOMP_SPINCOUNT=10000`` (idle speed within 3 % of the
+default's), when torch is not imported yet and neither ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT`` is set.
+``VITSCOPE_OMP_WAIT`` chooses: ``short`` (default), ``passive``, or ``default`` (OpenMP's own; the older
+``VITSCOPE_OMP_PASSIVE=0`` means the same).
 
-``VITSCOPE_THREADS=auto`` (opt-in) also sets ``OMP_NUM_THREADS`` to the cores other processes leave free (at
-least one), counted from the runnable tasks in /proc/loadavg at import: on a busy machine fewer threads wait
-less on each other. (Not the default: results can differ in the last bits with the thread count.) An integer
-sets that many threads. This module imports nothing heavy: it must run before torch.
+A thread that shares its core with another process still holds every barrier up, however it waits, so training
+loops (the engine, packed runs, dense heads) also keep the intra-op thread count at the cores other processes
+leave free while they run (``CoreShare``, re-counted every second from /proc/stat). ``VITSCOPE_THREADS`` turns
+that off: ``fixed`` keeps the count (results can differ in the last bits with the thread count, so use it for
+bit-for-bit runs on a busy machine), an integer sets that many threads, and ``auto`` sets ``OMP_NUM_THREADS``
+once, at import, to the cores the runnable tasks in /proc/loadavg leave free. This module imports nothing heavy:
+it must run before torch.
 """
 
 from __future__ import annotations
@@ -19,15 +25,23 @@ import os
 import sys
 import time
 
-OPT_OUT = "VITSCOPE_OMP_PASSIVE"
+WAIT_CHOICE = "VITSCOPE_OMP_WAIT"
+SHORT_SPIN = "10000"  # GOMP_SPINCOUNT: libgomp's default is 300000 (30000 when threads outnumber cores)
 
 
-def set_passive_wait() -> bool:
-    """Set ``OMP_WAIT_POLICY=PASSIVE`` if torch is not loaded yet and nobody chose a policy; True if it was set."""
-    if os.environ.get(OPT_OUT, "1") == "0" or "OMP_WAIT_POLICY" in os.environ or "torch" in sys.modules:
-        return False
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return True
+def set_wait_policy() -> str | None:
+    """Apply ``VITSCOPE_OMP_WAIT`` (``short`` by default, ``passive`` or ``default``) before torch loads OpenMP;
+    the variable set (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``), or None when nothing was (already chosen by the
+    user, OpenMP's default asked for, or too late)."""
+    choice = os.environ.get(WAIT_CHOICE, "").strip().lower() or (
+        "default" if os.environ.get("VITSCOPE_OMP_PASSIVE") == "0" else "short")
+    if choice not in ("short", "passive", "default"):
+        raise ValueError(f"{WAIT_CHOICE}={choice!r} must be 'short', 'passive' or 'default'")
+    if choice == "default" or "torch" in sys.modules or {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):
+        return None
+    name, value = ("GOMP_SPINCOUNT", SHORT_SPIN) if choice == "short" else ("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ[name] = value
+    return name
 
 
 def free_cores(samples: int = 5, interval_s: float = 0.01) -> int:
@@ -50,13 +64,97 @@ def set_thread_count() -> int | None:
     """Apply ``VITSCOPE_THREADS`` (``auto`` or an integer) as ``OMP_NUM_THREADS`` before torch loads; the count
     set, or None when unset, already chosen (``OMP_NUM_THREADS``) or too late (torch imported)."""
     wanted = os.environ.get("VITSCOPE_THREADS", "").strip().lower()
-    if not wanted or "OMP_NUM_THREADS" in os.environ or "torch" in sys.modules:
+    if not wanted or wanted == "fixed" or "OMP_NUM_THREADS" in os.environ or "torch" in sys.modules:
         return None
     if wanted == "auto":
         count = free_cores()
     elif wanted.isdigit() and int(wanted) > 0:
         count = int(wanted)
     else:
-        raise ValueError(f"VITSCOPE_THREADS={wanted!r} must be 'auto' or a positive integer")
+        raise ValueError(f"VITSCOPE_THREADS={wanted!r} must be 'auto', 'fixed' or a positive integer")
     os.environ["OMP_NUM_THREADS"] = str(count)
     return count
+
+
+ADAPT_INTERVAL_S = 1.0  # how often the training loops re-count the free cores
+
+
+def _busy_seconds(cpus: set[int]) -> float | None:
+    """CPU seconds all processes have spent on ``cpus`` since boot (/proc/stat: user, nice, system, irq, softirq,
+    steal), or None where /proc/stat is missing."""
+    try:
+        with open("/proc/stat") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    ticks = 0
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+            ticks += user + nice + system + irq + softirq + steal
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class CoreShare:
+    """Keeps torch's intra-op threads at the cores other processes leave free, re-counted every ``interval_s``
+    (CPU devices only; a context manager that restores the count on leaving).
+
+    Intra-op threads meet at a barrier after every operation, so a thread that shares its core with another
+    process holds all the others up: beside one busy process, two threads took 2.4x and beside two 4.5x an idle
+    step, where one thread on the free core takes less (docs/benchmarks.md, ``bench_shared_cpu.py``). Each
+    ``tick()`` (one per training step) that finds ``interval_s`` passed reads the CPU time spent on this process's
+    cores (/proc/stat) less this process's own, so the others' load in cores, and sets the thread count to the
+    cores left (at least 1, at most the count it started with). ``VITSCOPE_THREADS`` set to anything (an integer,
+    ``auto`` or ``fixed``), a start at one thread, or no /proc/stat leaves the count alone. Results can differ in
+    the last bits with the thread count: ``VITSCOPE_THREADS=fixed`` keeps runs on a busy machine bit for bit."""
+
+    def __init__(self, device: object = "cpu", interval_s: float = ADAPT_INTERVAL_S):
+        import torch
+
+        self.interval_s = interval_s
+        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        self.most = torch.get_num_threads()
+        self.counts: dict[int, int] = {}  # steps run at each thread count
+        busy = _busy_seconds(self.cpus)
+        self.enabled = (torch.device(device).type == "cpu" and not os.environ.get("VITSCOPE_THREADS")
+                        and self.most > 1 and busy is not None)
+        self._mark = (time.monotonic(), busy or 0.0, time.process_time())
+
+    def tick(self) -> int:
+        """Count one step; re-count the free cores when due. Returns the thread count now."""
+        import torch
+
+        threads = torch.get_num_threads()
+        self.counts[threads] = self.counts.get(threads, 0) + 1
+        now = time.monotonic()
+        if not self.enabled or now - self._mark[0] < self.interval_s:
+            return threads
+        busy, mine = _busy_seconds(self.cpus) or 0.0, time.process_time()
+        wall, busy_then, mine_then = self._mark
+        others = max(0.0, (busy - busy_then) - (mine - mine_then)) / (now - wall)  # cores the others used
+        self._mark = (now, busy, mine)
+        wanted = max(1, min(self.most, round(len(self.cpus) - others)))
+        if wanted != threads:
+            torch.set_num_threads(wanted)
+        return wanted
+
+    def restore(self) -> None:
+        """Back to the thread count it started with."""
+        import torch
+
+        if self.enabled:
+            torch.set_num_threads(self.most)
+
+    def __enter__(self) -> CoreShare:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.restore()
+
+    def summary(self) -> str:
+        """Which thread counts the steps ran at, e.g. "2 threads: 950 steps, 1 thread: 50 steps"."""
+        if not self.enabled:
+            return f"{self.most} thread(s), fixed"
+        return ", ".join(f"{n} thread{'s' if n > 1 else ''}: {k} steps" for n, k in sorted(self.counts.items(),
+                                                                                           reverse=True))

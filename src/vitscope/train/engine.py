@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from vitscope.attention import deferred_exactness, unproven_scalars
 from vitscope.data import load_dataset
 from vitscope.data.choice import open_for_training
+from vitscope.threads import CoreShare
 from vitscope.train.batches import batch_source
 from vitscope.train.checkpoint import save_checkpoint
 from vitscope.train.config import TrainConfig
@@ -140,7 +141,7 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
         return save_checkpoint(run_dir, global_step, objective.exported, state_out, keep=cfg.keep_last)
 
     ddp_model.train()
-    with StopFlag() as stop, bar, closing(log):
+    with StopFlag() as stop, bar, closing(log), CoreShare(ctx.device) as cores:
         while global_step < total_steps:
             epoch, in_epoch = divmod(global_step, steps_per_epoch)
             order = epoch_order(len(train_set), cfg.seed, epoch).to(batches.index_device)
@@ -164,6 +165,7 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
                 objective.after_optimizer_step(global_step, total_steps)
                 window.add(loss)
                 global_step += 1
+                cores.tick()  # fewer intra-op threads while other processes hold cores (vitscope.threads)
                 bar.update(cfg.batch_size)
                 end_of_epoch = step_in_epoch == steps_per_epoch - 1
                 if window.due(cfg.log_every_steps, end_of_epoch):

@@ -36,6 +36,7 @@ from vitscope.models import VisionTransformer, load_weights
 from vitscope.models.packed import PackedViT, check_packable
 from vitscope.provenance import resolve_device
 from vitscope.run_folder import writer_lock
+from vitscope.threads import CoreShare
 from vitscope.train.checkpoint import save_checkpoint, usable_checkpoint
 from vitscope.train.config import TrainConfig
 from vitscope.train.distributed import DistContext
@@ -345,7 +346,7 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
             checkpoint(pack, k)
 
     summaries: dict[int, dict[str, Any]] = {}
-    with StopFlag() as stop, bar, ExitStack() as logs:
+    with StopFlag() as stop, bar, ExitStack() as logs, CoreShare(device) as cores:
         for m in members:
             m.log = MetricsLog(m.run_dir, m.global_step if m.resumed else None)
             logs.callback(m.log.close)
@@ -357,6 +358,7 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
             pack.model.train()
             for _ in range(min(m.total_steps - m.global_step for m in active)):
                 losses = pack.step()
+                cores.tick()  # fewer intra-op threads while other processes hold cores (vitscope.threads)
                 bar.update(batch * len(active))
                 for k in range(len(active)):
                     after_step(pack, k, losses[k], stop)
