@@ -11,9 +11,11 @@ lr/weight-decay sweep, the closed-form ridge read-out, and the dense segmentatio
 twin, one layer, with and without CLS, 20 epochs) on piecewise textured scenes (``dense_scenes``): segment
 367 + 101 images of 360 x 480 with 11 classes, depth 400 + 100 of 480 x 640, both times ``--scale``; ``sweep``:
 segment at every token layer (0-12) against layer 12 alone, on the same set. New: point-sampled loss (4096 per
-image), tiled evaluation. Old reference: ``loss_points="full"`` with untiled evaluation (one tile per image), on
-``--old-scale`` of the images (where it fits memory), with the new path measured on the same subset in the same
-run. Features are extracted once per
+image), tiled evaluation; depth: the bins normalised on the x4 grid (DINOv2's head, ``bin_resolution="x4"``).
+Old reference: ``loss_points="full"`` with untiled evaluation (one tile per image), depth with the bins at every
+label pixel (``"label"``, as before), on ``--old-scale`` of the images (where it fits memory), with the new path
+(and for depth the label-resolution bins with points and tiles) measured on the same subset in the same run;
+``--label-size`` shrinks the labels where the old path would not fit at full size. Features are extracted once per
 set (cached in a temporary folder) and timed apart; peak memory is this process's ``ru_maxrss``.
 """
 
@@ -94,10 +96,12 @@ def _peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def _probe_seconds(model, train, held, layers: str, points, untiled: bool, epochs: int, cache: Path, device: str):
+def _probe_seconds(model, train, held, layers: str, points, untiled: bool, epochs: int, cache: Path, device: str,
+                   bins_at: str):
     start = time.perf_counter()
+    depth = {"bin_resolution": bins_at} if train.task == "depth" else {}
     result = dense_probe(model, train, held, layers, epochs=epochs, cache=cache, progress=False, loss_points=points,
-                         device=device, **({"tile_values": 1 << 62} if untiled else {}))  # one tile: untiled
+                         device=device, **({"tile_values": 1 << 62} if untiled else {}), **depth)  # 1 tile: untiled
     return time.perf_counter() - start, result
 
 
@@ -108,10 +112,12 @@ def _score(result, task: str, layer: int) -> str:
     return " / ".join(f"{v:.2f}" if metric == "miou" else f"{v:.3f}" for v in values)
 
 
-def dense_protocol(kind: str, scale: float, old_scale: float, epochs: int, device: str) -> list[list[str]]:
+def dense_protocol(kind: str, scale: float, old_scale: float, epochs: int, device: str,
+                   label_size: tuple[int, int] | None = None) -> list[list[str]]:
     from vitscope.models import load
 
     task, n_train, n_eval, height, width = SHAPES["segment" if kind == "sweep" else kind]
+    height, width = label_size or (height, width)
     torch.manual_seed(0)  # the same random ViT-S in every run
     model = load("timm:vit_small_patch16_224")
     layers = "all" if kind == "sweep" else "last"
@@ -128,11 +134,15 @@ def dense_protocol(kind: str, scale: float, old_scale: float, epochs: int, devic
             for data in (train, held):
                 extract_features(backbone, data.model_view(224), layers, cache=cache, progress=False, device=device)
         extraction = time.perf_counter() - start
-        runs = [("new: 4096 points, tiles", 4096, False, layers)]
-        runs += [("old: full loss, untiled", "full", True, layers)] if old else []
-        runs += [("new, layer 12 only", 4096, False, "last")] if kind == "sweep" else []
-        for name, points, untiled, which in runs:
-            seconds, result = _probe_seconds(model, train, held, which, points, untiled, epochs, cache, device)
+        new = "new: x4 bins, 4096 points" if task == "depth" else "new: 4096 points, tiles"
+        runs = [(new, 4096, False, layers, "x4")]
+        runs += [("label bins, 4096 points, tiles", 4096, False, layers, "label")] if old and task == "depth" else []
+        runs += [("old: full loss, untiled" + (", label bins" if task == "depth" else ""), "full", True, layers,
+                  "label")] if old else []
+        runs += [("new, layer 12 only", 4096, False, "last", "x4")] if kind == "sweep" else []
+        for name, points, untiled, which, bins_at in runs:
+            seconds, result = _probe_seconds(model, train, held, which, points, untiled, epochs, cache, device,
+                                             bins_at)
             rows.append([f"{kind} {len(train)}+{len(held)} ({label})", name, f"{extraction:.0f}", f"{seconds:.0f}",
                          f"{extraction + seconds:.0f}", _score(result, task, layer), f"{_peak_gb():.2f}"])
             print(" | ".join(rows[-1]), flush=True)
@@ -148,12 +158,15 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the issue's image counts")
     parser.add_argument("--old-scale", type=float, default=0.25, help="fraction for the old path (0: skip)")
     parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--label-size", default=None, metavar="HxW",
+                        help="labels (and images) of this size instead of the issue's (e.g. 120x160)")
     args = parser.parse_args()
     if args.dense:
         import os
 
         print(f"machine: {machine()}; load average {os.getloadavg()}")
-        rows = dense_protocol(args.dense, args.scale, args.old_scale, args.epochs, args.device)
+        size = tuple(int(v) for v in args.label_size.lower().split("x")) if args.label_size else None
+        rows = dense_protocol(args.dense, args.scale, args.old_scale, args.epochs, args.device, size)
         print(table(rows, ["set", "path", "features s", "heads + eval s", "whole s",
                            "score: model / +CLS / random / +CLS", "peak GB so far"]))
         print(f"load average after: {os.getloadavg()}")

@@ -42,6 +42,7 @@ ARGUMENT_CASES = [
     (["probe", "pca", "--count", "0"], "--count: '0'"),
     (["probe", "pca", "--foreground", "2"], "--foreground: '2' must be a number in [0, 1]"),
     (["probe", "depth", "--max-depth", "-1"], "--max-depth -1.0 must be a depth in metres > 0"),
+    (["probe", "depth", "--bin-resolution", "x8"], "--bin-resolution: invalid choice: 'x8'"),
     (["probe", "segment", "--size", "0"], "--size: '0'"),
     (["analyze", "norms", "--threshold", "absolute:-1"], "'absolute:-1': absolute:T needs a token norm T > 0"),
     (["study", "locality", "--seeds", "0,0"], "--seeds '0,0' must name distinct seeds (repeated: 0)"),

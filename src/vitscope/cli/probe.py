@@ -66,6 +66,10 @@ def register(commands) -> None:
     depth.add_argument("--eigen-crop", action=argparse.BooleanOptionalAction, default=None,
                        help="evaluate inside the NYU Eigen crop (default: on for nyu, off otherwise)")
     depth.add_argument("--max-depth", type=float, default=10.0, help="largest depth bin in metres")
+    depth.add_argument("--bin-resolution", default="x4", choices=["x4", "label"],
+                       help="where the 256 depth bins are normalised: x4 (DINOv2's linear head: on the patch grid "
+                            "upsampled x4, then the depth map resized to the label; default) or label (at every "
+                            "label pixel, the logits resized first)")
     for sub in (linear, knn):
         sub.add_argument("--pool", default="cls", choices=["cls", "mean", "both"], help="image feature")
         sub.add_argument("--train-images", type=int, default=None,
@@ -256,6 +260,7 @@ def run_dense(args: argparse.Namespace) -> int:
         eigen_crop=getattr(args, "eigen_crop", None), max_depth=getattr(args, "max_depth", 10.0),
         baseline=args.baseline, label=label, norm=args.norm, batch_size=args.batch_size, device=device,
         img_size=args.img_size, cache=args.cache, seed=args.seed, size=args.size,
-        crops_per_image=args.crops_per_image, loss_points=args.loss_points))
+        crops_per_image=args.crops_per_image, loss_points=args.loss_points,
+        **({"bin_resolution": args.bin_resolution} if task == "depth" else {})))
     subsets = {"train": train.settings.get("subset"), "eval": held.settings.get("subset")}
     return _finish(args, result, out, device, subsets, ["miou", "rmse"])

@@ -11,7 +11,9 @@ of every label, computed in tiles of label rows (``vitscope.probes.dense_tiles``
 Segmentation: cross-entropy with the dataset's ignore index; scores from one confusion matrix over the eval split
 (``vitscope.metrics.dense``). Depth (DINOv2's linear head): 256 bins spaced linearly in [``min_depth``,
 ``max_depth``] metres, depth = the bin centres weighted by DINOv2's ``linear`` normalisation (ReLU + 0.1, divided by
-the sum; ``vitscope.probes.bin_norm``), scale-invariant log loss (λ = 0.85) on valid pixels; RMSE, abs-rel and
+the sum; ``vitscope.probes.bin_norm``) on the patch grid upsampled x4, the depth map then resized to the label
+(DINOv2's order, ``vitscope.probes.depth_grid``; ``bin_resolution="label"``: at every label pixel),
+scale-invariant log loss (λ = 0.85) on valid pixels; RMSE, abs-rel and
 δ < 1.25 per image then averaged, and pooled RMSE, over ground truth in (1e-3, ``max_depth``], in NYU's Eigen crop
 by default (``vitscope.metrics.dense``).
 
@@ -39,6 +41,7 @@ from vitscope.probes.dense_heads import DEPTH_BINS, DenseHead, HeadInputs, depth
 from vitscope.probes.dense_points import depth_at
 from vitscope.probes.dense_tiles import TILE_VALUES, predict_full
 from vitscope.probes.dense_windows import eval_windows, stitch, train_crops
+from vitscope.probes.depth_grid import DEFAULT_BIN_RESOLUTION, DEPTH_UPSAMPLE, check_bin_resolution, predict_depth_x4
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import threads_for
 from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, ProbeResult, row
@@ -87,20 +90,30 @@ def _low_res(head: DenseHead, inputs: HeadInputs, index: Sequence[int], device: 
     return head.low_res(inputs.patches[index].to(device), cls, inputs.grid)
 
 
+def _predict(logits: Tensor, size: tuple[int, int], task: str, bins: Tensor, tile_values: int, grid_bins: bool
+             ) -> Tensor:
+    """One image's (C, rows, cols) logits -> its (H, W) prediction."""
+    if grid_bins:
+        return predict_depth_x4(logits, size, bins)
+    return predict_full(logits, size, task, bins, tile_values)
+
+
 @torch.no_grad()
 def iter_predictions(head: DenseHead, inputs: HeadInputs | Tensor, sizes: Sequence[tuple[int, int]], task: str, *,
                      min_depth: float = 1e-3, max_depth: float = 10.0, device: torch.device | str = "cpu",
-                     windows: Windows | None = None, tile_values: int = TILE_VALUES) -> Iterator[Tensor]:
+                     windows: Windows | None = None, tile_values: int = TILE_VALUES,
+                     bin_resolution: str = DEFAULT_BIN_RESOLUTION) -> Iterator[Tensor]:
     """Per image, one at a time: class map (H, W) int64 or depth (H, W) float32 at the image's label size, in
-    tiles of label rows. With ``windows`` (placements and resized shapes from ``eval_windows``), ``inputs`` are
-    per window and are stitched."""
+    tiles of label rows (depth with ``bin_resolution="x4"``: the x4 grid's depth map resized). With ``windows``
+    (placements and resized shapes from ``eval_windows``), ``inputs`` are per window and are stitched."""
     inputs = HeadInputs.from_maps(inputs) if isinstance(inputs, Tensor) else inputs
     bins = depth_bins(min_depth, max_depth, device)
+    grid_bins = task == "depth" and check_bin_resolution(bin_resolution) == "x4"
     if windows is None:
         for start in range(0, len(sizes), EVAL_CHUNK):
             logits = _low_res(head, inputs, list(range(start, min(len(sizes), start + EVAL_CHUNK))), device)
             for offset, one in enumerate(logits):
-                yield predict_full(one, tuple(sizes[start + offset]), task, bins, tile_values).cpu()
+                yield _predict(one, tuple(sizes[start + offset]), task, bins, tile_values, grid_bins).cpu()
         return
     placements, shapes, window = windows
     slots: dict[int, list[int]] = {}
@@ -112,7 +125,8 @@ def iter_predictions(head: DenseHead, inputs: HeadInputs | Tensor, sizes: Sequen
         if task == "segmentation":
             outputs = F.interpolate(logits, size=(window, window), mode="bilinear", align_corners=False)
         else:
-            outputs = torch.stack([predict_full(one, (window, window), task, bins, tile_values) for one in logits])
+            outputs = torch.stack([_predict(one, (window, window), task, bins, tile_values, grid_bins)
+                                   for one in logits])
             outputs = outputs[:, None]
         stitched = stitch(outputs, [placements[s][1:] for s in chosen], shapes[index], tuple(size))
         yield (stitched.argmax(0) if task == "segmentation" else stitched[0]).cpu()
@@ -151,15 +165,19 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
                 label: str = "model", norm: bool = True, batch_size: int = 16, device: torch.device | str = "cpu",
                 img_size: int | None = None, cache: Any = True, seed: int = 0, progress: bool = True,
                 size: int | None = None, crops_per_image: int = 1,
-                loss_points: int | str | None = DEFAULT_LOSS_POINTS, tile_values: int = TILE_VALUES) -> ProbeResult:
+                loss_points: int | str | None = DEFAULT_LOSS_POINTS, tile_values: int = TILE_VALUES,
+                bin_resolution: str = DEFAULT_BIN_RESOLUTION) -> ProbeResult:
     """Segmentation or depth probe (by ``train.task``) per token layer, with and without CLS concatenated.
 
     ``size=None``: every image resized whole to the backbone's square input side. ``size=S``: images resized to
     short side S; training on ``crops_per_image`` random crops of the input side, evaluation by sliding window
     (stride two thirds of the window), see ``vitscope.probes.dense_windows``. ``loss_points``: label pixels per
     image in each training step's loss, or ``"full"`` for every pixel (see the module docstring); ``tile_values``:
-    logits per evaluation tile (the same predictions at any value; larger holds more memory)."""
+    logits per evaluation tile (the same predictions at any value; larger holds more memory); ``bin_resolution``
+    (depth): ``"x4"`` normalises the bins on the patch grid upsampled x4 and resizes the depth (DINOv2's linear
+    head), ``"label"`` at every label pixel (``vitscope.probes.depth_grid``)."""
     points = loss_points_of(loss_points)
+    check_bin_resolution(bin_resolution)
     if train.task != eval_set.task:
         raise ValueError(f"train is a {train.task} set but eval a {eval_set.task} set")
     eigen_crop = eval_set.settings.get("eigen_crop", False) if eigen_crop is None else eigen_crop  # NYU: on
@@ -170,7 +188,8 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
     side = model_input(model, one.model_view(min(one.images[0].shape[-2:])), img_size)[0]
     head_options = {"num_classes": train.num_classes, "ignore_index": train.ignore_index, "min_depth": min_depth,
                     "max_depth": max_depth, "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
-                    "device": device, "loss_points": points, "with_cls": tuple(with_cls)}
+                    "device": device, "loss_points": points, "with_cls": tuple(with_cls),
+                    "bin_resolution": bin_resolution}
     models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, seed))] if baseline else [])
     sizes = [tuple(t.shape[-2:]) for t in eval_set.targets]
     windows: Windows | None = None
@@ -188,7 +207,8 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
                           **head_options)
         for (layer, cls), head in sorted(heads.items()):
             preds = iter_predictions(head, HeadInputs.of(feats[1][layer]), sizes, train.task, min_depth=min_depth,
-                                     max_depth=max_depth, device=device, windows=windows, tile_values=tile_values)
+                                     max_depth=max_depth, device=device, windows=windows, tile_values=tile_values,
+                                     bin_resolution=bin_resolution)
             with threads_for(head.outputs * max(h * w for h, w in sizes), device):  # one thread for small labels
                 scores = score_dense(preds, eval_set, eigen_crop=eigen_crop, max_depth=max_depth)
             rows += _rows(name, layer, cls, scores, eval_set)
@@ -199,12 +219,20 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
         "model": label, "layers": wanted, "with_cls": list(with_cls), "epochs": epochs, "lr": lr, "norm": norm,
         "input_side": side, "train_images": len(train), "eval_images": len(eval_set), "eigen_crop": eigen_crop,
         "depth_range": [min_depth, max_depth], "bin_norm": DEFAULT_BIN_NORM, "seed": seed, "dataset": eval_set.name,
+        **({"bin_resolution": bin_resolution, "depth_head": _DEPTH_HEADS[bin_resolution]} if train.task == "depth"
+           else {}),
         "loss_points": "full" if points is None else points,
         "loss": "full-resolution, every valid pixel" if points is None else
         f"{points} uniformly sampled valid pixels per image (unbiased estimate of the full-resolution loss; "
         "every pixel when no label has more)",
         "geometry": "whole image resized to the input side" if size is None else
         f"short side {size}, {crops_per_image} random crop(s) of {side} px, sliding window stride {side * 2 // 3}"})
+
+
+_DEPTH_HEADS = {
+    "x4": f"DINOv2's linear head: logits upsampled x{DEPTH_UPSAMPLE} from the patch grid, bins normalised there, "
+          "the depth map resized bilinearly to the label",
+    "label": "logits resized bilinearly to the label, bins normalised at every label pixel"}
 
 
 def _rows(name: str, layer: int, with_cls: bool | None, scores: dict[str, Any], data: DenseDataset

@@ -10,7 +10,8 @@ added to the patch logits; the (B, 2D, rows, cols) concatenation is never built.
 ``fit_heads`` trains the heads of all layers and both CLS settings together: every step draws one batch (and, with
 point-sampled losses, one set of label points) and each head takes its own AdamW step on its own loss, exactly as
 if trained alone with the same seed (same initialisation, same batches, same points), but features are read and
-standardised once per layer and step, and the heads of one layer share one matrix product.
+standardised once per layer and step, and the heads of one layer share one matrix product. Depth heads
+normalise their bins on the patch grid upsampled x4 by default (DINOv2's head, ``vitscope.probes.depth_grid``).
 """
 
 from __future__ import annotations
@@ -23,17 +24,27 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitscope.memory import freed_memory_kept
 from vitscope.probes.dense_points import (
     SILOG_LAMBDA,
     PointSampler,
+    cells_at,
     depth_at,
     depth_last,
     point_cross_entropy,
     point_silog,
     rows_at,
 )
+from vitscope.probes.depth_grid import (
+    DEFAULT_BIN_RESOLUTION,
+    DEPTH_UPSAMPLE,
+    check_bin_resolution,
+    grid_depth,
+    resize_depth,
+)
 from vitscope.probes.features import LayerFeatures
 from vitscope.probes.linear import threads_for
+from vitscope.threads import CoreShare
 
 DEPTH_BINS = 256
 BN_EPS = 1e-5
@@ -169,13 +180,17 @@ def fit_heads(inputs: dict[int, HeadInputs], targets: Sequence[Tensor], task: st
               with_cls: Sequence[bool] = (False,), loss_points: int | None = 4096, num_classes: int = 0,
               ignore_index: int | None = None, min_depth: float = 1e-3, max_depth: float = 10.0, epochs: int = 20,
               lr: float = 1e-2, weight_decay: float = 1e-4, batch_size: int = 16, seed: int = 0,
-              device: torch.device | str = "cpu") -> dict[tuple[int, bool], DenseHead]:
+              bin_resolution: str = DEFAULT_BIN_RESOLUTION, device: torch.device | str = "cpu"
+              ) -> dict[tuple[int, bool], DenseHead]:
     """Heads by (layer, with_cls) trained on ``inputs`` by layer against per-image ``targets`` (H_i, W_i):
     cross-entropy (segmentation) or the scale-invariant log loss of the bin-weighted depth (depth), at
     ``loss_points`` sampled pixels per image (``vitscope.probes.dense_points``) or, with None, at every pixel of
-    the full-resolution upsampling (also when no label has more pixels than ``loss_points``). CLS heads are
-    skipped for layers without a CLS token."""
+    the full-resolution upsampling (also when no label has more pixels than ``loss_points``). Depth bins are
+    normalised on the patch grid upsampled x4 and the depth resized (``bin_resolution="x4"``, DINOv2's head) or at
+    every label pixel (``"label"``), see ``vitscope.probes.depth_grid``. CLS heads are skipped for layers without a
+    CLS token."""
     outputs = num_classes if task == "segmentation" else DEPTH_BINS
+    grid_bins = task == "depth" and check_bin_resolution(bin_resolution) == "x4"
     heads: dict[tuple[int, bool], DenseHead] = {}
     for layer, layer_inputs in inputs.items():
         standardiser = Standardiser(layer_inputs).to(device)
@@ -191,26 +206,31 @@ def fit_heads(inputs: dict[int, HeadInputs], targets: Sequence[Tensor], task: st
     generator = torch.Generator().manual_seed(seed)
     if loss_points is not None and loss_points >= max(t.numel() for t in targets):
         loss_points = None  # as many points as pixels: the exact full-resolution loss is no more work
-    loss_options = {"task": task, "ignore_index": ignore_index, "bins": depth_bins(min_depth, max_depth, device)}
+    loss_options = {"task": task, "ignore_index": ignore_index, "bins": depth_bins(min_depth, max_depth, device),
+                    "grid_bins": grid_bins}
     for head in heads.values():
         head.train()
-    with threads_for(_step_work(inputs, targets, heads, loss_points, batch_size), device):
+    with threads_for(_step_work(inputs, targets, heads, loss_points, batch_size, grid_bins), device):
         with threads_for(0, "cpu"):  # counting and drawing pixels: small CPU work, one thread
             sampler = None if loss_points is None else PointSampler(
                 targets, task, ignore_index, loss_points, torch.Generator().manual_seed(seed + 1))
-        _train(heads, inputs, targets, with_cls, sampler, optimizer, schedule, generator, epochs, batch_size, device,
-               loss_options)
+        # every step allocates the same large temporaries (reuse their pages); other processes may hold cores
+        with freed_memory_kept(), CoreShare(device) as cores:
+            _train(heads, inputs, targets, with_cls, sampler, optimizer, schedule, generator, epochs, batch_size,
+                   device, loss_options, cores)
     return {key: head.eval() for key, head in heads.items()}
 
 
 def _step_work(inputs: dict[int, HeadInputs], targets: Sequence[Tensor], heads: dict[tuple[int, bool], DenseHead],
-               loss_points: int | None, batch_size: int) -> float:
+               loss_points: int | None, batch_size: int, grid_bins: bool = False) -> float:
     """Multiply-adds (roughly) of one layer's part of a training step (its ops are that size, whatever the number
-    of layers): the linear maps and the loss at every read pixel."""
+    of layers): the linear maps and the loss at every read pixel (depth on the x4 grid: every cell of it)."""
     pixels = loss_points if loss_points is not None else max(t.numel() for t in targets)
     work: dict[int, float] = {}
     for (layer, _), head in heads.items():
         patches = inputs[layer].patches
+        if grid_bins:
+            pixels = patches.shape[1] * DEPTH_UPSAMPLE**2
         work[layer] = work.get(layer, 0.0) + patches.shape[1] * patches.shape[2] * head.outputs \
             + pixels * head.outputs * 10
     return min(batch_size, len(targets)) * max(work.values(), default=0.0)
@@ -219,13 +239,16 @@ def _step_work(inputs: dict[int, HeadInputs], targets: Sequence[Tensor], heads: 
 def _train(heads: dict[tuple[int, bool], DenseHead], inputs: dict[int, HeadInputs], targets: Sequence[Tensor],
            with_cls: Sequence[bool], sampler: PointSampler | None, optimizer: torch.optim.Optimizer, schedule: Any,
            generator: torch.Generator, epochs: int, batch_size: int, device: torch.device | str,
-           loss_options: dict[str, Any]) -> None:
+           loss_options: dict[str, Any], cores: CoreShare) -> None:
     for _ in range(epochs):
         for batch in size_groups(targets, batch_size, generator):
             indices = batch.tolist()
             with threads_for(0, "cpu"):
                 points = sampler.batch(indices) if sampler is not None else None
-                corners = points.corners(next(iter(inputs.values())).grid) if points is not None else None
+                grid = next(iter(inputs.values())).grid
+                if loss_options["grid_bins"]:  # points read the depth map on the x4 grid
+                    grid = (grid[0] * DEPTH_UPSAMPLE, grid[1] * DEPTH_UPSAMPLE)
+                corners = points.corners(grid) if points is not None else None
             full = None if points is not None else torch.stack([targets[i] for i in indices]).to(device)
             optimizer.zero_grad(set_to_none=True)
             for layer, layer_inputs in inputs.items():
@@ -234,6 +257,7 @@ def _train(heads: dict[tuple[int, bool], DenseHead], inputs: dict[int, HeadInput
                     _layer_step(layer_heads, layer_inputs, batch, points, corners, full, device, loss_options)
             optimizer.step()
             schedule.step()
+            cores.tick()
 
 
 def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, points: Any, corners: Any,
@@ -243,6 +267,9 @@ def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, point
     patches = standardiser.patches(inputs.patches[batch].to(device))
     cls = standardiser.cls(inputs.cls[batch].to(device)) if any(h.with_cls for h in heads) else None
     table = _stacked_table(heads, patches, cls)  # (B, P, heads, C)
+    if options["grid_bins"]:
+        _grid_depth_step(len(heads), table.flatten(2).unflatten(1, inputs.grid), points, corners, full, options)
+        return
     if points is not None:
         sampled = rows_at(table.flatten(2), corners).unflatten(-1, (len(heads), -1))  # (B, K, heads, C)
         losses = [_point_loss(sampled[:, :, h], points, options) for h in range(len(heads))]
@@ -257,6 +284,20 @@ def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, point
         else:
             loss = silog_loss(depth_at(upsampled, options["bins"]), full.float())
         loss.backward(retain_graph=h < len(heads) - 1)
+
+
+def _grid_depth_step(heads: int, table: Tensor, points: Any, corners: Any, full: Tensor | None,
+                     options: dict[str, Any]) -> None:
+    """Backpropagate the depth losses of ``heads`` heads from channel-last (B, rows, cols, heads * bins) logits:
+    depth on the x4 grid, then resized to the label at the points (or at every pixel)."""
+    depth = grid_depth(table, options["bins"])  # (B, 4 rows, 4 cols, heads)
+    if points is not None:
+        sampled = cells_at(depth.flatten(1, 2), corners)  # (B, K, heads)
+        losses = [point_silog(sampled[..., h], points) for h in range(heads)]
+    else:
+        size = tuple(full.shape[-2:])
+        losses = [silog_loss(resize_depth(depth[..., h], size), full.float()) for h in range(heads)]
+    torch.stack(losses).sum().backward()
 
 
 def _point_loss(logits: Tensor, points: Any, options: dict[str, Any]) -> Tensor:

@@ -51,19 +51,18 @@ class PointBatch:
         """The 4 source cells of each point on a (rows, cols) logit grid, as flat indices into the batch's
         (B * rows * cols) cells, (B * K, 4), and their bilinear weights (B * K, 4) (``dense_tiles.source_index``'s
         arithmetic, the upsampling of ``F.interpolate`` with ``align_corners=False``)."""
-        index, weight = [], []
-        for b, (height, width) in enumerate(self.sizes):
-            r0, r1, fr = _source(self.rows[b], height, grid[0])
-            c0, c1, fc = _source(self.cols[b], width, grid[1])
-            base = b * grid[0] * grid[1]
-            index.append(torch.stack([r0 * grid[1] + c0, r0 * grid[1] + c1, r1 * grid[1] + c0, r1 * grid[1] + c1],
-                                     -1) + base)
-            weight.append(torch.stack([(1 - fr) * (1 - fc), (1 - fr) * fc, fr * (1 - fc), fr * fc], -1))
-        return torch.cat(index), torch.cat(weight)
+        r0, r1, fr = _source(self.rows, [h for h, _ in self.sizes], grid[0])
+        c0, c1, fc = _source(self.cols, [w for _, w in self.sizes], grid[1])
+        base = (torch.arange(len(self.sizes)) * (grid[0] * grid[1]))[:, None, None]
+        index = torch.stack([r0 * grid[1] + c0, r0 * grid[1] + c1, r1 * grid[1] + c0, r1 * grid[1] + c1], -1) + base
+        weight = torch.stack([(1 - fr) * (1 - fc), (1 - fr) * fc, fr * (1 - fc), fr * fc], -1)
+        return index.reshape(-1, 4), weight.reshape(-1, 4)
 
 
-def _source(pixels: Tensor, out_size: int, in_size: int) -> tuple[Tensor, Tensor, Tensor]:
-    position = ((pixels.float() + 0.5) * (in_size / out_size) - 0.5).clamp(min=0)
+def _source(pixels: Tensor, out_sizes: list[int], in_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(B, K) label pixels of images with ``out_sizes`` (B,) -> their two source cells and the second's weight."""
+    scale = torch.tensor([in_size / out for out in out_sizes], dtype=torch.float32)[:, None]  # as a float scalar
+    position = ((pixels.float() + 0.5) * scale - 0.5).clamp(min=0)
     low = position.floor().long().clamp(max=in_size - 1)
     return low, (low + 1).clamp(max=in_size - 1), position - low.float()
 
@@ -100,20 +99,15 @@ class PointSampler:
         return torch.cat(kept)[: self.points]
 
     def batch(self, indices: Sequence[int]) -> PointBatch:
-        grids, values, all_rows, all_cols, sizes = [], [], [], [], []
-        for index in indices:
-            target = self.targets[index]
-            height, width = target.shape[-2:]
-            flat = self._draw(index)
-            rows, cols = flat // width, flat % width
-            grids.append(torch.stack([(2 * cols + 1) / width - 1, (2 * rows + 1) / height - 1], dim=-1))
-            values.append(target.reshape(-1)[flat])
-            all_rows.append(rows)
-            all_cols.append(cols)
-            sizes.append((height, width))
+        flat = torch.stack([self._draw(index) for index in indices])  # (B, K)
+        sizes = [tuple(self.targets[index].shape[-2:]) for index in indices]
+        heights = torch.tensor([h for h, _ in sizes])[:, None]
+        widths = torch.tensor([w for _, w in sizes])[:, None]
+        rows, cols = flat // widths, flat % widths
+        grid = torch.stack([(2 * cols + 1) / widths - 1, (2 * rows + 1) / heights - 1], dim=-1)
+        values = torch.stack([self.targets[index].reshape(-1)[f] for index, f in zip(indices, flat, strict=True)])
         counts = torch.tensor([float(self.counts[i]) for i in indices])
-        return PointBatch(torch.stack(grids)[:, None].float(), torch.stack(values),
-                          counts / counts.sum().clamp(min=1), torch.stack(all_rows), torch.stack(all_cols), sizes)
+        return PointBatch(grid[:, None].float(), values, counts / counts.sum().clamp(min=1), rows, cols, sizes)
 
 
 def logits_at(logits: Tensor, grid: Tensor) -> Tensor:
@@ -130,6 +124,15 @@ def rows_at(table: Tensor, corners: tuple[Tensor, Tensor]) -> Tensor:
     flat = F.embedding_bag(index.to(table.device), table.reshape(-1, table.shape[-1]),
                            per_sample_weights=weight.to(table.device, table.dtype), mode="sum")
     return flat.view(len(table), -1, table.shape[-1])
+
+
+def cells_at(values: Tensor, corners: tuple[Tensor, Tensor]) -> Tensor:
+    """``rows_at`` for few channels (B, cells, C) -> (B, K, C): the 4 corners picked by ``index_select``, whose
+    backward is a plain scatter-add (``embedding_bag``'s sorts its indices first, which costs more here)."""
+    index, weight = corners
+    picked = values.reshape(-1, values.shape[-1]).index_select(0, index.to(values.device).reshape(-1))
+    weighted = picked.view(*index.shape, -1) * weight.to(values.device, values.dtype)[..., None]
+    return weighted.sum(1).view(len(values), -1, values.shape[-1])
 
 
 def point_cross_entropy(logits: Tensor, points: PointBatch) -> Tensor:
