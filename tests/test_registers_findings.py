@@ -70,12 +70,16 @@ def test_background_compares_local_variance_by_image():
     assert found["verdict"] == "reproduced", found["evidence"]
 
 
-def test_small_models_without_artifacts_agree_with_the_paper():
+def test_clean_small_models_alone_leave_the_large_model_claim_undecided():
     rows = [{"model": "vit", "layer": 4, "layer_kind": "token", "group": "patch", "metric": "high_norm_fraction",
              "threshold": "auto", "threshold_value": 3.0, "value": 0.0, "n": 6400}]
     exist = by_finding(rows)["exist"]
-    assert exist["verdict"] == "reproduced" and exist["agrees"] == "agrees"  # old: "not reproduced"
+    # the small-model half agrees, but the paper's main claim (large models grow artifacts) was never measured
+    assert exist["verdict"] == "inconclusive" and exist["agrees"] == "undecided"  # before: "reproduced"
     assert "no small model" in exist["evidence"] and "no large model measured" in exist["evidence"]
+    small = [{"label": "vit", "planted": None, "parameters": 5_000_000}]
+    rows_with = artifact_rows("vit")  # a small model with a high-norm mode: evidence against, large or not
+    assert by_finding(rows_with, small)["exist"]["verdict"] == "not reproduced"
     large = [{"label": "vit", "planted": None, "parameters": 300_000_000}]
     assert by_finding(rows, large)["exist"]["verdict"] == "not reproduced"  # a large model without artifacts
 

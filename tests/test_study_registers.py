@@ -118,8 +118,9 @@ def test_planted_model_shows_the_known_answer(finished_study):
     _, payload = finished_study
     assert artifact_layers(payload["rows"], "reg0+planted") == [2, 3, 4]  # planted after block 2 (token layer 2)
     verdicts = {f["finding"]: f for f in findings(payload["rows"], payload["models"])}
-    # planted models are never evidence; the small trained ones grow no artifacts, as the paper says they do not
-    assert verdicts["exist"]["verdict"] == "reproduced" and verdicts["exist"]["agrees"] == "agrees"
+    # planted models are never evidence; the small trained ones grow no artifacts, as the paper says they do not,
+    # but with no large model the paper's main claim is untested: undecided, not reproduced
+    assert verdicts["exist"]["verdict"] == "inconclusive" and verdicts["exist"]["agrees"] == "undecided"
     assert "reg0+planted" not in verdicts["exist"]["evidence"] and "no small model" in verdicts["exist"]["evidence"]
 
 

@@ -140,6 +140,8 @@ def _exist(models: list[dict[str, Any]], with_artifacts: dict[str, list[int]]) -
     supported = [m for m in small if not with_artifacts[m]] + [m for m in large if with_artifacts[m]]
     against = [m for m in small if with_artifacts[m]] + [m for m in large if not with_artifacts[m]]
     verdict, _ = _verdict(supported, against, "no measured model (planted ones aside)")
+    if verdict == "reproduced" and not large:  # clean small models alone cannot show that large ones have artifacts
+        verdict = "inconclusive"
     return verdict, "; ".join(parts)
 
 
