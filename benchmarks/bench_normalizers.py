@@ -18,8 +18,6 @@ OS.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import platform
 import sys
 import time
 from contextlib import contextmanager
@@ -33,6 +31,7 @@ from common import interleaved_medians, machine, table  # noqa: E402
 from vitscope.attention import entmax as vs_entmax  # noqa: E402
 from vitscope.attention import entmax15 as vs_entmax15  # noqa: E402
 from vitscope.attention import sparsemax as vs_sparsemax  # noqa: E402
+from vitscope.memory import glibc  # noqa: E402
 
 
 def head_alphas(x: torch.Tensor) -> torch.Tensor:
@@ -55,10 +54,6 @@ SHAPES = {"compact": (128, 8, 65, 65), "ViT-S": (32, 6, 197, 197)}  # 65 and 197
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4  # mallopt parameters, from glibc's malloc.h
 
 
-def _glibc() -> ctypes.CDLL | None:
-    return ctypes.CDLL(None) if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc" else None
-
-
 def keep_freed_memory() -> bool:
     """Have glibc keep freed memory in the process (no trimming, no mmap'd blocks) for the rest of the run;
     whether it took. By default glibc hands large freed blocks back to the OS, and the next allocation of that size
@@ -66,7 +61,7 @@ def keep_freed_memory() -> bool:
     (more than a whole softmax forward + backward). The `entmax` package's row allocates and frees gigabytes, so
     those faults then land, at random, in whichever row's forward or backward allocates next; with memory kept,
     every row reuses warm pages after its warm-up."""
-    libc = _glibc()
+    libc = glibc()
     return libc is not None and bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)) and bool(
         libc.mallopt(_M_MMAP_MAX, 0))
 
@@ -76,7 +71,7 @@ def blocks_mapped_one_by_one():
     """Within: every block above 128 KiB mapped on its own and unmapped when freed, and the kept memory handed
     back, so that the resident set is the live memory and its peak shows a forward's temporaries; after: memory
     kept again (``keep_freed_memory``). A no-op without glibc."""
-    libc = _glibc()
+    libc = glibc()
     if libc is None:
         yield
         return

@@ -193,3 +193,24 @@ def test_cli_loss_points_is_recorded_and_a_bad_value_is_one_line(tmp_path, capsy
                  "--no-cache", "--with-cls", "no", "--loss-points", "full", "--out", str(out)])
     assert code == 0
     assert json.loads((out / "results.json").read_text())["settings"]["loss_points"] == "full"
+
+
+@pytest.mark.parametrize("task", ["segmentation", "depth"])
+def test_heads_of_two_backbones_in_one_pass_equal_heads_trained_apart(task, one_thread):
+    from vitscope.probes.dense_heads import HeadInputs, fit_heads
+
+    generator = torch.Generator().manual_seed(7)
+    maps = {name: torch.randn(6, 5, 3, 4, generator=generator) for name in ("model", "twin")}
+    if task == "segmentation":
+        targets = [torch.randint(0, 4, (15, 20), generator=generator) for _ in range(6)]
+        options = {"num_classes": 4}
+    else:
+        targets = [torch.rand(15, 20, generator=generator) * 5 + 0.5 for _ in range(6)]
+        options = {}
+    common = {"epochs": 3, "batch_size": 4, "loss_points": 64, "with_cls": (False,), **options}
+    joint = fit_heads({(name, 0): HeadInputs.from_maps(m) for name, m in maps.items()}, targets, task, **common)
+    for name, m in maps.items():
+        alone = fit_heads({0: HeadInputs.from_maps(m)}, targets, task, **common)[0, False]
+        together = joint[(name, 0), False]
+        for a, b in zip(alone.parameters(), together.parameters(), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

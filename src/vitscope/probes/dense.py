@@ -198,20 +198,20 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
         fit_data = train_crops(train, size, side, crops_per_image, seed)
         eval_view, placements, shapes = eval_windows(eval_set, size, side, max(1, side * 2 // 3))
         windows = (placements, shapes, side)
+    feats = {name: [extract_features(backbone, view, wanted, norm=norm, batch_size=batch_size, device=device,
+                                     img_size=img_size, cache=cache, progress=progress)
+                    for view in (fit_data.model_view(side), eval_view)] for name, backbone in models}
+    # the heads of both backbones train in one pass: the same batches and points (one seed), shared steps
+    heads = fit_heads({(name, layer): HeadInputs.of(feats[name][0][layer]) for name, _ in models for layer in wanted},
+                      fit_data.targets, train.task, **head_options)
     rows = []
-    for name, backbone in models:
-        feats = [extract_features(backbone, view, wanted, norm=norm, batch_size=batch_size, device=device,
-                                  img_size=img_size, cache=cache, progress=progress)
-                 for view in (fit_data.model_view(side), eval_view)]
-        heads = fit_heads({layer: HeadInputs.of(feats[0][layer]) for layer in wanted}, fit_data.targets, train.task,
-                          **head_options)
-        for (layer, cls), head in sorted(heads.items()):
-            preds = iter_predictions(head, HeadInputs.of(feats[1][layer]), sizes, train.task, min_depth=min_depth,
-                                     max_depth=max_depth, device=device, windows=windows, tile_values=tile_values,
-                                     bin_resolution=bin_resolution)
-            with threads_for(head.outputs * max(h * w for h, w in sizes), device):  # one thread for small labels
-                scores = score_dense(preds, eval_set, eigen_crop=eigen_crop, max_depth=max_depth)
-            rows += _rows(name, layer, cls, scores, eval_set)
+    for ((name, layer), cls), head in sorted(heads.items()):
+        preds = iter_predictions(head, HeadInputs.of(feats[name][1][layer]), sizes, train.task, min_depth=min_depth,
+                                 max_depth=max_depth, device=device, windows=windows, tile_values=tile_values,
+                                 bin_resolution=bin_resolution)
+        with threads_for(head.outputs * max(h * w for h, w in sizes), device):  # one thread for small labels
+            scores = score_dense(preds, eval_set, eigen_crop=eigen_crop, max_depth=max_depth)
+        rows += _rows(name, layer, cls, scores, eval_set)
     trivial = _trivial(train, eval_set, eigen_crop, max_depth)
     for layer in wanted:
         rows += _rows(CHANCE, layer, None, trivial, eval_set)

