@@ -5,7 +5,9 @@ hands it back to the kernel when it is freed, so the next step's array of that s
 per 4 KiB, which the kernel must also zero. A dense-probe step allocates about 100 MB of such temporaries; paging
 them in cost a sixth of the step on this project's 2-core machine (docs/benchmarks.md). ``freed_memory_kept``
 has glibc serve those blocks from its heap and keep what is freed there for the next step; on leaving, the kept
-memory is handed back (``malloc_trim``). Elsewhere (macOS, musl, Windows) it does nothing.
+memory is handed back (``malloc_trim``) and glibc's default limits are set again (as fixed values: glibc stops
+raising its mmap threshold on its own once ``mallopt`` was called, which only means more blocks are mapped
+one by one, as at start-up). Elsewhere (macOS, musl, Windows) it does nothing.
 """
 
 from __future__ import annotations

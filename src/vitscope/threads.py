@@ -5,8 +5,9 @@ wheels) a waiting thread spins for about 300,000 iterations before it sleeps, an
 core the thread it waits for needs: a training step ran 2.7-10x slower beside one or two busy processes
 (``benchmarks/bench_shared_cpu.py``; docs/benchmarks.md). Waiting passively (``OMP_WAIT_POLICY=PASSIVE``) cures
 that but costs idle speed on small steps (+22 % on a batch-32 step: every wake-up goes through the kernel).
-``import vitscope`` therefore sets a short spin, ``GOMP_SPINCOUNT=10000`` (idle speed within 3 % of the
-default's), when torch is not imported yet and neither ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT`` is set.
+``import vitscope`` therefore sets a short spin, ``GOMP_SPINCOUNT=10000`` (idle speed -5 to +11 % of the
+default's in repeats, within the measuring machine's noise; passive +6 to +28 %), when torch is not imported yet
+and neither ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT`` is set.
 ``VITSCOPE_OMP_WAIT`` chooses: ``short`` (default), ``passive``, or ``default`` (OpenMP's own; the older
 ``VITSCOPE_OMP_PASSIVE=0`` means the same).
 
@@ -89,7 +90,7 @@ def _busy_seconds(cpus: set[int]) -> float | None:
         return None
     ticks = 0
     for line in lines:
-        name, *fields = line.split()
+        name, *fields = line.split() or [""]
         if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
             user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
             ticks += user + nice + system + irq + softirq + steal

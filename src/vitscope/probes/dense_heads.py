@@ -256,9 +256,9 @@ def _train(heads: dict[tuple[Hashable, bool], DenseHead], inputs: dict[Hashable,
             optimizer.zero_grad(set_to_none=True)
             groups = [(key, [heads[key, cls] for cls in with_cls if (key, cls) in heads]) for key in inputs]
             groups = [(key, group) for key, group in groups if group]
-            if points is not None and loss_options["task"] == "segmentation" and len(groups) > 1 \
+            if points is not None and loss_options["task"] == "segmentation" \
                     and len({len(group) for _, group in groups}) == 1:
-                _segment_layers_step(groups, inputs, batch, points, corners, device)
+                _segment_step(groups, inputs, batch, points, corners, device)
             else:
                 for key, group in groups:
                     _layer_step(group, inputs[key], batch, points, corners, full, device, loss_options)
@@ -275,19 +275,16 @@ def _head_table(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, devic
     return _stacked_table(heads, patches, cls)
 
 
-def _segment_layers_step(groups: list[tuple[Hashable, list[DenseHead]]], inputs: dict[Hashable, HeadInputs],
-                         batch: Tensor, points: Any, corners: tuple[Tensor, Tensor], device: torch.device | str
-                         ) -> None:
-    """``_layer_step`` for the segmentation heads of several layers at once: their logits side by side as
-    channels, read at the points in one ``rows_at`` and scored by one cross-entropy; the summed loss is the sum
-    of the per-layer ones, so every head gets the gradient it would alone, for a few operations instead of a few
-    per layer."""
+def _segment_step(groups: list[tuple[Hashable, list[DenseHead]]], inputs: dict[Hashable, HeadInputs],
+                  batch: Tensor, points: Any, corners: tuple[Tensor, Tensor], device: torch.device | str) -> None:
+    """Backpropagate the point-sampled losses of the segmentation heads of every layer (key) at once: their
+    logits side by side as channels, read at the points in one ``rows_at`` and scored by one cross-entropy. The
+    summed loss is the sum of the per-head ones, so every head gets the gradient it would alone, for a few
+    operations instead of a few per layer."""
     table = torch.cat([_head_table(group, inputs[key], batch, device).flatten(2) for key, group in groups], -1)
     sampled = rows_at(table, corners)  # (B, K, layers x heads x C)
-    logits = sampled.unflatten(-1, (len(groups) * len(groups[0][1]), -1))  # (B, K, layers x heads, C)
-    labels = points.values.to(logits.device).long()[:, :, None, None].expand(*logits.shape[:-1], 1)
-    per_point = torch.logsumexp(logits, -1) - logits.gather(-1, labels)[..., 0]  # (B, K, layers x heads)
-    (per_point.mean(1) * points.weights.to(logits.device)[:, None]).sum().backward()
+    heads = len(groups) * len(groups[0][1])
+    point_cross_entropy(sampled.unflatten(-1, (heads, -1)), points).backward()
 
 
 def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, points: Any, corners: Any,

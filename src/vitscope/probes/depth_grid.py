@@ -86,13 +86,13 @@ class _GridDepth(torch.autograd.Function):
             torch.sum(weights, 1, out=denominator[row])
         denominator += LINEAR_EPS * nbins
         depth = (numerator + LINEAR_EPS * float(bins.sum())) / denominator
-        ctx.save_for_backward(resized, steps, bins, depth, denominator)
-        ctx.shape, ctx.factor = table.shape, factor
+        ctx.save_for_backward(resized, steps, bins, depth, denominator, col_matrix)
+        ctx.shape = table.shape
         return depth.view(out_rows, batch, out_cols, -1).transpose(0, 1).contiguous()
 
     @staticmethod
     def backward(ctx, grad_depth: Tensor):  # noqa: D102
-        resized, steps, bins, depth, denominator = ctx.saved_tensors
+        resized, steps, bins, depth, denominator, col_matrix = ctx.saved_tensors
         batch, rows, cols, channels = ctx.shape
         nbins = len(bins)
         out_rows = len(depth)
@@ -118,7 +118,6 @@ class _GridDepth(torch.autograd.Function):
                 accumulate(high, flat, frac)
         for source in set(range(rows)) - written:
             grad_resized[source].zero_()
-        col_matrix = interpolation_matrix(ctx.factor * cols, cols, resized.device, resized.dtype)
         grad = torch.matmul(col_matrix.T, grad_resized.view(rows * batch, -1, channels))  # (rows * B, cols, C)
         return grad.view(rows, batch, cols, channels).transpose(0, 1), None, None
 
