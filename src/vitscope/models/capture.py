@@ -32,3 +32,12 @@ def plain_capture(event: AttentionEvent, layout: TokenLayout, parts: list[Captur
     """The ``Capture`` of one plain-ViT attention event (softmax inputs kept for an unmasked softmax)."""
     qk = SoftmaxInputs(event.q, event.k, event.scale) if event.is_softmax and event.attn_mask is None else None
     return Capture(layout, lambda: event.probs, qk, parts)
+
+
+def hooks_removed(handles: list) -> Callable[[], None]:
+    """A detach function that removes these torch hook handles (what a site's ``attach`` returns)."""
+    def detach() -> None:
+        for handle in handles:
+            handle.remove()
+
+    return detach

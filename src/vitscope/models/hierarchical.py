@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.metrics import SoftmaxInputs
+from vitscope.models.capture import hooks_removed
 from vitscope.models.layout import TokenLayout
 
 # hands over a layer's raw probabilities (computed when called) and, where its canonical form is the raw one,
@@ -44,14 +45,6 @@ def _require(module: nn.Module | None, names: tuple[str, ...], family: str) -> n
                          f"{', '.join(missing) or 'a module'}; vitscope reads timm's {family} attention as of timm "
                          "1.0 (projections and scale as there)")
     return module
-
-
-def _hooks_removed(handles: list) -> Callable[[], None]:
-    def detach() -> None:
-        for handle in handles:
-            handle.remove()
-
-    return detach
 
 
 class SwinWindows:
@@ -90,7 +83,7 @@ class SwinWindows:
             q, k, mask = seen.pop("q"), seen.pop("k"), seen.pop("mask")
             deliver(lambda: swin_probabilities(module, q, k, mask), None)
 
-        return _hooks_removed([module.register_forward_pre_hook(inputs, with_kwargs=True),
+        return hooks_removed([module.register_forward_pre_hook(inputs, with_kwargs=True),
                                module.qkv.register_forward_hook(projections), module.register_forward_hook(outputs)])
 
     def __call__(self, probs: Tensor) -> tuple[Tensor, TokenLayout]:
@@ -130,7 +123,7 @@ class PvtReducedKeys:
             inputs_ = SoftmaxInputs(seen.pop("q"), seen.pop("k"), module.scale)
             deliver(lambda: pvt_probabilities(inputs_), inputs_)
 
-        return _hooks_removed([module.register_forward_pre_hook(inputs, with_kwargs=True),
+        return hooks_removed([module.register_forward_pre_hook(inputs, with_kwargs=True),
                                module.q.register_forward_hook(queries), module.kv.register_forward_hook(keys),
                                module.register_forward_hook(outputs)])
 

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.attention import AttentionEvent, Softmax
-from vitscope.models.capture import plain_capture
+from vitscope.models.capture import hooks_removed, plain_capture
 from vitscope.models.layout import TokenLayout
 from vitscope.models.padded import Group, PaddedLayouts, split_capture
 
@@ -78,15 +78,7 @@ def attach_rope_attention(module: nn.Module, deliver: Callable[[AttentionEvent],
 
     handles = [module.register_forward_pre_hook(inputs, with_kwargs=True),
                module.q_norm.register_forward_hook(query), module.k_norm.register_forward_hook(key)]
-    return _removed(handles)
-
-
-def _removed(handles: list) -> Callable[[], None]:
-    def detach() -> None:
-        for handle in handles:
-            handle.remove()
-
-    return detach
+    return hooks_removed(handles)
 
 
 class _Watched:
