@@ -35,7 +35,7 @@ from vitscope.data.stream_sources import open_streamed  # noqa: E402
 from vitscope.data.worker_crops import MultiCropCutter, PadCropCutter, cropped_batches  # noqa: E402
 from vitscope.models import create  # noqa: E402
 from vitscope.train import TrainConfig  # noqa: E402
-from vitscope.train.dino import DinoObjective  # noqa: E402
+from vitscope.train.dino.objective import DinoObjective  # noqa: E402
 from vitscope.train.distributed import DistContext  # noqa: E402
 from vitscope.train.protocols import Protocol, soft_cross_entropy  # noqa: E402
 

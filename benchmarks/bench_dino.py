@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import interleaved_medians, machine, table  # noqa: E402
 from vitscope.data import synthetic_scenes  # noqa: E402
 from vitscope.train import TrainConfig  # noqa: E402
-from vitscope.train.dino import DinoObjective  # noqa: E402
+from vitscope.train.dino.objective import DinoObjective  # noqa: E402
 from vitscope.train.distributed import DistContext  # noqa: E402
 from vitscope.train.engine import clip_gradients  # noqa: E402
 

@@ -38,7 +38,7 @@ from vitscope.data import synthetic_scenes  # noqa: E402
 from vitscope.data.dense import synthetic_dense  # noqa: E402
 from vitscope.models import create  # noqa: E402
 from vitscope.probes.baselines import random_twin  # noqa: E402
-from vitscope.probes.dense import dense_probe, fit_dense_head, patch_maps  # noqa: E402
+from vitscope.probes.dense.probe import dense_probe, fit_dense_head, patch_maps  # noqa: E402
 from vitscope.probes.features import extract_features  # noqa: E402
 from vitscope.probes.linear import fit_classifier, fit_regressor  # noqa: E402
 

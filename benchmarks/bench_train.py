@@ -26,8 +26,8 @@ from common import interleaved_medians, machine, table  # noqa: E402
 from vitscope.data import synthetic_scenes  # noqa: E402
 from vitscope.models import create  # noqa: E402
 from vitscope.models.packed import PackedViT, VmappedModels  # noqa: E402
-from vitscope.train.pack_state import clip_member_gradients  # noqa: E402
-from vitscope.train.packed_adamw import PackedAdamW  # noqa: E402
+from vitscope.train.packed.adamw import PackedAdamW  # noqa: E402
+from vitscope.train.packed.state import clip_member_gradients  # noqa: E402
 from vitscope.train.protocols import Protocol, soft_cross_entropy  # noqa: E402
 
 

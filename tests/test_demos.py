@@ -38,8 +38,8 @@ def test_the_sparse_demos_entmax_model_gives_exact_zeros_where_softmax_gives_non
     statistics count >= 20 % exact zeros in a layer of the entmax model and none for softmax."""
     from vitscope.data import load_dataset
     from vitscope.models import create
-    from vitscope.studies.sparse import SparseStudy
-    from vitscope.studies.sparse_measure import attention_statistics
+    from vitscope.studies.sparse.measure import attention_statistics
+    from vitscope.studies.sparse.study import SparseStudy
 
     study = SparseStudy(preset="demo")
     scenes = load_dataset("synthetic", None, "eval", num_images=16, cue="texture")
@@ -65,7 +65,7 @@ def test_a_trained_backbone_segments_the_demo_scenes_better_than_its_random_twin
 
     from vitscope.data.dense_layouts import load_dense
     from vitscope.models import load
-    from vitscope.probes.dense import dense_probe
+    from vitscope.probes.dense.probe import dense_probe
     from vitscope.train import TrainConfig, train
 
     with tempfile.TemporaryDirectory() as folder:
@@ -85,7 +85,7 @@ def test_a_trained_backbone_segments_the_demo_scenes_better_than_its_random_twin
 
 
 def test_the_sparse_headline_states_zeros_per_layer_and_what_the_demo_leaves_out():
-    from vitscope.report.sparse import left_out, zero_line
+    from vitscope.report.sparse.page import left_out, zero_line
 
     runs = [{"condition": "softmax", "attention": {"zeros": [[0.0, 0.0], [0.0, 0.0]]}},
             {"condition": "entmax15", "attention": {"zeros": [[0.2, 0.4], [0.5, 0.7]]}},
@@ -99,7 +99,7 @@ def test_the_sparse_headline_states_zeros_per_layer_and_what_the_demo_leaves_out
 
 
 def test_the_registers_demo_with_two_seeds_plants_in_its_first_seeds_model():
-    from vitscope.studies.registers import RegistersStudy
+    from vitscope.studies.registers.study import RegistersStudy
 
     study = RegistersStudy(preset="demo", seeds=[3, 4])
     labels = [m.label for m in study.all_models()]

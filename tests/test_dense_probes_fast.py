@@ -12,10 +12,10 @@ import torch.nn.functional as F
 
 from vitscope.data.dense import synthetic_dense
 from vitscope.models import create
-from vitscope.probes.dense import dense_probe, fit_dense_head, iter_predictions, silog_loss
-from vitscope.probes.dense_heads import depth_bins
-from vitscope.probes.dense_points import PointSampler, depth_at, logits_at, point_cross_entropy, point_silog, rows_at
-from vitscope.probes.dense_tiles import predict_full
+from vitscope.probes.dense.heads import depth_bins
+from vitscope.probes.dense.points import PointSampler, depth_at, logits_at, point_cross_entropy, point_silog, rows_at
+from vitscope.probes.dense.probe import dense_probe, fit_dense_head, iter_predictions, silog_loss
+from vitscope.probes.dense.tiles import predict_full
 
 
 def _labels(generator: torch.Generator) -> list[torch.Tensor]:
@@ -152,7 +152,7 @@ def test_depth_probe_peak_memory_is_flat_in_images_and_batch_size(tmp_path: Path
     script = textwrap.dedent("""
         import json, resource, sys
         import torch
-        from vitscope.probes.dense import fit_dense_head, iter_predictions
+        from vitscope.probes.dense.probe import fit_dense_head, iter_predictions
         images, batch = int(sys.argv[1]), int(sys.argv[2])
         torch.manual_seed(0)
         maps = torch.randn(images, 32, 14, 14)
@@ -197,7 +197,7 @@ def test_cli_loss_points_is_recorded_and_a_bad_value_is_one_line(tmp_path, capsy
 
 @pytest.mark.parametrize("task", ["segmentation", "depth"])
 def test_heads_of_two_backbones_in_one_pass_equal_heads_trained_apart(task, one_thread):
-    from vitscope.probes.dense_heads import HeadInputs, fit_heads
+    from vitscope.probes.dense.heads import HeadInputs, fit_heads
 
     generator = torch.Generator().manual_seed(7)
     maps = {name: torch.randn(6, 5, 3, 4, generator=generator) for name in ("model", "twin")}

@@ -7,11 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from vitscope.probes.bin_norm import depth_from_bins
-from vitscope.probes.dense import dense_probe, fit_dense_head, iter_predictions
-from vitscope.probes.dense_heads import HeadInputs, depth_bins
-from vitscope.probes.dense_points import PointSampler, cells_at, rows_at
-from vitscope.probes.depth_grid import DEPTH_UPSAMPLE, grid_depth, resize_depth
+from vitscope.probes.dense.bin_norm import depth_from_bins
+from vitscope.probes.dense.depth_grid import DEPTH_UPSAMPLE, grid_depth, resize_depth
+from vitscope.probes.dense.heads import HeadInputs, depth_bins
+from vitscope.probes.dense.points import PointSampler, cells_at, rows_at
+from vitscope.probes.dense.probe import dense_probe, fit_dense_head, iter_predictions
 
 
 def _reference_depth(table: torch.Tensor, bins: torch.Tensor, factor: int = DEPTH_UPSAMPLE) -> torch.Tensor:
@@ -104,7 +104,7 @@ def test_the_x4_grid_is_trained_and_recorded_and_label_resolution_stays_availabl
 
 def test_x4_training_lowers_the_full_resolution_loss_it_estimates(one_thread):
     """The heads' point loss estimates DINOv2's full-resolution loss: training on it lowers that loss."""
-    from vitscope.probes.dense_heads import fit_heads, silog_loss
+    from vitscope.probes.dense.heads import fit_heads, silog_loss
 
     generator = torch.Generator().manual_seed(5)
     maps = torch.randn(6, 4, 4, 5, generator=generator)

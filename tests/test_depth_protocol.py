@@ -5,8 +5,8 @@ import torch
 
 from vitscope.data.dense import synthetic_dense
 from vitscope.models import create
-from vitscope.probes.bin_norm import bin_weights, depth_from_bins
-from vitscope.probes.dense import dense_probe
+from vitscope.probes.dense.bin_norm import bin_weights, depth_from_bins
+from vitscope.probes.dense.probe import dense_probe
 
 
 def test_linear_normalisation_is_relu_plus_a_tenth_over_the_sum():

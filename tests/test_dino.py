@@ -19,8 +19,8 @@ from test_train import kill_and_resume, launch, wait_for_checkpoint
 from vitscope.data.multicrop import MultiCropSpec, color_jitter, gaussian_blur, multicrop, shift_hue
 from vitscope.train import TrainConfig, train
 from vitscope.train.checkpoint import latest_checkpoint, load_state
-from vitscope.train.dino_head import DINOHead
-from vitscope.train.dino_loss import dino_loss, teacher_temperature, update_centre
+from vitscope.train.dino.head import DINOHead
+from vitscope.train.dino.loss import dino_loss, teacher_temperature, update_centre
 from vitscope.train.engine import clip_gradients
 from vitscope.train.logging import read_metrics
 from vitscope.train.schedules import cosine
@@ -102,7 +102,7 @@ def test_temperature_and_momentum_schedules_follow_main_dino():
 
 def test_teacher_update_is_an_ema_with_main_dinos_momentum_at_that_step(tmp_path):
     from vitscope.data import synthetic_scenes
-    from vitscope.train.dino import DinoObjective
+    from vitscope.train.dino.objective import DinoObjective
     from vitscope.train.distributed import setup_distributed
 
     objective = DinoObjective(dino_config(tmp_path, "ema"))
@@ -281,7 +281,7 @@ def test_entmax_dino_run_records_exact_zeros_and_softmax_none(tmp_path, attentio
 def test_last_layer_frozen_during_the_first_epoch(tmp_path):
     cfg = dino_config(tmp_path, "frozen", epochs=1, objective_options={
         **TINY_DINO["objective_options"], "norm_last_layer": False})
-    from vitscope.train.dino import DinoObjective
+    from vitscope.train.dino.objective import DinoObjective
 
     initial = {}
 

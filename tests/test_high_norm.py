@@ -77,7 +77,7 @@ def test_attention_mass_on_planted_attention():
 
 
 def test_findings_from_rows_with_known_answers():
-    from vitscope.studies.registers_findings import artifact_layers, findings
+    from vitscope.studies.registers.findings import artifact_layers, findings
 
     def census(model, fractions, threshold=30.0, median=5.0, mass=0.3):
         rows = []

@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 from vitscope.models import create
 from vitscope.models.packed import PackedViT, VmappedModels
 from vitscope.train import TrainConfig, TrainingInterrupted, train
-from vitscope.train.pack_state import clip_member_gradients, solo_optimizer
-from vitscope.train.packed import auto_pack_size, check_pack_configs, train_packed
-from vitscope.train.packed_adamw import PackedAdamW
+from vitscope.train.packed.adamw import PackedAdamW
+from vitscope.train.packed.state import clip_member_gradients, solo_optimizer
+from vitscope.train.packed.train import auto_pack_size, check_pack_configs, train_packed
 
 TINY = {"model": "vit-micro", "model_options": {"depth": 2, "embed_dim": 32, "num_heads": 2},
         "dataset": "synthetic", "dataset_options": {"num_images": 32, "num_classes": 4}, "eval_images": 16,

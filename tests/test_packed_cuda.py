@@ -5,7 +5,7 @@ import torch
 
 from vitscope.data import load_dataset
 from vitscope.train import ABLATION, TrainConfig
-from vitscope.train.packed import Pack, build_member
+from vitscope.train.packed.train import Pack, build_member
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

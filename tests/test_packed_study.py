@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from vitscope.studies.locality import LocalityStudy, run
+from vitscope.studies.locality.study import LocalityStudy, run
 
 
 def tiny(out, **changes) -> LocalityStudy:

@@ -5,7 +5,7 @@ import torch
 
 from vitscope.data.dense import DenseDataset, synthetic_dense
 from vitscope.models import create
-from vitscope.probes.dense import dense_probe, fit_dense_head, predict_dense, score_dense
+from vitscope.probes.dense.probe import dense_probe, fit_dense_head, predict_dense, score_dense
 
 
 def _bands(n: int, classes: int, seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -62,7 +62,7 @@ def test_mask_of_another_size_names_the_file():
 
 
 def test_windows_cover_the_image_and_stitch_back_exactly():
-    from vitscope.probes.dense_windows import eval_windows, stitch, train_crops, window_starts
+    from vitscope.probes.dense.windows import eval_windows, stitch, train_crops, window_starts
 
     assert window_starts(10, 4, 3) == [0, 3, 6] and window_starts(11, 4, 3) == [0, 3, 6, 7]
     assert window_starts(3, 4, 3) == [0]

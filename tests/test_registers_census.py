@@ -10,7 +10,7 @@ from vitscope.models import create, load
 from vitscope.models.planted import plant_outliers
 from vitscope.record import record_tokens
 from vitscope.studies.models import ModelEntry, parse_model_entries, parse_model_entry
-from vitscope.studies.registers_census import CensusSettings, run_census
+from vitscope.studies.registers.census import CensusSettings, run_census
 
 
 def lowest_variance_patches(images: np.ndarray, patch: int, count: int) -> np.ndarray:

@@ -9,8 +9,8 @@ from vitscope.data import synthetic_scenes
 from vitscope.models import load
 from vitscope.record import record_tokens
 from vitscope.studies.models import ModelEntry
-from vitscope.studies.registers_census import CensusSettings, run_census
-from vitscope.studies.registers_presets import DARCET, PAPER_MODELS, PER_MODEL, paper_models
+from vitscope.studies.registers.census import CensusSettings, run_census
+from vitscope.studies.registers.presets import DARCET, PAPER_MODELS, PER_MODEL, paper_models
 
 
 def test_paper_rows_for_the_new_families_with_their_thresholds(tmp_path):

@@ -4,7 +4,7 @@ every finding says whether it agrees with the paper."""
 import numpy as np
 import pytest
 
-from vitscope.studies.registers_findings import MIN_HELD_OUT, findings, group_comparison
+from vitscope.studies.registers.findings import MIN_HELD_OUT, findings, group_comparison
 
 
 def artifact_rows(model, layer=4):

@@ -15,8 +15,8 @@ from vitscope.models.sites import token_blocks
 from vitscope.probes.stage_features import stage_last_layers
 from vitscope.probes.tokens import probe_tokens
 from vitscope.record import record_attention
-from vitscope.studies.registers_census import CensusSettings, run_census
-from vitscope.studies.registers_probes import ProbeSettings, probe_model
+from vitscope.studies.registers.census import CensusSettings, run_census
+from vitscope.studies.registers.probes import ProbeSettings, probe_model
 
 SWIN = {"img_size": 24, "patch_size": 4, "window_size": 4, "depths": (2, 2), "embed_dim": 16, "num_heads": (2, 2)}
 

@@ -11,8 +11,8 @@ def figures_made(monkeypatch):
     """Every matplotlib figure the report modules save, kept for inspection."""
     import vitscope.report.figures as base
     import vitscope.report.norm_figures as nf
-    import vitscope.report.registers_figures as rf
-    import vitscope.report.sparse_figures as sf
+    import vitscope.report.registers.figures as rf
+    import vitscope.report.sparse.figures as sf
 
     made = []
     real = base.save_figure
@@ -36,7 +36,7 @@ def _overlaps(a, b) -> bool:
 
 
 def test_layer_curves_keep_one_colour_per_model_integer_ticks_and_a_legend_off_the_axes(tmp_path, figures_made):
-    from vitscope.report.sparse_figures import layer_curves
+    from vitscope.report.sparse.figures import layer_curves
 
     layers = np.arange(1, 5, dtype=float)
     flat = (layers, np.full(4, 0.5), np.zeros(4))
@@ -59,7 +59,7 @@ def test_layer_curves_keep_one_colour_per_model_integer_ticks_and_a_legend_off_t
 
 
 def test_cls_attention_heads_have_a_colour_bar_and_zeros_in_their_own_colour(tmp_path, figures_made):
-    from vitscope.report.sparse_figures import ZERO_COLOUR, attention_heads
+    from vitscope.report.sparse.figures import ZERO_COLOUR, attention_heads
 
     attn = np.full((2, 5, 5), 0.25)
     attn[:, 0, 1:3] = 0.0  # two exact zeros in the CLS row of each head
@@ -74,7 +74,7 @@ def test_cls_attention_heads_have_a_colour_bar_and_zeros_in_their_own_colour(tmp
 
 
 def test_hierarchical_norm_histograms_show_every_layer_tick_values_and_each_stages_threshold(tmp_path, figures_made):
-    from vitscope.report.registers_figures import norm_histograms
+    from vitscope.report.registers.figures import norm_histograms
 
     edges = np.geomspace(1.0, 4.0, 9)  # less than a decade: matplotlib's default would label no tick
     counts = {str(layer): [0, 1, 5, 9, 5, 1, 0, 0] for layer in range(1, 8)}
@@ -103,7 +103,7 @@ def test_per_layer_has_a_heading_and_names_its_band(tmp_path, figures_made):
 
 
 def test_locality_settings_show_each_runs_effective_protocol_and_layers_read_as_numbers():
-    from vitscope.report.locality import _settings, effective_config, layer_list
+    from vitscope.report.locality.page import _settings, effective_config, layer_list
 
     config = {"label_smoothing": 0.1, "cutmix_alpha": 1.0, "epochs": 2}
     assert effective_config(config, "baseline") == {"label_smoothing": "off", "cutmix_alpha": "off", "epochs": 2}

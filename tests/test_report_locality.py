@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from vitscope.report import figures
-from vitscope.report.locality import build_report
-from vitscope.studies.locality import LocalityStudy, write_results
-from vitscope.studies.locality_results import claims
-from vitscope.studies.locality_verdicts import distinct, judge
+from vitscope.report.locality.page import build_report
+from vitscope.studies.locality.results import claims
+from vitscope.studies.locality.study import LocalityStudy, write_results
+from vitscope.studies.locality.verdicts import distinct, judge
 
 
 def test_uniform_mad_matches_the_definition():

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vitscope.report.locality import build_report
-from vitscope.studies.locality import LocalityStudy, run
-from vitscope.studies.locality_results import claims, min_early_mad, summarize
+from vitscope.report.locality.page import build_report
+from vitscope.studies.locality.results import claims, min_early_mad, summarize
+from vitscope.studies.locality.study import LocalityStudy, run
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

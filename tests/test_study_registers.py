@@ -17,10 +17,10 @@ from vitscope.cli import main
 from vitscope.data import eval_batches
 from vitscope.models import load
 from vitscope.record import record_tokens
-from vitscope.report.registers import build_report
+from vitscope.report.registers.page import build_report
 from vitscope.studies.models import ModelEntry
-from vitscope.studies.registers import RegistersStudy, _eval_set, run
-from vitscope.studies.registers_findings import artifact_layers, findings
+from vitscope.studies.registers.findings import artifact_layers, findings
+from vitscope.studies.registers.study import RegistersStudy, _eval_set, run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SRC = Path(__file__).resolve().parents[1] / "src"

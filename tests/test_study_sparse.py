@@ -16,8 +16,8 @@ import pytest
 
 from vitscope.cli import main
 from vitscope.studies.runner import RunSpec
-from vitscope.studies.sparse import RECORD, SparseStudy, parse_condition, run, torchrun_command
-from vitscope.studies.sparse_results import claims as sparse_claims
+from vitscope.studies.sparse.results import claims as sparse_claims
+from vitscope.studies.sparse.study import RECORD, SparseStudy, parse_condition, run, torchrun_command
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -53,7 +53,7 @@ def killed_then_finished(tmp_path_factory):
     settings = root / "settings.json"
     settings.write_text(json.dumps(TINY | {"out": str(out)}))
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    code = ("import json, sys; from vitscope.studies.sparse import SparseStudy, run; "
+    code = ("import json, sys; from vitscope.studies.sparse.study import SparseStudy, run; "
             "run(SparseStudy(**json.load(open(sys.argv[1]))))")
     process = subprocess.Popen([sys.executable, "-c", code, str(settings)], env=env)
     try:
@@ -140,7 +140,7 @@ def test_cli_model_label_spec_and_report(killed_then_finished, tmp_path, capsys)
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
 def test_report_renders_in_headless_chromium(killed_then_finished, tmp_path):
-    from vitscope.report.sparse import build_report
+    from vitscope.report.sparse.page import build_report
 
     out, _ = killed_then_finished
     report = build_report(out)
@@ -189,7 +189,7 @@ def test_gpus_per_run_trains_each_run_under_torchrun():
 
 
 def fake_record(condition, seed, linear=0.5, cityscapes=None, normaliser=None):
-    """What ``sparse_results.claims`` reads from one measured run."""
+    """What ``results.claims`` reads from one measured run."""
     dense = [] if cityscapes is None else [{"group": "seg:cityscapes", "metric": "miou", "with_cls": False,
                                             "layer": 4, "value": cityscapes}]
     return {"condition": condition, "seed": seed, "normaliser": normaliser or condition.split("+")[0], "depth": 4,
@@ -237,7 +237,7 @@ def test_registers_alone_are_shown_not_judged():
 
 
 def test_report_claims_table_carries_the_rule_columns(killed_then_finished):
-    from vitscope.report.sparse import build_report
+    from vitscope.report.sparse.page import build_report
 
     out, _ = killed_then_finished
     text = build_report(out).read_text()

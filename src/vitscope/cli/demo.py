@@ -33,11 +33,11 @@ class Demo:
 
 DEMOS: dict[str, Demo] = {
     "locality": Demo("Locality: does the training protocol make early layers attend locally? (arXiv 2605.16390)",
-                     "vitscope.cli.study:locality_demo", 3.5),
+                     "vitscope.cli.study.locality:locality_demo", 3.5),
     "sparse": Demo("Sparse attention: does entmax-1.5 in place of softmax cure semantic diffusion? (arXiv 2605.23868)",
-                   "vitscope.cli.study_sparse:sparse_demo", 2.0),
+                   "vitscope.cli.study.sparse:sparse_demo", 2.0),
     "registers": Demo("Registers: high-norm (artifact) tokens across architectures, and what registers change "
-                      "(arXiv 2603.25803)", "vitscope.cli.study_registers:registers_demo", 3.5),
+                      "(arXiv 2603.25803)", "vitscope.cli.study.registers:registers_demo", 3.5),
 }
 
 

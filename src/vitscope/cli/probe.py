@@ -245,7 +245,7 @@ def run_pca(args: argparse.Namespace) -> int:
 
 def run_dense(args: argparse.Namespace) -> int:
     from vitscope.data.dense_layouts import load_dense
-    from vitscope.probes.dense import dense_probe, loss_points_of
+    from vitscope.probes.dense.probe import dense_probe, loss_points_of
 
     loss_points_of(args.loss_points)  # a bad --loss-points is refused before the model loads
     task = "segmentation" if args.probe == "segment" else "depth"

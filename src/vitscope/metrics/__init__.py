@@ -1,8 +1,8 @@
 """Pure metric functions of tensors and streaming accumulators; they know nothing of models."""
 
+from vitscope.metrics.attention_stats import AttentionStats
 from vitscope.metrics.layers import early_layers
 from vitscope.metrics.locality import UNITS, attention_entropy, grid_distances, mean_attention_distance
-from vitscope.metrics.stats import AttentionStats
 from vitscope.metrics.streaming import (
     AttentionBatch,
     LocalityAccumulator,

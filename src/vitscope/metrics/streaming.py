@@ -25,6 +25,7 @@ from torch import Tensor
 from vitscope.attention import native
 from vitscope.attention.paths import current
 from vitscope.compiled import compiled
+from vitscope.metrics.attention_stats import AttentionStats
 from vitscope.metrics.locality import (
     UNITS,
     locality_from_map_sums,
@@ -32,7 +33,6 @@ from vitscope.metrics.locality import (
     softmax_map_sums,
     unit_scale,
 )
-from vitscope.metrics.stats import AttentionStats
 
 
 @dataclass(frozen=True)

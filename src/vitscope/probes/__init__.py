@@ -5,7 +5,7 @@ Each probe is a function ``vitscope.probes.<probe>(model, dataset(s), ...)`` ret
 rows follow the shared results schema and include a randomly initialised backbone and the chance level.
 """
 
-from vitscope.probes.dense import dense_probe
+from vitscope.probes.dense.probe import dense_probe
 from vitscope.probes.features import LayerFeatures, extract_features, parse_layers
 from vitscope.probes.image import knn_probe, linear_probe
 from vitscope.probes.linear import LinearClassifier, LinearRegressor, fit_classifier, fit_regressor

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vitscope.studies.sparse_presets import COMMAND_LINES as SPARSE_COMMANDS
-from vitscope.studies.sparse_presets import PAPER_GPU_HOURS
+from vitscope.studies.sparse.presets import COMMAND_LINES as SPARSE_COMMANDS
+from vitscope.studies.sparse.presets import PAPER_GPU_HOURS
 
 # The paper-scale command of each study and our estimate of its time on one GPU (not measurements: the
 # locality figure is docs/locality-study.md's estimate, the registers census one forward pass per model).
@@ -63,7 +63,7 @@ def rows(study: str, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def locality_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    from vitscope.studies.locality_verdicts import distinct, judge
+    from vitscope.studies.locality.verdicts import distinct, judge
 
     return [c for c in (judge(c) for c in distinct(results["claims"])) if c.get("paper") is not None]
 
@@ -73,7 +73,7 @@ def sparse_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def registers_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    from vitscope.studies.registers_findings import PUBLISHED, findings
+    from vitscope.studies.registers.findings import PUBLISHED, findings
 
     found = findings(results["rows"], results["models"])
     return [{**f, "published": f.get("published") or PUBLISHED.get(f.get("finding"), f.get("finding"))}

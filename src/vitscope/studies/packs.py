@@ -1,7 +1,7 @@
 """Train a study's unfinished (condition, seed) runs in packs before the runner measures them.
 
 ``train_in_packs`` groups the runs that still lack a finished training run into packs of ``pack`` runs
-(``"auto"``: as many as the device's memory holds) and trains each pack with ``vitscope.train.packed``;
+(``"auto"``: as many as the device's memory holds) and trains each pack with ``vitscope.train.packed.train``;
 the study runner then finds every run trained and only measures it. Each member of a pack continues from its
 own latest checkpoint, so a study resumed after a kill picks every run up where it stopped; runs are sorted
 by progress so that runs of one pack finish at about the same time.
@@ -17,7 +17,7 @@ from vitscope.run_folder import writer_lock
 from vitscope.studies.runner import RunSpec
 from vitscope.train import TrainConfig
 from vitscope.train.checkpoint import latest_checkpoint
-from vitscope.train.packed import auto_pack_size, train_packed
+from vitscope.train.packed.train import auto_pack_size, train_packed
 
 
 def check_pack(pack: int | str) -> int | str:

@@ -1,7 +1,7 @@
 """What every training loop shares: stop signals, the loss window and finite check, the weight-decay
 schedule, checkpoint state, end-of-epoch records, and the run folder's config and summary.
 
-The engine (``vitscope.train.engine``, one objective) and packed training (``vitscope.train.packed``, K runs
+The engine (``vitscope.train.engine``, one objective) and packed training (``vitscope.train.packed.train``, K runs
 at their own steps) both build their loops from these pieces, so a packed member's run folder is written by
 the same code as a solo run's.
 """

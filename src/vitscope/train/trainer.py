@@ -29,7 +29,7 @@ def make_objective(cfg: TrainConfig) -> Objective:
     if cfg.objective == "supervised":
         return SupervisedObjective(cfg, criterion=soft_cross_entropy)
     if cfg.objective == "dino":
-        from vitscope.train.dino import DinoObjective
+        from vitscope.train.dino.objective import DinoObjective
 
         return DinoObjective(cfg)
     raise ValueError(f"objective={cfg.objective!r} is unknown; use supervised or dino")

@@ -9,7 +9,7 @@ evaluation split:
   attention distance (normalized) and normalised entropy;
 * semantic diffusion per token layer (``vitscope.probes.diffusion``), with per-image cosines at the last layer
   and per-token correctness of the background probe;
-* dense: segmentation mIoU and depth RMSE (``vitscope.probes.dense``) with and without CLS on every given set,
+* dense: segmentation mIoU and depth RMSE (``vitscope.probes.dense.probe``) with and without CLS on every given set,
   layer by layer on the first segmentation set; Point-in-Box per attention layer (CLS attention, averaged over
   heads) when the evaluation images have boxes;
 * examples for the report: a few images, their attention maps at the first and last layer, and the last
@@ -32,7 +32,7 @@ from vitscope.data import ImageDataset
 from vitscope.metrics import SupportAccumulator
 from vitscope.metrics.knn import knn_predict
 from vitscope.models import token_layout
-from vitscope.probes.dense import dense_probe
+from vitscope.probes.dense.probe import dense_probe
 from vitscope.probes.diffusion import dataset_background, diffusion_scores, semantic_diffusion
 from vitscope.probes.features import depth_of, extract_features
 from vitscope.probes.linear import fit_classifier

@@ -1,18 +1,14 @@
-"""``vitscope study NAME``: run a study end to end."""
+"""``vitscope study locality``: training protocol vs spatial locality (arXiv 2605.16390)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from vitscope.cli import study_sparse
 from vitscope.cli.common import add_shared, output_dir, parse_seeds
-from vitscope.cli.study_registers import add_registers_parser
 
 
-def register(commands) -> None:
-    study = commands.add_parser("study", help="run a study end to end")
-    studies = study.add_subparsers(dest="study", metavar="STUDY", required=True)
+def add_parser(studies) -> None:
     loc = studies.add_parser("locality", help="training protocol vs spatial locality (arXiv 2605.16390)")
     loc.add_argument("--dataset", default="synthetic", help="cifar10, cifar100, tiny-imagenet, imagefolder, synthetic")
     loc.add_argument("--data-dir", default=None, help="dataset folder or archive")
@@ -31,13 +27,11 @@ def register(commands) -> None:
                      help="train K runs at once as one packed model (K, or auto: as many as device memory holds)")
     add_shared(loc, device="auto", batch_size=None, seed=None, out="vitscope-study")
     loc.set_defaults(handler=run_locality)
-    study_sparse.register(studies)
-    add_registers_parser(studies)
 
 
 def run_locality_study(**options) -> Path:
-    from vitscope.report.locality import build_report
-    from vitscope.studies.locality import LocalityStudy, run
+    from vitscope.report.locality.page import build_report
+    from vitscope.studies.locality.study import LocalityStudy, run
 
     study = LocalityStudy(**options)  # checks the options
     output_dir(study.out)  # then the folder is made

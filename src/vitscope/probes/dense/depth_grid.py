@@ -6,7 +6,7 @@ at that grid; its loss and its prediction resize this one-channel depth map bili
 (``DepthBaseDecodeHead.losses``, ``align_corners=False``). Batch norm with fixed statistics and the 1x1 map are
 affine per pixel and bilinear weights sum to 1, so resizing the features x4 first equals resizing the logits x4,
 which is what is computed here (``bin_resolution="x4"``, the default). ``"label"`` normalises the bins at every
-label pixel instead (the logits resized to the label first: vitscope's earlier protocol, ``dense_tiles``).
+label pixel instead (the logits resized to the label first: vitscope's earlier protocol, ``dense.tiles``).
 
 Cost: the (B, 4 rows, 4 cols, heads x 256) logit volume is the largest array and is never held whole.
 ``grid_depth`` computes it one output row at a time (small enough to stay in cache), in the forward pass and again
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitscope.probes.bin_norm import LINEAR_EPS
-from vitscope.probes.dense_tiles import source_index
+from vitscope.probes.dense.bin_norm import LINEAR_EPS
+from vitscope.probes.dense.tiles import source_index
 
 DEPTH_UPSAMPLE = 4  # DINOv2's linear depth head: features (here: logits) resized x4 before the bins
 BIN_RESOLUTIONS = ("x4", "label")

@@ -10,12 +10,11 @@ from typing import Any
 
 from vitscope.files import atomic_write_bytes
 from vitscope.models import PRESETS
-from vitscope.report import registers_figures as rf
 from vitscope.report.html import fmt, image, index_link, page, table
 from vitscope.report.norm_figures import high_norm_maps
 from vitscope.report.openings import registers_opening
-from vitscope.studies.registers import load_census_tensors
-from vitscope.studies.registers_findings import (
+from vitscope.report.registers import figures as rf
+from vitscope.studies.registers.findings import (
     EFFECTS,
     ENRICHMENT,
     MAX_FRACTION,
@@ -24,6 +23,7 @@ from vitscope.studies.registers_findings import (
     detector_check,
     findings,
 )
+from vitscope.studies.registers.study import load_census_tensors
 
 TERMS = ("<p><b>Terms, used once and for all.</b> A <i>high-norm token</i> is a patch token whose L2 norm (block "
          "output, before the final norm) exceeds a threshold fixed on the detection layer and applied to every "

@@ -1,11 +1,11 @@
 """Rows, summaries and claim verdicts of a sparse-attention study, from per-run records (pure numpy).
 
-A record is one measured backbone (``vitscope.studies.sparse_measure``) with its condition and seed. Claims
+A record is one measured backbone (``vitscope.studies.sparse.measure``) with its condition and seed. Claims
 compare each condition with ``softmax`` on one value per seed, every seed of both sides used: the difference
 (condition - softmax), its 95 % interval and the verdict of the one rule (``vitscope.stats.compare``: Welch's
 t-interval over seeds; reproduced when it excludes zero in the paper's direction and the difference reaches half
 the claim's effect, not reproduced when it lies wholly below half the effect, inconclusive otherwise and always
-with fewer than 2 seeds per side). Each claim's effect is stated once, in ``sparse_presets.CLAIM_EFFECTS``.
+with fewer than 2 seeds per side). Each claim's effect is stated once, in ``presets.CLAIM_EFFECTS``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from vitscope.files import write_csv, write_json
 from vitscope.stats import compare
-from vitscope.studies.sparse_presets import claim_effect
+from vitscope.studies.sparse.presets import claim_effect
 
 BASELINE = "softmax"
 # measure -> (what it is, predicted sign for a sparse normaliser against softmax: +1 higher, -1 lower)

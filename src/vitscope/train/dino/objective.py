@@ -23,8 +23,8 @@ from vitscope.data.worker_crops import MultiCropCutter
 from vitscope.metrics.knn import knn_top1
 from vitscope.models import VisionTransformer
 from vitscope.train.config import TrainConfig
-from vitscope.train.dino_head import DINOHead, MultiCropNetwork
-from vitscope.train.dino_loss import collapse_monitors, dino_loss, teacher_temperature, update_centre
+from vitscope.train.dino.head import DINOHead, MultiCropNetwork
+from vitscope.train.dino.loss import collapse_monitors, dino_loss, teacher_temperature, update_centre
 from vitscope.train.distributed import DistContext
 from vitscope.train.objective import Objective, autocast
 from vitscope.train.schedules import cosine

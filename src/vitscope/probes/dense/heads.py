@@ -12,7 +12,7 @@ layer)) and both CLS settings together: every step draws one batch (and, with
 point-sampled losses, one set of label points) and each head takes its own AdamW step on its own loss, exactly as
 if trained alone with the same seed (same initialisation, same batches, same points), but features are read and
 standardised once per layer and step, and the heads of one layer share one matrix product. Depth heads
-normalise their bins on the patch grid upsampled x4 by default (DINOv2's head, ``vitscope.probes.depth_grid``).
+normalise their bins on the patch grid upsampled x4 by default (DINOv2's head, ``vitscope.probes.dense.depth_grid``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitscope.memory import freed_memory_kept
-from vitscope.probes.dense_points import (
+from vitscope.probes.dense.depth_grid import (
+    DEFAULT_BIN_RESOLUTION,
+    DEPTH_UPSAMPLE,
+    check_bin_resolution,
+    grid_depth,
+    resize_depth,
+)
+from vitscope.probes.dense.points import (
     SILOG_LAMBDA,
     PointSampler,
     cells_at,
@@ -35,13 +42,6 @@ from vitscope.probes.dense_points import (
     point_cross_entropy,
     point_silog,
     rows_at,
-)
-from vitscope.probes.depth_grid import (
-    DEFAULT_BIN_RESOLUTION,
-    DEPTH_UPSAMPLE,
-    check_bin_resolution,
-    grid_depth,
-    resize_depth,
 )
 from vitscope.probes.features import LayerFeatures
 from vitscope.probes.linear import threads_for
@@ -186,11 +186,11 @@ def fit_heads(inputs: dict[Hashable, HeadInputs], targets: Sequence[Tensor], tas
     """Heads by (key, with_cls) trained on ``inputs`` by key (a layer, or any label: (backbone, layer)) against
     per-image ``targets`` (H_i, W_i), all in one pass (the same batches and points for every key):
     cross-entropy (segmentation) or the scale-invariant log loss of the bin-weighted depth (depth), at
-    ``loss_points`` sampled pixels per image (``vitscope.probes.dense_points``) or, with None, at every pixel of
+    ``loss_points`` sampled pixels per image (``vitscope.probes.dense.points``) or, with None, at every pixel of
     the full-resolution upsampling (also when no label has more pixels than ``loss_points``). Depth bins are
     normalised on the patch grid upsampled x4 and the depth resized (``bin_resolution="x4"``, DINOv2's head) or at
-    every label pixel (``"label"``), see ``vitscope.probes.depth_grid``. CLS heads are skipped for layers without a
-    CLS token."""
+    every label pixel (``"label"``), see ``vitscope.probes.dense.depth_grid``. CLS heads are skipped for layers without
+    a CLS token."""
     outputs = num_classes if task == "segmentation" else DEPTH_BINS
     grid_bins = task == "depth" and check_bin_resolution(bin_resolution) == "x4"
     heads: dict[tuple[Hashable, bool], DenseHead] = {}

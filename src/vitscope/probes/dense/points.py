@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitscope.probes.bin_norm import bin_weights
+from vitscope.probes.dense.bin_norm import bin_weights
 
 SILOG_LAMBDA = 0.85
 _REJECTION_BELOW = 0.05  # valid fraction under which points are drawn from the list of valid pixels instead
@@ -49,7 +49,7 @@ class PointBatch:
 
     def corners(self, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
         """The 4 source cells of each point on a (rows, cols) logit grid, as flat indices into the batch's
-        (B * rows * cols) cells, (B * K, 4), and their bilinear weights (B * K, 4) (``dense_tiles.source_index``'s
+        (B * rows * cols) cells, (B * K, 4), and their bilinear weights (B * K, 4) (``tiles.source_index``'s
         arithmetic, the upsampling of ``F.interpolate`` with ``align_corners=False``)."""
         r0, r1, fr = _source(self.rows, [h for h, _ in self.sizes], grid[0])
         c0, c1, fc = _source(self.cols, [w for _, w in self.sizes], grid[1])

@@ -1,14 +1,14 @@
 """Study: does sparse attention cure semantic diffusion? (arXiv 2605.23868)
 
 DINO backbones that differ only in their attention normaliser, or in registers, are pretrained with the same
-recipe, data and seeds, then judged by every measurement of ``vitscope.studies.sparse_measure``. A condition is
+recipe, data and seeds, then judged by every measurement of ``vitscope.studies.sparse.measure``. A condition is
 ``<normaliser>[+reg<R>]`` (``softmax``, ``entmax15``, ``sparsemax``, ``entmax:1.3+reg4``, ...). Given models
 (``--model LABEL=SPEC[@WEIGHTS]``) are measured the same way instead of being trained.
 
 Every (condition, seed) goes through the shared study runner: a finished run is reused, a killed one resumes
 from its checkpoints, several GPUs run runs side by side, SLURM through submitit; ``gpus_per_run > 1`` trains
 each run under torchrun. Results go to ``results.json`` (``{schema_version, kind, settings, rows, provenance}``),
-``results.csv`` and ``summary.csv``; ``vitscope.report.sparse`` turns them into ``report.html``.
+``results.csv`` and ``summary.csv``; ``vitscope.report.sparse.page`` turns them into ``report.html``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from vitscope.models import load as load_model
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.studies.models import ModelEntry
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, devices, run_all
-from vitscope.studies.sparse_measure import DenseSets, MeasureSettings, measure_backbone
-from vitscope.studies.sparse_presets import (
+from vitscope.studies.sparse.measure import DenseSets, MeasureSettings, measure_backbone
+from vitscope.studies.sparse.presets import (
     DEFAULT_CONDITIONS,
     DEMO_DENSE,
     DEMO_OVERRIDES,
@@ -43,7 +43,7 @@ from vitscope.studies.sparse_presets import (
     TRAIN_CONFIGS,
     merge,
 )
-from vitscope.studies.sparse_results import write_results
+from vitscope.studies.sparse.results import write_results
 from vitscope.train import TrainConfig, train
 from vitscope.train.config import read_config_file
 

@@ -1,24 +1,24 @@
 """Dense probes on frozen patch tokens: segmentation (mIoU) and depth (RMSE), layer by layer, with or without CLS.
 
 Head: the patch-token map, optionally with the CLS token concatenated to every patch (D -> 2D), standardised with
-the training set's statistics and read out by one linear map (``vitscope.probes.dense_heads``); its logits are
+the training set's statistics and read out by one linear map (``vitscope.probes.dense.heads``); its logits are
 upsampled bilinearly to each label's own size (labels are only ever resized nearest-neighbour, with their training
 crop). Training (``loss_points``, default 4096): the loss at that many label pixels per image sampled uniformly
-from the valid ones, where the upsampling is evaluated exactly (``vitscope.probes.dense_points``; an unbiased
+from the valid ones, where the upsampling is evaluated exactly (``vitscope.probes.dense.points``; an unbiased
 estimate of the full-resolution loss); ``"full"``: the loss over every pixel of the full-resolution upsampling.
 All heads (every layer, with and without CLS) train in one pass over the cached features. Evaluation: every pixel
-of every label, computed in tiles of label rows (``vitscope.probes.dense_tiles``).
+of every label, computed in tiles of label rows (``vitscope.probes.dense.tiles``).
 Segmentation: cross-entropy with the dataset's ignore index; scores from one confusion matrix over the eval split
 (``vitscope.metrics.dense``). Depth (DINOv2's linear head): 256 bins spaced linearly in [``min_depth``,
 ``max_depth``] metres, depth = the bin centres weighted by DINOv2's ``linear`` normalisation (ReLU + 0.1, divided by
-the sum; ``vitscope.probes.bin_norm``) on the patch grid upsampled x4, the depth map then resized to the label
-(DINOv2's order, ``vitscope.probes.depth_grid``; ``bin_resolution="label"``: at every label pixel),
+the sum; ``vitscope.probes.dense.bin_norm``) on the patch grid upsampled x4, the depth map then resized to the label
+(DINOv2's order, ``vitscope.probes.dense.depth_grid``; ``bin_resolution="label"``: at every label pixel),
 scale-invariant log loss (λ = 0.85) on valid pixels; RMSE, abs-rel and
 δ < 1.25 per image then averaged, and pooled RMSE, over ground truth in (1e-3, ``max_depth``], in NYU's Eigen crop
 by default (``vitscope.metrics.dense``).
 
 By default the backbone sees each image resized whole to its (square) input side; with ``size`` images are
-resized to that short side, training uses random crops and evaluation a sliding window (``dense_windows``).
+resized to that short side, training uses random crops and evaluation a sliding window (``dense.windows``).
 Floors: the same probe on a randomly initialised backbone, and the trivial predictor (the most frequent training
 class everywhere; the mean training depth everywhere).
 """
@@ -36,12 +36,17 @@ from vitscope.analyze.inputs import model_input
 from vitscope.data.dense import DenseDataset
 from vitscope.metrics.dense import confusion_matrix, depth_scores, segmentation_scores
 from vitscope.probes.baselines import random_twin
-from vitscope.probes.bin_norm import DEFAULT_BIN_NORM
-from vitscope.probes.dense_heads import DEPTH_BINS, DenseHead, HeadInputs, depth_bins, fit_heads, silog_loss
-from vitscope.probes.dense_points import depth_at
-from vitscope.probes.dense_tiles import TILE_VALUES, predict_full
-from vitscope.probes.dense_windows import eval_windows, stitch, train_crops
-from vitscope.probes.depth_grid import DEFAULT_BIN_RESOLUTION, DEPTH_UPSAMPLE, check_bin_resolution, predict_depth_x4
+from vitscope.probes.dense.bin_norm import DEFAULT_BIN_NORM
+from vitscope.probes.dense.depth_grid import (
+    DEFAULT_BIN_RESOLUTION,
+    DEPTH_UPSAMPLE,
+    check_bin_resolution,
+    predict_depth_x4,
+)
+from vitscope.probes.dense.heads import DEPTH_BINS, DenseHead, HeadInputs, depth_bins, fit_heads, silog_loss
+from vitscope.probes.dense.points import depth_at
+from vitscope.probes.dense.tiles import TILE_VALUES, predict_full
+from vitscope.probes.dense.windows import eval_windows, stitch, train_crops
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import threads_for
 from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, ProbeResult, row
@@ -171,11 +176,11 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
 
     ``size=None``: every image resized whole to the backbone's square input side. ``size=S``: images resized to
     short side S; training on ``crops_per_image`` random crops of the input side, evaluation by sliding window
-    (stride two thirds of the window), see ``vitscope.probes.dense_windows``. ``loss_points``: label pixels per
+    (stride two thirds of the window), see ``vitscope.probes.dense.windows``. ``loss_points``: label pixels per
     image in each training step's loss, or ``"full"`` for every pixel (see the module docstring); ``tile_values``:
     logits per evaluation tile (the same predictions at any value; larger holds more memory); ``bin_resolution``
     (depth): ``"x4"`` normalises the bins on the patch grid upsampled x4 and resizes the depth (DINOv2's linear
-    head), ``"label"`` at every label pixel (``vitscope.probes.depth_grid``)."""
+    head), ``"label"`` at every label pixel (``vitscope.probes.dense.depth_grid``)."""
     points = loss_points_of(loss_points)
     check_bin_resolution(bin_resolution)
     if train.task != eval_set.task:

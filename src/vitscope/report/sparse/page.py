@@ -12,11 +12,11 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from vitscope.files import atomic_write_bytes
-from vitscope.report import sparse_figures
 from vitscope.report.html import image, index_link, page, table
 from vitscope.report.openings import sparse_opening
+from vitscope.report.sparse import figures as sparse_figures
 from vitscope.studies.runner import RunSpec
-from vitscope.studies.sparse_presets import (
+from vitscope.studies.sparse.presets import (
     CLAIM_EFFECTS,
     COMMAND_LINES,
     COMPACT_GPU_HOURS,

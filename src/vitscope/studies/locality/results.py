@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from vitscope.metrics import early_layers as metrics_early_layers
-from vitscope.studies.locality_verdicts import judge
+from vitscope.studies.locality.verdicts import judge
 from vitscope.train.protocols import COMPONENTS, parse_protocol, protocol_name
 
 PAPER = {  # arXiv 2605.16390, CIFAR-100, vit-compact
@@ -59,7 +59,7 @@ def summarize(records: list[dict[str, Any]], early_layers: list[int] | None = No
 
 def _compare(name: str, measure: str, with_runs, without_runs, early_layers) -> dict[str, Any] | None:
     """One comparison, with - without, judged on one value per seed (each run's own accuracy or minimum
-    early-layer MAD) by ``locality_verdicts.judge``."""
+    early-layer MAD) by ``verdicts.judge``."""
     if not with_runs or not without_runs:
         return None
     if measure == "accuracy" and any(r["accuracy"] is None for r in with_runs + without_runs):
@@ -79,7 +79,7 @@ def _compare(name: str, measure: str, with_runs, without_runs, early_layers) -> 
 
 def claims(records: list[dict[str, Any]], early_layers: list[int] | None = None) -> list[dict[str, Any]]:
     """Checks of the paper's claims that the conditions present allow, each over seeds with its 95% interval and
-    verdict (``vitscope.stats.compare``, through ``locality_verdicts.judge``)."""
+    verdict (``vitscope.stats.compare``, through ``verdicts.judge``)."""
     comps = {r["condition"]: parse_protocol(r["condition"]) for r in records}
     out = []
     for component in COMPONENTS:

@@ -8,7 +8,7 @@ from pathlib import Path
 from vitscope.cli.common import add_shared, output_dir, parse_seeds
 
 
-def register(studies) -> None:
+def add_parser(studies) -> None:
     """Add the ``sparse`` study to ``vitscope study``'s subcommands."""
     sp = studies.add_parser("sparse", help="sparse attention vs semantic diffusion, DINO-pretrained (arXiv 2605.23868)",
                             description="Pretrains DINO backbones that differ only in their attention normaliser "
@@ -54,8 +54,8 @@ def named_paths(items: list[str], flag: str) -> dict[str, str]:
 
 
 def run_sparse_study(**options) -> Path:
-    from vitscope.report.sparse import build_report
-    from vitscope.studies.sparse import SparseStudy, run
+    from vitscope.report.sparse.page import build_report
+    from vitscope.studies.sparse.study import SparseStudy, run
 
     study = SparseStudy(**options)  # checks the options
     output_dir(study.out)  # then the folder is made

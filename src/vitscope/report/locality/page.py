@@ -1,7 +1,7 @@
 """The locality study's report: figures (PNG) and one self-contained ``report.html``, built only from the
 study's own files (``results.json`` and each run's ``attention_examples.safetensors``).
 
-The report opens with a verdict per paper claim (``studies.locality_verdicts``), prints each comparison once,
+The report opens with a verdict per paper claim (``studies.locality.verdicts``), prints each comparison once,
 draws the uniform-attention reference on every MAD and entropy axis, and lists every run's settings.
 """
 
@@ -21,8 +21,8 @@ from vitscope.metrics import early_layers
 from vitscope.report import figures
 from vitscope.report.html import image, index_link, table
 from vitscope.report.openings import locality_opening as opening
-from vitscope.studies.locality_results import PAPER
-from vitscope.studies.locality_verdicts import distinct, judge
+from vitscope.studies.locality.results import PAPER
+from vitscope.studies.locality.verdicts import distinct, judge
 from vitscope.train.protocols import parse_protocol
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}

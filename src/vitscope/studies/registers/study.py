@@ -9,11 +9,11 @@ Two sources of models, in one list:
   and the preset's own list (the demo's randomly initialised timm ViT, Swin and PVT-v2; the paper's timm
   names with the user's weights).
 
-Each model gets the census (``registers_census``) on the evaluation split; one model may also be measured
+Each model gets the census (``census``) on the evaluation split; one model may also be measured
 with planted outliers (``vitscope.models.planted``). Every model's measurement is cached in
 ``models/<label>/`` (written atomically), so a rerun after a kill measures only what is missing. The results go
 to ``results.json`` (``{schema_version, kind, settings, rows, provenance}``) and ``results.csv``;
-``vitscope.report.registers`` turns them into ``report.html``.
+``vitscope.report.registers.page`` turns them into ``report.html``.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from vitscope.files import write_csv, write_json
 from vitscope.models.planted import plant_outliers
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.studies.models import ModelEntry
-from vitscope.studies.registers_census import CensusSettings, run_census
-from vitscope.studies.registers_presets import (
+from vitscope.studies.registers.census import CensusSettings, run_census
+from vitscope.studies.registers.presets import (
     DEMO_DINO,
     DEMO_PLANT,
     DEMO_PROBES,
@@ -48,9 +48,9 @@ from vitscope.studies.registers_presets import (
     parse_condition,
     preset_models,
 )
-from vitscope.studies.registers_probes import ProbeSettings, probe_model
+from vitscope.studies.registers.probes import ProbeSettings, probe_model
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, run_all
-from vitscope.studies.sparse_presets import merge
+from vitscope.studies.sparse.presets import merge
 from vitscope.train import TrainConfig, train
 from vitscope.train.config import read_config_file
 

@@ -15,7 +15,7 @@ def _ints(text: str, flag: str) -> list[int]:
         raise ValueError(f"{flag} {text!r} must be comma-separated integers, e.g. 0,1,4,16") from None
 
 
-def add_registers_parser(studies) -> None:
+def add_parser(studies) -> None:
     """The ``registers`` subcommand of ``vitscope study``."""
     reg = studies.add_parser("registers", help="high-norm (artifact) tokens and registers (arXiv 2603.25803)")
     reg.add_argument("--preset", default="demo", choices=["demo", "demo-dino", "paper", "none"],
@@ -72,8 +72,8 @@ def _plant(text: str | None) -> dict | str | None:
 
 
 def run_registers_study(**options) -> Path:
-    from vitscope.report.registers import build_report
-    from vitscope.studies.registers import RegistersStudy, run
+    from vitscope.report.registers.page import build_report
+    from vitscope.studies.registers.study import RegistersStudy, run
 
     study = RegistersStudy(**options)  # checks the options
     output_dir(study.out)  # then the folder is made
@@ -84,7 +84,7 @@ def run_registers_study(**options) -> Path:
 def run_registers(args: argparse.Namespace) -> int:
     from vitscope.cli.analyze import detect_layer_index
     from vitscope.studies.models import parse_model_entries
-    from vitscope.studies.registers_census import CensusSettings
+    from vitscope.studies.registers.census import CensusSettings
 
     detect_layer_index(args.detect_layer)  # one numbering with analyze norms: 1..L or last
     detect = args.detect_layer if args.detect_layer == "last" else int(args.detect_layer) \
@@ -93,7 +93,7 @@ def run_registers(args: argparse.Namespace) -> int:
                             **({"batch_size": args.batch_size} if args.batch_size else {}))
     probes = None
     if args.no_probes or args.probe_layers:
-        from vitscope.studies.registers_presets import DEMO_PROBES
+        from vitscope.studies.registers.presets import DEMO_PROBES
 
         probes = dict(DEMO_PROBES) if args.preset.startswith("demo") else {}
         probes |= {"enabled": not args.no_probes} | ({"layers": args.probe_layers} if args.probe_layers else {})

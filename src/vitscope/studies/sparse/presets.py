@@ -34,7 +34,7 @@ DEMO_LEFT_OUT = {
     "Point-in-Box": "each demo scene holds four objects, one per quadrant, whose boxes together cover every patch "
                     "centre (chance 100 %), so no attention map can score above chance",
 }
-# Measurement settings per preset (vitscope.studies.sparse_measure.MeasureSettings keywords); the demo sweeps
+# Measurement settings per preset (vitscope.studies.sparse.measure.MeasureSettings keywords); the demo sweeps
 # fewer probe settings and draws fewer background tokens to stay within its minutes.
 MEASURE: dict[str, dict[str, Any]] = {
     "demo": {"diffusion_tokens": 2048, "dense_epochs": 10, "pib": False,
@@ -54,7 +54,7 @@ PAPER_NUMBERS = {
 }
 
 # The effect each claim is judged against (sparse minus softmax, as a magnitude in the measure's units; the
-# direction is in sparse_results.CLAIMS), stated once, with where it comes from. The verdict's threshold is half of
+# direction is in results.CLAIMS), stated once, with where it comes from. The verdict's threshold is half of
 # it (vitscope.stats). seg: mIoU points (the dense probes report percent); depth: RMSE in the set's units (metres).
 _OURS = "ours: the paper reports no number for this measure"
 _LINEAR = round((PAPER_NUMBERS["entmax15"]["linear_top1"] - PAPER_NUMBERS["softmax"]["linear_top1"]) / 100, 6)

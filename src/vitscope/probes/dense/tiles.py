@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from vitscope.probes.bin_norm import raw_bin_weights
+from vitscope.probes.dense.bin_norm import raw_bin_weights
 
 TILE_VALUES = 1 << 22  # logits per tile (16 MB of float32): ``tile rows = TILE_VALUES // (C * W)``
 

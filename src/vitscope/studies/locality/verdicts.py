@@ -1,7 +1,7 @@
 """Plain verdicts on the locality paper's claims (arXiv 2605.16390) from a study's comparisons.
 
 Each claim's paper effect is stated once, in ``PAPER_CLAIMS``; the rule is ``vitscope.stats.compare``'s, the same
-for every study. A comparison (``claims`` of ``locality_results``: with - without, one value per seed, every seed
+for every study. A comparison (``claims`` of ``results.`: with - without, one value per seed, every seed
 used) is judged on the seeds: Welch's t-interval, and
 
 * **reproduced**: the interval excludes zero in the paper's direction and the difference reaches half the paper's
@@ -45,7 +45,7 @@ PAPER_CLAIMS: dict[tuple[str, str], PaperClaim] = {
 
 
 def component_of(claim: dict[str, Any]) -> str | None:
-    """The protocol component a comparison varies (from its name, as written by ``locality_results.claims``)."""
+    """The protocol component a comparison varies (from its name, as written by ``results.claims``)."""
     return next((c for c in COMPONENTS if c in claim["claim"]), None)
 
 

@@ -3,7 +3,7 @@
 For every (condition, seed) a model is trained with the training engine (resumably: a finished run is
 reused, an interrupted one resumes), then analysed on the evaluation split with streaming statistics:
 per layer and head, mean attention distance and normalised entropy, plus top-1 accuracy. The results
-go to ``results.json``, ``results.csv`` and ``summary.csv``; ``vitscope.report.locality`` turns them
+go to ``results.json``, ``results.csv`` and ``summary.csv``; ``vitscope.report.locality.page`` turns them
 into figures and ``report.html``.
 """
 
@@ -25,7 +25,7 @@ from vitscope.files import write_csv, write_json
 from vitscope.models import load as load_model
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.record import record_attention
-from vitscope.studies.locality_results import claims, summarize
+from vitscope.studies.locality.results import claims, summarize
 from vitscope.studies.packs import check_pack, train_in_packs
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, devices, run_all
 from vitscope.train import TrainConfig, expand_conditions, train

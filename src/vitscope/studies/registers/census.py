@@ -14,7 +14,7 @@ Per token layer (0 = input of block 1, l = output of block l, before the final n
 
 Hierarchical models (Swin, PVT-v2) have no prefix tokens and change width per stage: each stage gets its own
 threshold, set on the stage's last block and applied to every block of the stage; attention mass is measured
-per stage on the model's own geometry, over the keys each query can see (``registers_hier``: Swin windows,
+per stage on the model's own geometry, over the keys each query can see (``hier``: Swin windows,
 PVT-v2's reduced key grid). Results are flat rows ``{model, layer, layer_kind, group, metric, value, n,
 threshold, threshold_value[, stage]}``.
 """
@@ -45,7 +45,7 @@ from vitscope.metrics.norms import Threshold, high_norm_threshold, parse_thresho
 from vitscope.models.sites import token_blocks
 from vitscope.models.token_map import token_map
 from vitscope.record import record_attention, record_tokens
-from vitscope.studies.registers_hier import hierarchical_attention_rows
+from vitscope.studies.registers.hier import hierarchical_attention_rows
 
 HISTOGRAM_BINS = 48
 

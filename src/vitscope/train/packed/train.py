@@ -57,8 +57,8 @@ from vitscope.train.loop import (
     write_run_config,
 )
 from vitscope.train.objective import autocast
-from vitscope.train.pack_state import clip_member_gradients, schedule_tables, solo_optimizer, to_device
-from vitscope.train.packed_adamw import PackedAdamW
+from vitscope.train.packed.adamw import PackedAdamW
+from vitscope.train.packed.state import clip_member_gradients, schedule_tables, solo_optimizer, to_device
 from vitscope.train.protocols import Protocol, soft_cross_entropy
 from vitscope.train.schedules import epoch_order, step_seed
 from vitscope.train.supervised import build_model, evaluate

@@ -1,0 +1,12 @@
+"""``vitscope study NAME``: run a study end to end; one module per study."""
+
+from __future__ import annotations
+
+from vitscope.cli.study import locality, registers, sparse
+
+
+def register(commands) -> None:
+    study = commands.add_parser("study", help="run a study end to end")
+    studies = study.add_subparsers(dest="study", metavar="STUDY", required=True)
+    for module in (locality, sparse, registers):
+        module.add_parser(studies)

@@ -1,0 +1,1 @@
+"""The locality study's report page."""

@@ -1,0 +1,1 @@
+"""The registers study's report page and its figures."""

@@ -1,0 +1,1 @@
+"""The sparse-attention study's report page and its figures."""

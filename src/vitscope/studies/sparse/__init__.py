@@ -1,0 +1,1 @@
+"""The sparse-attention study (arXiv 2605.23868): DINO backbones by normaliser, measured and judged."""

@@ -1,0 +1,1 @@
+"""The DINO objective: the objective itself, the projection head and multi-crop network, and the loss."""
