@@ -195,7 +195,7 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     """Device, dataset, model, output folder and the provenance of a command that measures a model."""
     import torch
 
-    from vitscope.data import load_dataset
+    from vitscope.data import load_sample
     from vitscope.models import load
     from vitscope.provenance import provenance, resolve_device
 
@@ -203,9 +203,9 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     torch.manual_seed(args.seed)
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
                  img_size=args.img_size, pos_interp=args.pos_interp)
-    dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download,
-                           **getattr(args, "dataset_options", {}))
-    dataset = dataset.subset(args.num_images, seed=args.seed)
+    # only the sampled images are decoded (a 600-image sample of a 60k-image archive is not a full decode)
+    dataset = load_sample(args.dataset, args.data_dir, "eval", args.num_images, args.seed, download=args.download,
+                          **getattr(args, "dataset_options", {}))
     out = output_dir(args.out or default_out)  # after the model and data load: bad weights leave no folder
     config = {k: v for k, v in vars(args).items()
               if k not in ("command", "analysis", "debug", "handler", "shared_defaults")}

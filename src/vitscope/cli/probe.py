@@ -97,9 +97,9 @@ def register(commands) -> None:
 
 
 def _load(args: argparse.Namespace, split: str, count: int | None):
-    from vitscope.data import load_dataset
+    from vitscope.data import load_sample
 
-    return load_dataset(args.dataset, args.data_dir, split, download=args.download).subset(count, seed=args.seed)
+    return load_sample(args.dataset, args.data_dir, split, count, args.seed, download=args.download)
 
 
 def _prepare(args: argparse.Namespace):

@@ -30,7 +30,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from vitscope.data.dataset import ImageDataset
+from vitscope.data.dataset import ImageDataset, sample_record, stratified_indices
 from vitscope.data.files import IMAGE_SUFFIXES, FileTree, decode_images, fingerprint
 from vitscope.data.stream_sources import open_streamed
 from vitscope.data.synthetic import synthetic_scenes
@@ -71,7 +71,9 @@ def _cache_path(name: str, split: str, root: Path, image_size: int | None) -> Pa
     return cache_dir() / f"{name}-{split}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.safetensors"
 
 
-def _image_folder(tree: FileTree, split_dir: str, size: int | None):
+def _image_listing(tree: FileTree, split_dir: str) -> tuple[list[str], torch.Tensor, list[str]]:
+    """The image paths of ``split_dir/<class>/...`` in sorted order, their labels (N,) and the class names,
+    from the file names alone (nothing is decoded)."""
     entries = [f for f in tree.files(split_dir + "/") if Path(f).suffix.lower() in IMAGE_SUFFIXES]
     entries = [f for f in entries if f.count("/") >= 2]
     classes = sorted({f.split("/")[1] for f in entries})
@@ -79,7 +81,11 @@ def _image_folder(tree: FileTree, split_dir: str, size: int | None):
         where = f"{tree.root}/{tree.prefix}{split_dir}"
         raise ValueError(f"no images under {where}; {_FOLDER_HELP}; found: {tree.describe()}")
     index = {c: i for i, c in enumerate(classes)}
-    labels = torch.tensor([index[f.split("/")[1]] for f in entries])
+    return entries, torch.tensor([index[f.split("/")[1]] for f in entries], dtype=torch.long), classes
+
+
+def _image_folder(tree: FileTree, split_dir: str, size: int | None):
+    entries, labels, classes = _image_listing(tree, split_dir)
     return decode_images(tree, entries, size), labels, classes, {}
 
 
@@ -132,11 +138,15 @@ def _tiny_imagenet(tree: FileTree, split: str, size: int | None):
     return images, torch.tensor(labels), wnids, {"boxes": torch.tensor(boxes, dtype=torch.float32)}
 
 
+def _is_cifar_pickles(name: str, tree: FileTree) -> bool:
+    pickled = "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
+    marker = "test_batch" if name == "cifar10" else "meta"
+    return tree.exists(pickled + "/") or tree.exists(marker)
+
+
 def _read(name: str, tree: FileTree, split: str, size: int | None):
     if name in ("cifar10", "cifar100"):
-        pickled = "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
-        marker = "test_batch" if name == "cifar10" else "meta"
-        if tree.exists(pickled + "/") or tree.exists(marker):
+        if _is_cifar_pickles(name, tree):
             return _cifar_pickles(tree, name, split)
         return _image_folder(tree, "train" if split == "train" else _eval_dir(tree), size)
     if name == "tiny-imagenet":
@@ -172,6 +182,13 @@ def _download(name: str, root: Path) -> None:
 def _cached_synthetic(split: str, options: tuple) -> ImageDataset:
     """Generated scenes are deterministic, so repeated loads in one process share one copy."""
     return synthetic_scenes(split, **dict(options))
+
+
+def _check_class_count(name: str, root: Path, classes: list[str]) -> None:
+    expected = _CLASS_COUNTS.get(name)
+    if expected is not None and len(classes) != expected:
+        raise ValueError(f"{root} has {len(classes)} classes but {name} has {expected}; "
+                         f"check the folder, or use --dataset imagefolder for other class sets")
 
 
 def load_dataset(name: str, root: str | Path | None = None, split: str = "train", *, image_size: int | None = None,
@@ -212,12 +229,44 @@ def load_dataset(name: str, root: str | Path | None = None, split: str = "train"
             classes = json.loads(handle.metadata()["classes"])
     else:
         images, labels, classes, extras = _read(name, FileTree(root), split, image_size)
-        expected = _CLASS_COUNTS.get(name)
-        if expected is not None and len(classes) != expected:
-            raise ValueError(f"{root} has {len(classes)} classes but {name} has {expected}; "
-                             f"check the folder, or use --dataset imagefolder for other class sets")
+        _check_class_count(name, root, classes)
         tensors = {"images": images.contiguous(), "labels": labels.long(), **extras}
         with atomic_path(cached) as tmp:
             save_file(tensors, str(tmp), metadata={"classes": json.dumps(classes)})
     extras = {k: v for k, v in tensors.items() if k not in ("images", "labels")}
     return ImageDataset(name, split, tensors["images"], tensors["labels"], classes, mean, std, str(root), extras)
+
+
+def load_sample(name: str, root: str | Path | None, split: str, count: int | None, seed: int = 0, *,
+                image_size: int | None = None, download: bool = False, **options: Any) -> ImageDataset:
+    """``load_dataset(name, root, split, ...).subset(count, seed)``, the same images and ``selection``, but an
+    image-folder tree (CIFAR as JPEGs, ``imagefolder``) whose split is not decoded yet decodes only the sample:
+    the seeded class-stratified draw needs only the labels, which the member names give. A split already in
+    the decode cache, another layout, or a sample as large as the split is loaded whole and subset."""
+    whole = name in ("synthetic", "tiny-imagenet", "imagenet", "shards") or root is None or count is None
+    if not whole:
+        split = canonical_split(split)
+        root = Path(root).expanduser()
+        if download:
+            _download(name, root)
+        whole = (not root.exists() or _cache_path(name, split, root, image_size).is_file()
+                 or name not in DATASETS)
+    if whole:
+        return load_dataset(name, root, split, image_size=image_size, download=download, **options).subset(
+            count, seed)
+    if options:
+        raise ValueError(f"options {sorted(options)} apply only to the synthetic dataset")
+    tree = FileTree(root)
+    if name in ("cifar10", "cifar100") and _is_cifar_pickles(name, tree):
+        return load_dataset(name, root, split, image_size=image_size).subset(count, seed)
+    entries, labels, classes = _image_listing(tree, "train" if split == "train" else _eval_dir(tree))
+    _check_class_count(name, root, classes)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"subset size {count!r} must be a positive integer (or None for all images)")
+    if count >= len(entries):
+        return load_dataset(name, root, split, image_size=image_size)
+    index = stratified_indices(labels, count, seed)
+    images = decode_images(tree, [entries[i] for i in index.tolist()], image_size)
+    mean, std = dataset_stats(name)
+    return ImageDataset(name, split, images, labels[index], classes, mean, std, str(root), {},
+                        sample_record(index, count, len(entries), seed))

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from vitscope.analyze import measure_locality
-from vitscope.data import eval_batches, load_dataset
+from vitscope.data import eval_batches, load_sample
 from vitscope.files import write_csv, write_json
 from vitscope.models import load as load_model
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
@@ -115,7 +115,7 @@ def _train_and_measure(study: LocalityStudy, spec: RunSpec, device: str) -> dict
     run_dir = Path(cfg.out)
     summary = train(cfg, resume=run_dir.exists())
     model = load_model(str(run_dir))
-    eval_set = load_dataset(cfg.dataset, cfg.data_dir, "eval", **cfg.dataset_options).subset(cfg.eval_images)
+    eval_set = load_sample(cfg.dataset, cfg.data_dir, "eval", cfg.eval_images, **cfg.dataset_options)
     dev = resolve_device(device)
     result = measure_locality(model, eval_set, batch_size=cfg.batch_size, device=dev, progress=study.progress)
     record = {"condition": condition, "seed": seed, "accuracy": result.accuracy,

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from vitscope.data import load_dataset
+from vitscope.data import load_sample
 from vitscope.files import write_csv, write_json
 from vitscope.models.planted import plant_outliers
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
@@ -177,8 +177,7 @@ class RegistersStudy:
 
 def _eval_set(study: RegistersStudy):
     options = {"num_images": study.eval_images or 512, "num_classes": 8} if study.dataset == "synthetic" else {}
-    data = load_dataset(study.dataset, study.data_dir, "eval", **options)
-    return data.subset(study.eval_images)
+    return load_sample(study.dataset, study.data_dir, "eval", study.eval_images, **options)
 
 
 def _train_run(study: RegistersStudy, spec: RunSpec, device: str) -> dict[str, Any]:
