@@ -62,14 +62,19 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_shared(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+def add_shared(parser: argparse.ArgumentParser, decided_by: dict[str, str] | None = None, **defaults: Any) -> None:
     """Add the shared options named in ``defaults`` (name -> this command's default) to a command's parser;
-    ``--debug`` is always added."""
+    ``--debug`` is always added. An option whose default is None says in its help what decides it:
+    ``decided_by[name]`` (e.g. ``{"batch_size": "the preset's"}``)."""
     defaults = {**defaults, "debug": False}
+    decided_by = decided_by or {}
     for name in defaults:
         spec = dict(SHARED_OPTIONS[name])
-        if defaults[name] is not None and spec.get("action") is None:
-            spec["help"] = f"{spec['help']} (default: {defaults[name]})"
+        if spec.get("action") is None:
+            shown = defaults[name] if defaults[name] is not None else decided_by.get(name)
+            if shown is None:
+                raise ValueError(f"{flag(name)} of `{parser.prog}` has no default: name what decides it (decided_by)")
+            spec["help"] = f"{spec['help']} (default: {shown})"
         parser.add_argument(flag(name), dest=name, default=argparse.SUPPRESS, **spec)
     parser.set_defaults(shared_defaults=defaults)
 
@@ -77,6 +82,9 @@ def add_shared(parser: argparse.ArgumentParser, **defaults: Any) -> None:
 def add_shared_to_top(parser: argparse.ArgumentParser) -> None:
     """The shared options accepted before the command name (they apply to the command that follows)."""
     for name, spec in SHARED_OPTIONS.items():
+        spec = dict(spec)
+        if spec.get("action") is None:
+            spec["help"] = f"{spec['help']} (default: the command's; see `vitscope COMMAND --help`)"
         parser.add_argument(flag(name), dest=TOP_PREFIX + name, default=argparse.SUPPRESS, **spec)
 
 
@@ -165,26 +173,32 @@ def check_launcher_flag(args: argparse.Namespace) -> None:
         require_slurm()
 
 
-def add_common(parser: argparse.ArgumentParser) -> None:
-    """The options of every command that reads a model and a dataset (model, data and the shared options)."""
+def add_common(parser: argparse.ArgumentParser, default_out: str, num_images: int | None = None) -> None:
+    """The options of every command that reads a model and a dataset (model, data and the shared options);
+    ``default_out`` is the folder written when --out is not given, ``num_images`` the default sample size."""
     parser.add_argument("--model", default="vit-micro",
                         help="preset, timm:NAME, or run folder / weights file (default: vit-micro, random weights)")
-    parser.add_argument("--weights", default=None, help="local weights file for the model")
+    parser.add_argument("--weights", default=None,
+                        help="local weights file for the model (default: none, the model's own or random weights)")
     parser.add_argument("--dataset", default="synthetic",
                         help="dataset name (default: synthetic, built-in scenes that need no directory)")
-    parser.add_argument("--data-dir", default=None, help="dataset folder or archive")
-    parser.add_argument("--num-images", type=positive_int, default=None,
-                        help="use a seeded class-stratified sample of N images (seed: --seed)")
+    parser.add_argument("--data-dir", default=None,
+                        help="dataset folder or archive (default: none; needed by every dataset but synthetic)")
+    parser.add_argument("--num-images", type=positive_int, default=num_images,
+                        help="use a seeded class-stratified sample of N images (seed: --seed)"
+                             + (" (default: all images)" if num_images is None else ""))
     parser.add_argument("--download", action="store_true", help="fetch cifar10/cifar100 into --data-dir first")
-    add_shared(parser, device="auto", batch_size=128, seed=0, out=None)
+    add_shared(parser, decided_by={"out": f"./{default_out}"}, device="auto", batch_size=128, seed=0, out=None)
 
 
 def add_model_changes(parser: argparse.ArgumentParser) -> None:
     """Options that modify a loaded model: input size, normaliser, registers."""
     parser.add_argument("--img-size", type=positive_int, default=None,
-                        help="input side in pixels, a multiple of the patch size (positional embedding resampled)")
+                        help="input side in pixels, a multiple of the patch size (positional embedding resampled; "
+                             "default: the model's own)")
     parser.add_argument("--attention", default=None, help="swap the normaliser: softmax, sparsemax, entmax15, "
-                                                          "entmax:ALPHA, entmax:learned[:ALPHA]")
+                                                          "entmax:ALPHA, entmax:learned[:ALPHA] (default: the "
+                                                          "model's own)")
     parser.add_argument("--num-registers", type=int, default=0, help="add R >= 0 register tokens to a plain ViT")
     parser.add_argument("--pos-interp", choices=("timm", "original"), default=None,
                         help="how --weights' position table is interpolated to another size: as timm does, or as the "

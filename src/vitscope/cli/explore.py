@@ -14,9 +14,8 @@ def register(commands) -> None:
         "explore", help="an interactive attention and token explorer in one offline HTML file",
         description="Writes OUT/explorer.html: click a patch to see where every head attends, layer by layer, with "
                     "per-head MAD and entropy, token norms and high-norm tokens; --compare shows models side by side.")
-    add_common(explore)
+    add_common(explore, "vitscope-explore", num_images=16)
     add_model_changes(explore)
-    explore.set_defaults(num_images=16)
     explore.add_argument("--compare", nargs="+", default=[], metavar="[LABEL=]SPEC[@WEIGHTS]",
                          help="more models side by side with --model (layers matched by relative depth)")
     explore.add_argument("--layers", default="all", help="attention layers to keep, 1-based: e.g. 1,2,12 (default all)")

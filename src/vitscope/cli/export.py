@@ -12,7 +12,8 @@ from vitscope.cli.common import add_shared, output_dir
 def register(commands) -> None:
     export = commands.add_parser("export", help="write a vitscope model as a timm checkpoint")
     export.add_argument("--model", required=True, help="preset, run folder or vitscope .safetensors file")
-    export.add_argument("--weights", default=None, help="local weights file for a preset")
+    export.add_argument("--weights", default=None,
+                        help="local weights file for a preset (default: none, random weights)")
     export.add_argument("--format", default="timm", choices=["timm"], help="target library (timm)")
     export.add_argument("--out", required=True, help="output .safetensors file")
     add_shared(export)  # --debug
