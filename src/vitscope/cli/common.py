@@ -9,7 +9,6 @@ a command that does not take it is refused rather than ignored.
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 from pathlib import Path
@@ -138,24 +137,16 @@ def output_dir(path: str | Path) -> Path:
     return folder
 
 
-class _DropCudaNotice(logging.Filter):
-    """Drops torch's "No CUDA runtime is found" notice, logged whenever a CUDA toolkit is installed on a
-    machine without a GPU (it means nothing to a CPU run)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("No CUDA runtime is found")
-
-
 def quiet_torch_notices() -> None:
-    """Keep torch's irrelevant CPU-run notices, and timm's UserWarnings about its own internals (e.g. a
-    non-contiguous searchsorted when Swin resamples its position tables), out of vitscope's output
-    (idempotent)."""
+    """Keep torch's irrelevant CPU-run notices ("No CUDA runtime is found"), and timm's UserWarnings about its own
+    internals (e.g. a non-contiguous searchsorted when Swin resamples its position tables), out of vitscope's
+    output (idempotent)."""
     import warnings
 
+    from vitscope.compiled import quiet_cuda_notice
+
     warnings.filterwarnings("ignore", category=UserWarning, module=r"timm(\.|$)")
-    logger = logging.getLogger("torch.utils.cpp_extension")
-    if not any(isinstance(f, _DropCudaNotice) for f in logger.filters):
-        logger.addFilter(_DropCudaNotice())
+    quiet_cuda_notice()
 
 
 def check_data_dir(args: argparse.Namespace) -> None:
