@@ -169,3 +169,16 @@ def test_a_sample_of_an_archive_decodes_only_the_sampled_members(tmp_path, monke
     assert sample.classes == reference.classes
     assert sample.selection == reference.selection
     assert sorted(sample.labels.tolist()) != [0] * 6  # stratified: several classes drawn
+
+
+def test_the_data_line_states_each_decision_once():
+    from vitscope.data.choice import describe_choice
+
+    same = {"stream": False, "mode": "auto", "reason": "cifar10 from /d/c.tar.gz is read in memory"}
+    line = describe_choice({"train": same, "eval": dict(same)})
+    assert line == "data train and eval in memory (cifar10 from /d/c.tar.gz is read in memory)"
+    assert line.count("read in memory") == 1
+    streamed = {"stream": True, "mode": "auto", "reason": "decoded size 9.00 GB >= memory_budget_gb 4"}
+    assert describe_choice({"train": streamed, "eval": same}) == (
+        "data train streamed (decoded size 9.00 GB >= memory_budget_gb 4); "
+        "eval in memory (cifar10 from /d/c.tar.gz is read in memory)")
