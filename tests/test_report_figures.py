@@ -114,3 +114,33 @@ def test_locality_settings_show_each_runs_effective_protocol_and_layers_read_as_
     assert "<td>baseline seed 0</td><td>off</td>" in per_run
     assert (layer_list([1]), layer_list([1, 2]), layer_list([1, 2, 3]), layer_list([1, 3, 5])) == (
         "1", "1 and 2", "1-3", "1, 3 and 5")
+
+
+def _tick_label_boxes(fig, ax, axis: str = "x"):
+    """Window extents of the tick labels ``ax`` shows on ``axis`` (major and minor, inside the limits)."""
+    renderer = fig._get_renderer()
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    low, high = sorted(ax.get_xlim() if axis == "x" else ax.get_ylim())
+    index = 0 if axis == "x" else 1
+    labels = [t for t in target.get_ticklabels(which="both")
+              if t.get_visible() and t.get_text() and low <= t.get_position()[index] <= high]
+    return [t.get_window_extent(renderer) for t in labels]
+
+
+def test_norm_histogram_log_tick_labels_do_not_overlap(tmp_path, figures_made):
+    """Narrow, wide and outlier-stretched ranges (the last overlapped as 3x10^1 4x10^1 6x10^1 2x10^2 3x10^2)."""
+    from vitscope.report.norm_figures import norm_histograms
+
+    rng = np.random.default_rng(0)
+    norms = [rng.lognormal(np.log(30), 0.15, 500), rng.lognormal(np.log(30), 0.6, 500),
+             rng.lognormal(np.log(3), 2.0, 500), np.r_[rng.lognormal(np.log(40), 0.1, 500), [300.0]],
+             rng.uniform(1000, 1400, 300)]
+    norm_histograms(norms, ["1", "2", "3", "4", "5"], 60.0, "percentile:98", tmp_path / "h.png", model="m")
+    fig = figures_made[-1]
+    panels = [ax for ax in fig.axes if ax.axison]
+    assert len(panels) == 5
+    for ax in panels:
+        for axis in ("x", "y"):
+            boxes = _tick_label_boxes(fig, ax, axis)
+            assert len(boxes) >= 2, f"panel {ax.get_title()} {axis}: fewer than two labelled ticks"
+            assert not any(_overlaps(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), ax.get_title()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vitscope.report.figures import plt, save_figure
+from vitscope.report.figures import plt, readable_log_ticks, save_figure
 
 
 def norm_histograms(norms: list[np.ndarray], names: list[str], threshold: float, spec: str,
@@ -24,7 +24,9 @@ def norm_histograms(norms: list[np.ndarray], names: list[str], threshold: float,
         ax.axvline(threshold, color="red", lw=1)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.tick_params(labelsize=7)
+        readable_log_ticks(ax, "x")
+        readable_log_ticks(ax, "y")
+        ax.tick_params(which="both", labelsize=7)
         ax.set_title(name, fontsize=8)
         ax.set_xlabel("token norm", fontsize=7)
     for ax in axes.ravel()[len(norms):]:
