@@ -174,3 +174,23 @@ def test_attention_maps_share_one_colour_scale_with_a_bar(captured, tmp_path):
     assert len(maps) == 4 and {im.get_clim() for im in maps} == {(0.0, 0.5)}
     assert any(ax.get_label() == "<colorbar>" for ax in fig.axes) and fig._suptitle.get_text().startswith("baseline")
     assert not math.isnan(maps[0].get_array().max())
+
+
+def test_crowded_heads_get_a_zoom_inset_that_holds_them_with_a_margin(captured, tmp_path):
+    """Heads all near uniform attention fill an inset (data limits plus margin, the references marked), while the
+    main axes keep 0 and the reference values; heads spread over the axes get no inset."""
+    rng = np.random.default_rng(0)
+    mad, ent = 0.41 + 0.004 * rng.standard_normal((8, 8)), 0.995 + 0.003 * rng.standard_normal((8, 8))
+    spread = (rng.uniform(0, 0.4, (8, 8)), rng.uniform(0.2, 1, (8, 8)))
+    figures.behaviour_space({"crowded": (mad, ent), "spread": spread}, tmp_path / "b.png", uniform=0.4178)
+    crowded, wide = captured[0].axes[:2]
+    assert crowded.get_xlim()[0] == 0 and crowded.get_ylim() == (0, 1.05) and {1.0, 0.4178} <= reference_lines(crowded)
+    (inset,) = [child for child in crowded.child_axes if child.get_label() == "zoom"]
+    for values, (low, high) in ((mad, inset.get_xlim()), (ent, inset.get_ylim())):
+        span = values.max() - values.min()
+        assert low < values.min() - 0.05 * span and values.max() + 0.05 * span < high  # a margin on each side
+        assert span / (high - low) > 0.6  # the points fill the inset
+    shown = np.concatenate([c.get_offsets() for c in inset.collections if len(c.get_offsets())])
+    assert len(shown) == mad.size
+    assert 0.4178 in reference_lines(inset)  # the uniform MAD falls inside the zoom and is marked
+    assert not [child for child in wide.child_axes if child.get_label() == "zoom"]
