@@ -144,3 +144,22 @@ def test_norm_histogram_log_tick_labels_do_not_overlap(tmp_path, figures_made):
             boxes = _tick_label_boxes(fig, ax, axis)
             assert len(boxes) >= 2, f"panel {ax.get_title()} {axis}: fewer than two labelled ticks"
             assert not any(_overlaps(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), ax.get_title()
+
+
+def test_layer_curves_keep_every_line_off_the_frame(tmp_path, figures_made):
+    """A flat softmax MAD line (no spread over seeds) sat on the top frame; now every mean +- std lies inside the
+    limits with a margin, and zero stays on the axis."""
+    from vitscope.report.sparse.figures import layer_curves
+
+    layers = np.arange(1, 5, dtype=float)
+    mad = {"softmax": (layers, np.full(4, 0.4178), np.zeros(4)),
+           "entmax15": (layers, np.array([0.40, 0.41, 0.405, 0.39]), np.full(4, 0.004))}
+    signed = {"softmax": (layers, np.array([-0.2, 0.1, 0.3, 0.0]), np.full(4, 0.02))}
+    layer_curves({"attention MAD": mad, "cosine": signed}, ["attention MAD", "cosine"], tmp_path / "c.png")
+    for ax, entries in zip(figures_made[-1].axes, (mad, signed), strict=False):
+        low, high = ax.get_ylim()
+        top = max(float((m + s).max()) for _, m, s in entries.values())
+        bottom = min(float((m - s).min()) for _, m, s in entries.values())
+        assert low <= 0 <= high
+        assert high - top > 0.05 * (high - low)
+        assert bottom >= 0 or bottom - low > 0.05 * (high - low)
