@@ -163,3 +163,20 @@ def test_layer_curves_keep_every_line_off_the_frame(tmp_path, figures_made):
         assert low <= 0 <= high
         assert high - top > 0.05 * (high - low)
         assert bottom >= 0 or bottom - low > 0.05 * (high - low)
+
+
+def test_high_norm_fraction_puts_models_of_different_depths_on_relative_depth(tmp_path, figures_made):
+    """A 4-layer and an 8-block model both run from their first layer to relative depth 1 (layer / last layer),
+    each line's x the layers divided by its own depth, inside the x limits; the legend names each depth."""
+    from vitscope.report.registers.figures import high_norm_fraction
+
+    curves = {"auto": {"vit-micro": [(layer, 0.01 * layer) for layer in range(0, 5)],
+                       "swin": [(block, 0.02) for block in range(1, 9)]}}
+    high_norm_fraction(curves, tmp_path / "f.png")
+    (ax,) = [a for a in figures_made[-1].axes if a.lines]
+    lines = {line.get_label(): line.get_xdata() for line in ax.lines}
+    assert set(lines) == {"vit-micro (last layer 4)", "swin (last layer 8)"}
+    np.testing.assert_allclose(lines["vit-micro (last layer 4)"], np.arange(0, 5) / 4)
+    np.testing.assert_allclose(lines["swin (last layer 8)"], np.arange(1, 9) / 8)
+    low, high = ax.get_xlim()
+    assert low < 0 and high > 1  # both ends inside, with a margin
