@@ -14,7 +14,9 @@ th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-widt
 .note{background:#fff8e1;border-left:4px solid #f0b400;padding:.6em 1em}code{background:#f3f3f3;padding:0 3px}
 .reproduced{color:#1b7f2a;font-weight:600}.not{color:#b3261e;font-weight:600}.untested{color:#666}
 .opening{font-size:15px;line-height:1.45;border-left:4px solid #3b6ea8;padding:.4em 1em;background:#f2f6fb}
-.back{font-size:13px}"""
+.back{font-size:13px}
+.wide{overflow-x:auto}td.long{min-width:22em;text-align:left}"""
+LONG_CELL = 40  # characters from which a cell is prose (a power line, a method): it keeps a readable width
 INDEX_LINK = '<p class="back"><a href="../index.html">&larr; all studies (index.html)</a></p>'
 
 
@@ -40,14 +42,23 @@ def fmt(value: Any) -> str:
     return html.escape(str(value))
 
 
+def cell(value: Any) -> str:
+    """One ``<td>``: a prose cell (``LONG_CELL`` characters or more) is class "long", which keeps it at least
+    22em wide and left-aligned instead of squeezed to a word a line by its neighbours."""
+    text = fmt(value)
+    return f'<td class="long">{text}</td>' if len(text) >= LONG_CELL else f"<td>{text}</td>"
+
+
 def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    """An HTML table of flat rows (columns: the first row's keys unless given)."""
+    """An HTML table of flat rows (columns: the first row's keys unless given), in a box that scrolls
+    sideways when the table is wider than the page (class "wide"), so that no column is squeezed."""
     if not rows:
         return "<p>(none)</p>"
     columns = columns or list(rows[0])
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{fmt(r.get(c))}</td>" for c in columns) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    body = "".join("<tr>" + "".join(cell(r.get(c)) for c in columns) + "</tr>" for r in rows)
+    return f'<div class="wide"><table><tr>{head}</tr>{body}</table></div>'
+
 
 
 def image(path: Path, alt: str) -> str:

@@ -30,7 +30,8 @@ table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px soli
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;margin:1em 0}
 .note{background:#fff8e1;border-left:4px solid #f0b400;padding:.6em 1em}code{background:#f3f3f3;padding:0 3px}
 .reproduced{color:#1b7a1b}.not-reproduced{color:#b00020}.inconclusive{color:#8a6d00}li{margin:.5em 0}
-.opening{font-size:15px;line-height:1.45;border-left:4px solid #3b6ea8;padding:.4em 1em;background:#f2f6fb}"""
+.opening{font-size:15px;line-height:1.45;border-left:4px solid #3b6ea8;padding:.4em 1em;background:#f2f6fb}
+.wide{overflow-x:auto}td.long{min-width:22em;text-align:left}"""
 EXAMPLE_IMAGES = 2  # example images per condition in the report
 BAND = "min-max over heads and seeds"  # what the per-layer figures shade
 # settings that act only when the run's protocol has the component (vitscope.train.protocols.Protocol)
