@@ -242,15 +242,14 @@ def load_sample(name: str, root: str | Path | None, split: str, count: int | Non
     """``load_dataset(name, root, split, ...).subset(count, seed)``, the same images and ``selection``, but an
     image-folder tree (CIFAR as JPEGs, ``imagefolder``) whose split is not decoded yet decodes only the sample:
     the seeded class-stratified draw needs only the labels, which the member names give. A split already in
-    the decode cache, another layout, or a sample as large as the split is loaded whole and subset."""
-    whole = name in ("synthetic", "tiny-imagenet", "imagenet", "shards") or root is None or count is None
+    the decode cache, another layout, a sample as large as the split, or a ``download`` is loaded whole and
+    subset."""
+    whole = (name in ("synthetic", "tiny-imagenet", "imagenet", "shards") or root is None or count is None
+             or download or name not in DATASETS)
     if not whole:
         split = canonical_split(split)
         root = Path(root).expanduser()
-        if download:
-            _download(name, root)
-        whole = (not root.exists() or _cache_path(name, split, root, image_size).is_file()
-                 or name not in DATASETS)
+        whole = not root.exists() or _cache_path(name, split, root, image_size).is_file()
     if whole:
         return load_dataset(name, root, split, image_size=image_size, download=download, **options).subset(
             count, seed)
