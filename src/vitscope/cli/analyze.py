@@ -76,7 +76,7 @@ def resolve_data(args: argparse.Namespace) -> str:
 def run_locality(args: argparse.Namespace) -> int:
     from vitscope.analyze import measure_locality, write_locality
     from vitscope.analyze.inputs import model_label
-    from vitscope.report.analysis_figures import locality_figures
+    from vitscope.report.figures.analysis import locality_figures
 
     print(resolve_data(args))
     device, dataset, model, out, meta = prepare_analysis(args, "vitscope-locality")
@@ -108,7 +108,7 @@ def run_norms(args: argparse.Namespace) -> int:
     from vitscope.analyze.inputs import model_label
     from vitscope.analyze.norms import measure_norms, write_norms
     from vitscope.metrics.norms import parse_threshold
-    from vitscope.report.analysis_figures import norm_figures
+    from vitscope.report.figures.analysis import norm_figures
 
     parse_threshold(args.threshold)  # fail before loading anything
     detect_block = detect_layer_index(args.detect_layer)

@@ -147,7 +147,7 @@ def _cached(args: argparse.Namespace, model, data: list, compute):
 
 def _finish(args: argparse.Namespace, result, out: Path, device, subsets: dict, metrics: list[str]) -> int:
     from vitscope.analyze.inputs import has_random_weights
-    from vitscope.report.probe_figures import score_by_layer
+    from vitscope.report.figures.probes import score_by_layer
 
     if has_random_weights(args.model, args.weights) and args.baseline:
         # two random draws of one architecture: the rows differ by the draw alone
@@ -223,7 +223,7 @@ def run_pib(args: argparse.Namespace) -> int:
 def run_pca(args: argparse.Namespace) -> int:
     from vitscope.files import write_json
     from vitscope.probes.pca import pca_maps
-    from vitscope.report.probe_figures import pca_grid
+    from vitscope.report.figures.probes import pca_grid
 
     out, device, model, label = _prepare(args)
     dataset = _load(args, "eval", args.num_images)

@@ -18,7 +18,7 @@ from safetensors.numpy import load_file
 from vitscope.analyze.locality import DEFINITIONS
 from vitscope.files import atomic_write_bytes
 from vitscope.metrics import early_layers
-from vitscope.report import figures
+from vitscope.report.figures import locality as figures
 from vitscope.report.html import image, index_link, page, table
 from vitscope.report.openings import locality_opening as opening
 from vitscope.report.render import trusted

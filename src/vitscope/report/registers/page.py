@@ -10,8 +10,8 @@ from typing import Any
 
 from vitscope.files import atomic_write_bytes
 from vitscope.models import PRESETS
+from vitscope.report.figures.norms import high_norm_maps
 from vitscope.report.html import fmt, image, index_link, page, table
-from vitscope.report.norm_figures import high_norm_maps
 from vitscope.report.openings import registers_opening
 from vitscope.report.registers import figures as rf
 from vitscope.report.render import trusted
