@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from vitscope.analyze.inputs import model_batches
 from vitscope.data import ImageDataset
 from vitscope.metrics.locality import grid_distances
+from vitscope.metrics.units import per_image
 from vitscope.models.sites import token_blocks
 from vitscope.probes.baselines import best_constant_distance, majority_top1, mean_predictor_mse, random_twin
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
@@ -266,11 +267,3 @@ def _class_on_tokens(prober: _Prober, tokens: tuple[Tensor, Tensor], images: tup
     clf = fit_classifier(tokens[0].float(), prober.labels[images[0]], num_classes, groups=images[0], **prober.options)
     correct = (clf.predict(tokens[1].float()).cpu() == prober.labels[images[1]]).double()
     return [("class_top1", float(correct.mean()), len(images[1]), per_image(correct, images[1]))]
-
-
-def per_image(values: Tensor, images: Tensor) -> dict[str, list]:
-    """Per-token ``values`` (M,) summed per image (``images`` (M,) dataset indices): the ``units`` of a row."""
-    names, index = torch.as_tensor(images).long().unique(return_inverse=True)
-    sums = torch.zeros(len(names), dtype=torch.float64).index_add_(0, index, values.double().cpu())
-    counts = torch.bincount(index, minlength=len(names))
-    return {"images": names.tolist(), "sums": sums.tolist(), "counts": counts.tolist()}
