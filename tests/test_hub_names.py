@@ -237,3 +237,12 @@ def test_export_hf_cli_and_its_refusals_write_nothing(tmp_path, capsys):
         assert err.count("\n") == 1 and why in err
         assert refused == out or not refused.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entmax.safetensors", "hf", "m.safetensors"]
+
+
+def test_a_study_model_entry_keeps_the_hub_revision_of_an_hf_name():
+    from vitscope.studies.models import parse_model_entry
+
+    entry = parse_model_entry("small=hf:facebook/dinov2-small@v2")
+    assert (entry.spec, entry.weights) == ("hf:facebook/dinov2-small@v2", None)
+    entry = parse_model_entry("deit=timm:deit3_small_patch16_224@w.safetensors")
+    assert (entry.spec, entry.weights) == ("timm:deit3_small_patch16_224", "w.safetensors")
