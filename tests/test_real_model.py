@@ -95,13 +95,13 @@ def uniform_mad(side: int) -> float:
 @pytest.mark.skipif(not CIFAR10.exists(), reason="../shared/data/cifar10_jpg.tar.gz is not present")
 def test_real_model_reads_cifar10_far_above_its_random_twin_and_attends_locally_mid_depth():
     assert uniform_mad(8) == pytest.approx(0.4178, abs=1e-4)  # DESIGN.md's reference value checks the formula
-    train = load_dataset("cifar10", CIFAR10, "train").subset(200, seed=0)
-    held = load_dataset("cifar10", CIFAR10, "eval").subset(100, seed=0)
+    train = load_dataset("cifar10", CIFAR10, "train").subset(100, seed=0)  # 10 per class: 300 forwards in all,
+    held = load_dataset("cifar10", CIFAR10, "eval").subset(50, seed=0)  # twin included (about 15 s on 2 idle cores)
     model = load("timm:vit_small_patch14_dinov2", weights=WEIGHTS, img_size=224).eval()
     result = knn_probe(model, train, held, "last", cache=False, progress=False, batch_size=50)
     real = result.value(12, "cls", "knn_top1")
     twin = result.value(12, "cls", "knn_top1", model="model (random init)")
-    assert real >= 0.7 and real - twin >= 0.35, (real, twin)
+    assert real >= 0.6 and real - twin >= 0.3, (real, twin)
     images = torch.stack([held.images[i] for i in range(4)]).float() / 255
     images = torch.nn.functional.interpolate(images, size=(224, 224), mode="bilinear", antialias=True)
     mean, std = (torch.tensor(model.pretrained_cfg[k]).view(1, 3, 1, 1) for k in ("mean", "std"))
