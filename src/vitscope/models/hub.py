@@ -120,15 +120,15 @@ def hub_file(spec: str, repo_id: str, filenames: tuple[str, ...], revision: str 
         if isinstance(found, str):
             return described(found, repo_id, cache)
     if download:
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import EntryNotFoundError
+        from huggingface_hub import errors, hf_hub_download
 
+        absent = (errors.EntryNotFoundError, getattr(errors, "RemoteEntryNotFoundError", errors.EntryNotFoundError))
         for filename in filenames:
             try:
                 return described(hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache), repo_id,
                                  cache)
-            except EntryNotFoundError as err:
-                if isinstance(err, FileNotFoundError):  # LocalEntryNotFoundError: offline, nothing fetched
+            except absent as err:  # not in the repository: try the next name, as timm does
+                if isinstance(err, errors.LocalEntryNotFoundError):  # offline: nothing could be fetched
                     raise
         raise ValueError(f"{spec}: {repo_id} holds none of {', '.join(filenames)}; check the name")
     rev = f" --revision {revision}" if revision else ""
