@@ -9,8 +9,8 @@ from matplotlib.colors import to_rgba
 @pytest.fixture
 def figures_made(monkeypatch):
     """Every matplotlib figure the report modules save, kept for inspection."""
-    import vitscope.report.figures as base
-    import vitscope.report.norm_figures as nf
+    import vitscope.report.figures.locality as base
+    import vitscope.report.figures.norms as nf
     import vitscope.report.registers.figures as rf
     import vitscope.report.sparse.figures as sf
 
@@ -92,7 +92,7 @@ def test_hierarchical_norm_histograms_show_every_layer_tick_values_and_each_stag
 
 
 def test_per_layer_has_a_heading_and_names_its_band(tmp_path, figures_made):
-    from vitscope.report.figures import per_layer
+    from vitscope.report.figures.locality import per_layer
 
     per_layer({"baseline": np.random.default_rng(0).random((4, 3))}, "MAD", tmp_path / "p.png", reference=0.4,
               title="MAD per layer", band="min-max over heads and seeds")
@@ -129,7 +129,7 @@ def _tick_label_boxes(fig, ax, axis: str = "x"):
 
 def test_norm_histogram_log_tick_labels_do_not_overlap(tmp_path, figures_made):
     """Narrow, wide and outlier-stretched ranges (the last overlapped as 3x10^1 4x10^1 6x10^1 2x10^2 3x10^2)."""
-    from vitscope.report.norm_figures import norm_histograms
+    from vitscope.report.figures.norms import norm_histograms
 
     rng = np.random.default_rng(0)
     norms = [rng.lognormal(np.log(30), 0.15, 500), rng.lognormal(np.log(30), 0.6, 500),

@@ -167,10 +167,7 @@ def check_launcher_flag(args: argparse.Namespace) -> None:
 def add_common(parser: argparse.ArgumentParser, default_out: str, num_images: int | None = None) -> None:
     """The options of every command that reads a model and a dataset (model, data and the shared options);
     ``default_out`` is the folder written when --out is not given, ``num_images`` the default sample size."""
-    parser.add_argument("--model", default="vit-micro",
-                        help="preset, timm:NAME, or run folder / weights file (default: vit-micro, random weights)")
-    parser.add_argument("--weights", default=None,
-                        help="local weights file for the model (default: none, the model's own or random weights)")
+    add_model_source(parser, default="vit-micro")
     parser.add_argument("--dataset", default="synthetic",
                         help="dataset name (default: synthetic, built-in scenes that need no directory)")
     parser.add_argument("--data-dir", default=None,
@@ -178,8 +175,24 @@ def add_common(parser: argparse.ArgumentParser, default_out: str, num_images: in
     parser.add_argument("--num-images", type=positive_int, default=num_images,
                         help="use a seeded class-stratified sample of N images (seed: --seed)"
                              + (" (default: all images)" if num_images is None else ""))
-    parser.add_argument("--download", action="store_true", help="fetch cifar10/cifar100 into --data-dir first")
+    parser.add_argument("--download", action="store_true",
+                        help="fetch what is not on disk: cifar10/cifar100 into --data-dir, and the weights a model "
+                             "name asks for into the Hugging Face (or torch) cache; without it nothing is fetched")
     add_shared(parser, decided_by={"out": f"./{default_out}"}, device="auto", batch_size=128, seed=0, out=None)
+
+
+def add_model_source(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """``--model SPEC``, ``--weights PATH`` and ``--pretrained`` (the model specs of ``vitscope.models.load``)."""
+    parser.add_argument("--model", default=default, required=default is None,
+                        help="preset, timm:NAME[.TAG], hf:FOLDER or hf:ORG/NAME[@REV], open_clip:ARCH[/TAG or @FILE], "
+                             "or run folder / weights file" + (f" (default: {default}, random weights)" if default
+                                                                else ""))
+    parser.add_argument("--weights", default=None,
+                        help="local weights file for the model (default: none, the model's own or random weights)")
+    parser.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=None,
+                        help="timm:NAME with timm's pretrained weights (its default tag) from the local cache; "
+                             "--no-pretrained builds a tagged name with random weights (default: a tag means "
+                             "pretrained)")
 
 
 def add_model_changes(parser: argparse.ArgumentParser) -> None:
@@ -207,7 +220,8 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
-                 img_size=args.img_size, pos_interp=args.pos_interp)
+                 img_size=args.img_size, pos_interp=args.pos_interp, pretrained=args.pretrained,
+                 download=args.download)
     # only the sampled images are decoded (a 600-image sample of a 60k-image archive is not a full decode)
     dataset = load_sample(args.dataset, args.data_dir, "eval", args.num_images, args.seed, download=args.download,
                           **getattr(args, "dataset_options", {}))

@@ -12,8 +12,8 @@ from vitscope.analyze.inputs import model_batches
 from vitscope.analyze.norms import NormsResult
 from vitscope.data import ImageDataset
 from vitscope.models import token_layout
-from vitscope.report.figures import behaviour_space, per_layer, uniform_mad
-from vitscope.report.norm_figures import high_norm_maps, norm_histograms
+from vitscope.report.figures.locality import behaviour_space, per_layer, uniform_mad
+from vitscope.report.figures.norms import high_norm_maps, norm_histograms
 
 MAX_MAP_IMAGES = 16
 

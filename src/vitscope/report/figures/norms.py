@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vitscope.report.figures import plt, readable_log_ticks, save_figure
+from vitscope.report.figures.common import plt, readable_log_ticks, save_figure
 
 
 def norm_histograms(norms: list[np.ndarray], names: list[str], threshold: float, spec: str,
