@@ -41,15 +41,25 @@ def _load(path: Path) -> dict[str, Any] | None:
 
 
 def timings(runs: Path) -> dict[str, Any]:
-    """Wall time and load average of each step, from the ``timings.log`` the run scripts append to
-    (``== NAME rc=0 301 s;  <uptime>``)."""
+    """Wall time and load average of each step, from the ``timings.log`` the run scripts append to: a start line
+    ``== NAME:  <uptime>`` and an end line ``== NAME rc=0 301 s;  <uptime>`` or ``== NAME finished ...;  <uptime>``
+    (``uptime`` gives the clock time and the 1, 5 and 15 minute load averages)."""
     log = runs / "timings.log"
-    found = {}
+    clock = r"(\d\d):(\d\d):(\d\d) up .*load average: ([\d.]+), ([\d.]+), ([\d.]+)"
+    started: dict[str, int] = {}
+    found: dict[str, Any] = {}
     for line in log.read_text().splitlines() if log.is_file() else []:
-        match = re.match(r"== (\S+) rc=(\d+) (\d+) s;.*load average: ([\d.]+), ([\d.]+), ([\d.]+)", line)
-        if match:
-            found[match[1]] = {"rc": int(match[2]), "seconds": int(match[3]),
-                               "load_average_after_1_5_15_min": [float(match[k]) for k in (4, 5, 6)]}
+        match = re.match(r"== (\S+?)(:| rc=\d+ \d+ s;| finished .*;)\s+" + clock, line)
+        if not match:
+            continue
+        name, kind = match[1], match[2]
+        seconds = int(match[3]) * 3600 + int(match[4]) * 60 + int(match[5])
+        load = [float(match[k]) for k in (6, 7, 8)]
+        if kind == ":":
+            started[name] = seconds
+            found[name] = {"load_average_at_start_1_5_15_min": load}
+        elif name in started:
+            found[name] |= {"seconds": (seconds - started[name]) % 86400, "load_average_at_end_1_5_15_min": load}
     return found
 
 
