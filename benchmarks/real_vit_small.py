@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vitscope.stats import wilson_interval
-from vitscope.studies.registers.findings import MAX_FRACTION, MIN_RATIO
+from vitscope.studies.registers.findings import MAX_FRACTION, MIN_RATIO, artifact_layers, findings
 
 DATASETS = {"c10": "cifar10", "c100": "cifar100", "syn": "synthetic (texture cue, 224 px)"}
 FIGURES = {  # run folder / file -> name on the page
@@ -27,8 +27,8 @@ FIGURES = {  # run folder / file -> name on the page
     "loc-c10/mad_per_layer.png": "mad_per_layer_cifar10.png",
     "loc-c100/behaviour_space.png": "behaviour_space_cifar100.png",
     "loc-syn/behaviour_space.png": "behaviour_space_synthetic.png",
-    "norms-c10/norm_histograms.png": "norm_histograms_cifar10.png",
-    "norms-c10/high_norm_maps.png": "high_norm_maps_cifar10.png",
+    "registers-c10/figures/norms_dinov2s.png": "registers_norms_cifar10.png",
+    "registers-c10/figures/artifacts_dinov2s.png": "registers_artifacts_cifar10.png",
     "norms-syn/norm_histograms.png": "norm_histograms_synthetic.png",
     "pca-c10/pca_maps.png": "pca_maps_cifar10.png",
     "tokens-c10/position_top1_by_layer.png": "tokens_position_cifar10.png",
@@ -132,8 +132,14 @@ def main(runs: Path, out: Path) -> Path:
     if pca is not None:
         payload["pca"] = {"settings": pca["settings"], "explained_variance": pca["explained_variance"]}
     registers = _load(runs / "registers-c10" / "results.json")
-    if registers is not None:
-        payload["registers"] = {k: registers[k] for k in ("findings",) if k in registers}
+    if registers is not None:  # the study's verdicts, as its report states them
+        payload["registers"] = {
+            "findings": [{k: f[k] for k in ("finding", "verdict", "agrees", "evidence")}
+                         for f in findings(registers["rows"], registers["models"])],
+            "thresholds": registers["models"][0]["thresholds"],
+            "artifact_layers": {m["label"]: artifact_layers(registers["rows"], m["label"])
+                                for m in registers["models"]},
+            "images": registers["models"][0]["num_images"], "parameters": registers["models"][0]["parameters"]}
     (out / "results.json").write_text(json.dumps(payload, indent=1) + "\n")
     for source, name in FIGURES.items():
         if (runs / source).is_file():
