@@ -180,3 +180,23 @@ def test_high_norm_fraction_puts_models_of_different_depths_on_relative_depth(tm
     np.testing.assert_allclose(lines["swin (last layer 8)"], np.arange(1, 9) / 8)
     low, high = ax.get_xlim()
     assert low < 0 and high > 1  # both ends inside, with a margin
+
+
+def test_analyze_norm_histograms_draw_cls_apart_from_patches_and_label_narrow_ranges(tmp_path, figures_made):
+    # a real ViT-S/14's CLS token (one per image, norm 2) sits apart from its patches (norm about 1): drawn in the
+    # patches' colour it reads as a separate high-norm mode of patches
+    from vitscope.report.figures.norms import norm_histograms
+    from vitscope.report.registers.figures import GROUP_COLOURS
+
+    rng = np.random.default_rng(0)
+    patches = [rng.uniform(0.8, 1.3, 2560)]  # less than a decade: default log axes would label no tick
+    cls = [np.full(10, 2.0)]
+    norm_histograms(patches, ["layer 1"], 50.0, "auto", tmp_path / "h.png", prefix={"cls": cls})
+    ax = figures_made[-1].axes[0]
+    drawn = {p.get_label(): p for p in ax.patches if not p.get_label().startswith("_")}
+    assert set(drawn) == {"patch (2560)", "cls (10)"}
+    assert to_rgba(drawn["cls (10)"].get_edgecolor()) == to_rgba(GROUP_COLOURS["cls"])
+    assert to_rgba(drawn["cls (10)"].get_edgecolor())[:3] != to_rgba(drawn["patch (2560)"].get_facecolor())[:3]
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert len(labels) == 4 and float(labels[0]) < 0.8 and float(labels[-1]) > 45  # patches to threshold
+    assert [line.get_xdata()[0] for line in ax.lines if line.get_label() == "threshold"] == [50.0]
