@@ -179,10 +179,25 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     add_shared(parser, device="auto", batch_size=128, seed=0, out=None)
 
 
+IMG_SIZE_HELP = ("input side S in pixels, a multiple of the patch size: the model's position embedding is resampled "
+                 "to S, and images are resized on the shorter side and centre-cropped to S x S (the model's crop_pct "
+                 "where its pretrained config has one: shorter side S / crop_pct), never stretched; images already "
+                 "S x S keep their pixels (default: the model's own input size)")
+DATA_OPTIONS_HELP = ("a dataset option (several pairs may follow one --set): dataset_options.image_size=S views every "
+                     "image at S x S before the model's own resize; the synthetic scenes also take num_images, "
+                     "num_classes, seed, cue, ... as in `vitscope train`")
+
+
+def add_dataset_options(parser: argparse.ArgumentParser) -> None:
+    """``--set dataset_options.KEY=VALUE`` (read by ``vitscope.cli.analyze.resolve_data``)."""
+    parser.add_argument("--set", dest="assignments", action="extend", nargs="+", default=[],
+                        metavar="dataset_options.KEY=VALUE", help=DATA_OPTIONS_HELP)
+
+
 def add_model_changes(parser: argparse.ArgumentParser) -> None:
     """Options that modify a loaded model: input size, normaliser, registers."""
-    parser.add_argument("--img-size", type=positive_int, default=None,
-                        help="input side in pixels, a multiple of the patch size (positional embedding resampled)")
+    parser.add_argument("--img-size", type=positive_int, default=None, metavar="S",
+                        help=IMG_SIZE_HELP)
     parser.add_argument("--attention", default=None, help="swap the normaliser: softmax, sparsemax, entmax15, "
                                                           "entmax:ALPHA, entmax:learned[:ALPHA]")
     parser.add_argument("--num-registers", type=int, default=0, help="add R >= 0 register tokens to a plain ViT")
@@ -195,6 +210,7 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     """Device, dataset, model, output folder and the provenance of a command that measures a model."""
     import torch
 
+    from vitscope.analyze.inputs import model_crop_pct, model_side
     from vitscope.data import load_dataset
     from vitscope.models import load
     from vitscope.provenance import provenance, resolve_device
@@ -203,8 +219,11 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     torch.manual_seed(args.seed)
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
                  img_size=args.img_size, pos_interp=args.pos_interp)
-    dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download,
-                           **getattr(args, "dataset_options", {}))
+    options = dict(getattr(args, "dataset_options", {}))
+    if args.dataset != "synthetic":  # images of mixed sizes are viewed at the model's input side, as it sees them
+        options = {"mixed_size": model_side(model, args.img_size), "crop_pct": model_crop_pct(model, args.dataset),
+                   **options}
+    dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download, **options)
     dataset = dataset.subset(args.num_images, seed=args.seed)
     out = output_dir(args.out or default_out)  # after the model and data load: bad weights leave no folder
     config = {k: v for k, v in vars(args).items()

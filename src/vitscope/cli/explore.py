@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from vitscope.cli.common import add_common, add_model_changes, prepare_analysis
+from vitscope.cli.common import add_common, add_dataset_options, add_model_changes, prepare_analysis
 
 
 def register(commands) -> None:
@@ -16,7 +16,11 @@ def register(commands) -> None:
                     "per-head MAD and entropy, token norms and high-norm tokens; --compare shows models side by side.")
     add_common(explore)
     add_model_changes(explore)
-    explore.set_defaults(num_images=16)
+    add_dataset_options(explore)
+    explore.set_defaults(num_images=16, dataset=None)  # None: a run folder's own dataset, else synthetic
+    for action in explore._actions:
+        if "--dataset" in action.option_strings:
+            action.help = "dataset name (default: a run folder's own dataset and options, else synthetic)"
     explore.add_argument("--compare", nargs="+", default=[], metavar="[LABEL=]SPEC[@WEIGHTS]",
                          help="more models side by side with --model (layers matched by relative depth)")
     explore.add_argument("--layers", default="all", help="attention layers to keep, 1-based: e.g. 1,2,12 (default all)")
@@ -60,7 +64,7 @@ def _label(spec: str) -> str:
 
 
 def run_explore(args: argparse.Namespace) -> int:
-    from vitscope.cli.analyze import detect_layer_index
+    from vitscope.cli.analyze import detect_layer_index, resolve_data
     from vitscope.explorer import explore
     from vitscope.metrics.norms import parse_threshold
     from vitscope.models import attention_sites
@@ -72,6 +76,7 @@ def run_explore(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-mb {args.max_mb} must be > 0, e.g. --max-mb 24")
     entries = compare_entries(args.compare)
     started = time.perf_counter()
+    print(resolve_data(args))
     device, dataset, model, out, _ = prepare_analysis(args, "vitscope-explore")
     depth = len(attention_sites(model))
     if layers is not None and max(layers) >= depth:
