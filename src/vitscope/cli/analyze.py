@@ -54,7 +54,7 @@ def resolve_data(args: argparse.Namespace) -> str:
 
     wrong = [a for a in args.assignments if not a.strip().startswith("dataset_options.")]
     if wrong:
-        raise ValueError(f"--set {wrong[0]!r}: `vitscope {args.command}` takes only dataset_options.KEY=VALUE (e.g. "
+        raise ValueError(f"--set {wrong[0]!r}: vitscope {args.command} takes only dataset_options.KEY=VALUE (e.g. "
                          "--set dataset_options.image_size=224, or a synthetic scenes' option such as "
                          "dataset_options.cue=texture)")
     config = run_config(args.model) if args.dataset is None else None

@@ -17,8 +17,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
+from torchvision import tv_tensors
 from torchvision.io import ImageReadMode, decode_image
-from torchvision.transforms.v2.functional import center_crop, resize
+from torchvision.transforms.v2.functional import center_crop, clamp_bounding_boxes, resize
 
 DEFAULT_CROP_PCT = 1.0  # the whole shorter side (only the longer side's excess is cut)
 IMAGENET_CROP_PCT = 0.875  # the ImageNet evaluation convention: 224 cut from a 256 shorter side
@@ -57,17 +58,17 @@ def eval_view(image: Tensor, size: int, crop_pct: float = DEFAULT_CROP_PCT) -> T
 
 def view_boxes(boxes: Tensor, original: tuple[int, int], size: int, crop_pct: float = DEFAULT_CROP_PCT) -> Tensor:
     """Boxes (..., 4) in pixels x0, y0, x1, y1 of an image of ``original`` (height, width) -> the same boxes in
-    its ``eval_view`` (clipped to the view; a box wholly outside becomes empty). NaN rows stay NaN."""
-    height, width = original
-    if (height, width) == (size, size):
+    its ``eval_view``, moved by torchvision's own box transforms (``resize``, ``center_crop``, clamped to the
+    view). NaN rows (padding) stay NaN."""
+    if tuple(original) == (size, size):
         return boxes.clone()
+    shape = boxes.shape
+    moved = tv_tensors.BoundingBoxes(boxes.reshape(-1, 4).float(), format="XYXY", canvas_size=tuple(original))
     short = view_scale_size(size, crop_pct)
-    longer = int(short * max(height, width) / min(height, width))  # torchvision's rounding of the longer side
-    new_h, new_w = (short, longer) if height <= width else (longer, short)
-    sx, sy = new_w / width, new_h / height  # each axis has its own scale after that rounding
-    top, left = int(round((new_h - size) / 2.0)), int(round((new_w - size) / 2.0))  # center_crop's offsets
-    scaled = boxes * torch.tensor([sx, sy, sx, sy]) - torch.tensor([left, top, left, top], dtype=boxes.dtype)
-    return scaled.clamp(0, size)
+    if min(original) != short:
+        moved = resize(moved, [short], antialias=True)
+    moved = clamp_bounding_boxes(center_crop(moved, [size, size]))
+    return moved.as_subclass(Tensor).reshape(shape).to(boxes.dtype)
 
 
 def decode_rgb(data: bytes, where: str) -> Tensor:

@@ -78,10 +78,10 @@ class StreamedDataset:
     std: tuple[float, ...]
     image_size: int = 224
     root: str | None = None
-    crop_pct: float = DEFAULT_CROP_PCT
     extras: dict[str, Tensor] = field(default_factory=dict)
     selection: dict[str, Any] | None = None
     items: Tensor | None = None
+    crop_pct: float = DEFAULT_CROP_PCT
 
     def __post_init__(self) -> None:
         if self.items is None:
