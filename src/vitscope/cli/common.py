@@ -165,6 +165,11 @@ def check_launcher_flag(args: argparse.Namespace) -> None:
         require_slurm()
 
 
+DATA_DIR_HELP = ("dataset folder or archive; --dataset imagefolder reads PATH/{train,val,test}/<class>/<image>, or "
+                 "PATH/<class>/<image> and a flat PATH/<image> (one class): those two are one evaluation set (every "
+                 "image analysed; training and fitted probes refuse them, having no held-out split)")
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     """The options of every command that reads a model and a dataset (model, data and the shared options)."""
     parser.add_argument("--model", default="vit-micro",
@@ -172,7 +177,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", default=None, help="local weights file for the model")
     parser.add_argument("--dataset", default="synthetic",
                         help="dataset name (default: synthetic, built-in scenes that need no directory)")
-    parser.add_argument("--data-dir", default=None, help="dataset folder or archive")
+    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--num-images", type=positive_int, default=None,
                         help="use a seeded class-stratified sample of N images (seed: --seed)")
     parser.add_argument("--download", action="store_true", help="fetch cifar10/cifar100 into --data-dir first")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
-from vitscope.cli.common import add_shared, output_dir
+from vitscope.cli.common import add_shared, output_dir, positive_int
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -35,6 +36,10 @@ def add_parser(studies) -> None:
                      help="the DINO recipe (a shipped config such as dino-demo, or a file; default: the preset's)")
     reg.add_argument("--dataset", default="synthetic", help="dataset name (synthetic needs no directory)")
     reg.add_argument("--data-dir", default=None, help="dataset folder or archive")
+    reg.add_argument("--img-size", type=positive_int, default=None, metavar="S",
+                     help="input side S of the --model models (position embedding resampled) and of the census; "
+                          "photos of mixed sizes are viewed at S (default 224; shorter side resized, centre crop), "
+                          "each model then at its own side")
     reg.add_argument("--seeds", default=None, help="comma-separated training seeds (default: --seed)")
     reg.add_argument("--epochs", type=int, default=None)
     reg.add_argument("--train-images", type=int, default=None, help="train on a sample of N training images")
@@ -90,7 +95,10 @@ def run_registers(args: argparse.Namespace) -> int:
     detect = args.detect_layer if args.detect_layer == "last" else int(args.detect_layer) \
         if args.detect_layer.isdigit() else args.detect_layer
     census = CensusSettings(thresholds=[t for t in args.thresholds.split(",") if t.strip()], detect_layer=detect,
-                            **({"batch_size": args.batch_size} if args.batch_size else {}))
+                            img_size=args.img_size, **({"batch_size": args.batch_size} if args.batch_size else {}))
+    models = parse_model_entries(args.model)
+    if args.img_size:  # the models named here are built at --img-size (a preset's models keep their own sizes)
+        models = [dataclasses.replace(m, options={"img_size": args.img_size, **m.options}) for m in models]
     probes = None
     if args.no_probes or args.probe_layers:
         from vitscope.studies.registers.presets import DEMO_PROBES
@@ -102,7 +110,7 @@ def run_registers(args: argparse.Namespace) -> int:
         registers=None if args.registers is None else _ints(args.registers, "--registers"),
         model=args.train_model, objectives=_names(args.objectives), dino_config=args.dino_config,
         seeds=_ints(args.seeds, "--seeds") if args.seeds else [args.seed],
-        models=parse_model_entries(args.model), weights_dir=args.weights_dir, plant=_plant(args.plant),
+        models=models, weights_dir=args.weights_dir, plant=_plant(args.plant),
         census=census, probes=probes, epochs=args.epochs, batch_size=args.batch_size,
         train_images=args.train_images, eval_images=args.eval_images, device=args.device, out=args.out,
         launcher=args.launcher)
