@@ -94,6 +94,10 @@ def test_a_folder_of_one_size_keeps_its_pixels_whatever_size_the_model_needs(tmp
     native = load_dataset("imagefolder", root, "eval", mixed_size=16)
     assert native.images.shape == (3, 3, 12, 12)
     assert torch.equal(native.images[1], decode_image(str(root / "val" / "a" / "1.png")))
+    # one decoded copy for every model size: the same cache entry as a load that names no size (CIFAR's stays valid)
+    assert load_dataset("imagefolder", root, "eval", mixed_size=24).images.shape == (3, 3, 12, 12)
+    assert torch.equal(load_dataset("imagefolder", root, "eval").images, native.images)
+    assert len(list((tmp_path / "cache" / "datasets").glob("imagefolder-eval-*"))) == 1
     assert load_dataset("imagefolder", root, "eval", image_size=16).images.shape == (3, 3, 16, 16)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -63,6 +64,22 @@ def _label(spec: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "._+-" else "-" for ch in name)
 
 
+LARGE_GRID = 1024  # patches per image above which the page's every-layer maps are slow to build on a CPU
+
+
+def warn_large_grid(model, img_size: int | None) -> None:
+    """One note on stderr when the model's input holds more than ``LARGE_GRID`` patches (e.g. DINOv2 at its
+    518 px default: 1,369), naming the flag that makes the page quicker."""
+    from vitscope.analyze.inputs import model_side
+    from vitscope.models import token_layout
+
+    patches = token_layout(model).num_patches
+    if patches > LARGE_GRID:
+        side = model_side(model, img_size)
+        print(f"note: {patches:,} patches per image at {side} px; every layer's maps go into the page, which is slow "
+              "on a CPU; --img-size 224 (or --layers, --num-images) makes it quicker", file=sys.stderr)
+
+
 def run_explore(args: argparse.Namespace) -> int:
     from vitscope.cli.analyze import detect_layer_index, resolve_data
     from vitscope.explorer import explore
@@ -78,6 +95,7 @@ def run_explore(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     print(resolve_data(args))
     device, dataset, model, out, _ = prepare_analysis(args, "vitscope-explore")
+    warn_large_grid(model, args.img_size)
     depth = len(attention_sites(model))
     if layers is not None and max(layers) >= depth:
         raise ValueError(f"--layers {args.layers}: {args.model} has {depth} attention layers; use numbers 1..{depth}")
