@@ -172,15 +172,15 @@ DATA_DIR_HELP = ("dataset folder or archive; --dataset imagefolder reads PATH/{t
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     """The options of every command that reads a model and a dataset (model, data and the shared options)."""
-    parser.add_argument("--model", default="vit-micro",
-                        help="preset, timm:NAME, or run folder / weights file (default: vit-micro, random weights)")
-    parser.add_argument("--weights", default=None, help="local weights file for the model")
+    add_model_source(parser, default="vit-micro")
     parser.add_argument("--dataset", default="synthetic",
                         help="dataset name (default: synthetic, built-in scenes that need no directory)")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--num-images", type=positive_int, default=None,
                         help="use a seeded class-stratified sample of N images (seed: --seed)")
-    parser.add_argument("--download", action="store_true", help="fetch cifar10/cifar100 into --data-dir first")
+    parser.add_argument("--download", action="store_true",
+                        help="fetch what is not on disk: cifar10/cifar100 into --data-dir, and the weights a model "
+                             "name asks for into the Hugging Face (or torch) cache; without it nothing is fetched")
     add_shared(parser, device="auto", batch_size=128, seed=0, out=None)
 
 
@@ -197,6 +197,19 @@ def add_dataset_options(parser: argparse.ArgumentParser) -> None:
     """``--set dataset_options.KEY=VALUE`` (read by ``vitscope.cli.analyze.resolve_data``)."""
     parser.add_argument("--set", dest="assignments", action="extend", nargs="+", default=[],
                         metavar="dataset_options.KEY=VALUE", help=DATA_OPTIONS_HELP)
+
+
+def add_model_source(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """``--model SPEC``, ``--weights PATH`` and ``--pretrained`` (the model specs of ``vitscope.models.load``)."""
+    parser.add_argument("--model", default=default, required=default is None,
+                        help="preset, timm:NAME[.TAG], hf:FOLDER or hf:ORG/NAME[@REV], open_clip:ARCH[/TAG or @FILE], "
+                             "or run folder / weights file" + (f" (default: {default}, random weights)" if default
+                                                                else ""))
+    parser.add_argument("--weights", default=None, help="local weights file for the model")
+    parser.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=None,
+                        help="timm:NAME with timm's pretrained weights (its default tag) from the local cache; "
+                             "--no-pretrained builds a tagged name with random weights (default: a tag means "
+                             "pretrained)")
 
 
 def add_model_changes(parser: argparse.ArgumentParser) -> None:
@@ -223,7 +236,8 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
-                 img_size=args.img_size, pos_interp=args.pos_interp)
+                 img_size=args.img_size, pos_interp=args.pos_interp, pretrained=args.pretrained,
+                 download=args.download)
     options = dict(getattr(args, "dataset_options", {}))
     if args.dataset != "synthetic":  # images of mixed sizes are viewed at the model's input side, as it sees them
         options = {"mixed_size": model_side(model, args.img_size), "crop_pct": model_crop_pct(model, args.dataset),

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vitscope.cli.common import add_shared, output_dir, positive_int
+
+if TYPE_CHECKING:
+    from vitscope.studies.models import ModelEntry
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -25,6 +29,11 @@ def add_parser(studies) -> None:
                           "paper: timm models with your weights (--weights-dir); none: only what you name")
     reg.add_argument("--model", action="append", default=[], metavar="LABEL=SPEC[@WEIGHTS]",
                      help="measure this model too (repeatable): a run folder, checkpoint, preset or timm:NAME")
+    reg.add_argument("--img-size", type=positive_int, default=None, metavar="N",
+                     help="input side in pixels for every --model (its position table resampled; a multiple of its "
+                          "patch size), e.g. 224 for DINOv2's patch-14 models, whose own default is 518 "
+                          "(default: each model's own size); photos of mixed sizes are viewed at N first (default "
+                          "224; shorter side resized, centre crop), each model then at its own side")
     reg.add_argument("--weights-dir", default=None, help="folder of <timm name>.safetensors for --preset paper")
     reg.add_argument("--registers", default=None, help="register counts to train, e.g. 0,1,4,16 (none: '')")
     reg.add_argument("--train-model", default=None, metavar="PRESET",
@@ -36,10 +45,6 @@ def add_parser(studies) -> None:
                      help="the DINO recipe (a shipped config such as dino-demo, or a file; default: the preset's)")
     reg.add_argument("--dataset", default="synthetic", help="dataset name (synthetic needs no directory)")
     reg.add_argument("--data-dir", default=None, help="dataset folder or archive")
-    reg.add_argument("--img-size", type=positive_int, default=None, metavar="S",
-                     help="input side S of the --model models (position embedding resampled) and of the census; "
-                          "photos of mixed sizes are viewed at S (default 224; shorter side resized, centre crop), "
-                          "each model then at its own side")
     reg.add_argument("--seeds", default=None, help="comma-separated training seeds (default: --seed)")
     reg.add_argument("--epochs", type=int, default=None)
     reg.add_argument("--train-images", type=int, default=None, help="train on a sample of N training images")
@@ -76,6 +81,13 @@ def _plant(text: str | None) -> dict | str | None:
     return {"model": label, "layer": int(layer) - 1, "count": 2, "scale": 20.0}
 
 
+def sized_entries(entries: list[ModelEntry], img_size: int | None) -> list[ModelEntry]:
+    """``entries`` (``ModelEntry``) loaded and measured at ``img_size`` pixels when it is given, else unchanged."""
+    if img_size is None:
+        return entries
+    return [dataclasses.replace(e, options={**e.options, "img_size": img_size}) for e in entries]
+
+
 def run_registers_study(**options) -> Path:
     from vitscope.report.registers.page import build_report
     from vitscope.studies.registers.study import RegistersStudy, run
@@ -96,9 +108,6 @@ def run_registers(args: argparse.Namespace) -> int:
         if args.detect_layer.isdigit() else args.detect_layer
     census = CensusSettings(thresholds=[t for t in args.thresholds.split(",") if t.strip()], detect_layer=detect,
                             img_size=args.img_size, **({"batch_size": args.batch_size} if args.batch_size else {}))
-    models = parse_model_entries(args.model)
-    if args.img_size:  # the models named here are built at --img-size (a preset's models keep their own sizes)
-        models = [dataclasses.replace(m, options={"img_size": args.img_size, **m.options}) for m in models]
     probes = None
     if args.no_probes or args.probe_layers:
         from vitscope.studies.registers.presets import DEMO_PROBES
@@ -110,7 +119,8 @@ def run_registers(args: argparse.Namespace) -> int:
         registers=None if args.registers is None else _ints(args.registers, "--registers"),
         model=args.train_model, objectives=_names(args.objectives), dino_config=args.dino_config,
         seeds=_ints(args.seeds, "--seeds") if args.seeds else [args.seed],
-        models=models, weights_dir=args.weights_dir, plant=_plant(args.plant),
+        models=sized_entries(parse_model_entries(args.model), args.img_size), weights_dir=args.weights_dir,
+        plant=_plant(args.plant),
         census=census, probes=probes, epochs=args.epochs, batch_size=args.batch_size,
         train_images=args.train_images, eval_images=args.eval_images, device=args.device, out=args.out,
         launcher=args.launcher)
