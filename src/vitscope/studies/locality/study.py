@@ -62,6 +62,7 @@ class LocalityStudy:
     launcher: str = "local"  # local (this machine), slurm (one submitit job per run), submitit-local (testing)
     slurm: dict[str, Any] = field(default_factory=dict)  # submitit parameters, e.g. {"slurm_partition": "gpu"}
     pack: int | str = 1  # train K runs at once as one packed model; "auto": as many as device memory holds
+    img_size: int | None = None  # train and measure at S px (every image viewed at S); None: the dataset's own size
 
     def __post_init__(self) -> None:
         if self.preset not in ("paper", "demo"):
@@ -88,6 +89,8 @@ class LocalityStudy:
         else:
             model, model_options = "vit-micro", {}
         data_options = {"num_images": 50_000 if paper else 4096, "num_classes": 8} if synthetic else {}
+        if self.img_size is not None:  # only when asked: a study without it keeps the images' own pixels
+            data_options["image_size"] = self.img_size
         eval_images = self.eval_images
         if eval_images is None and synthetic and not paper:
             eval_images = 1024
