@@ -96,6 +96,15 @@ def test_bad_study_options():
         LocalityStudy(preset="huge")
 
 
+def test_img_size_views_the_images_at_that_size_and_only_when_asked():
+    asked = LocalityStudy(dataset="cifar10", data_dir="x", img_size=48).train_config("baseline", 0, "cpu")
+    assert asked.dataset_options == {"image_size": 48}
+    native = LocalityStudy(dataset="cifar10", data_dir="x").train_config("baseline", 0, "cpu")
+    assert native.dataset_options == {}  # a study that asks nothing trains on the images' own pixels, as before
+    scenes = LocalityStudy(img_size=40).train_config("baseline", 0, "cpu")
+    assert scenes.dataset_options == {"num_images": 4096, "num_classes": 8, "image_size": 40}
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
 def test_report_renders_in_headless_chromium(finished_study, tmp_path):
     report = finished_study / "report.html"

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vitscope.cli.common import add_common, add_model_changes, prepare_analysis, print_files
+from vitscope.cli.common import add_common, add_dataset_options, add_model_changes, prepare_analysis, print_files
 
 
 def register(commands) -> None:
@@ -34,9 +34,7 @@ def register(commands) -> None:
         helps = {"--dataset": "dataset name (default: a run folder's own dataset and options, else synthetic)"}
         for action in sub._actions:
             action.help = next((helps[o] for o in action.option_strings if o in helps), action.help)
-        sub.add_argument("--set", dest="assignments", action="extend", nargs="+", default=[],
-                         metavar="dataset_options.KEY=VALUE",
-                         help="a synthetic-scene option, as in `vitscope train` (several pairs may follow one --set)")
+        add_dataset_options(sub)
 
 
 def run_config(model: str) -> dict[str, Any] | None:
@@ -51,12 +49,13 @@ def resolve_data(args: argparse.Namespace) -> str:
     """Fill ``args.dataset``, ``data_dir`` and ``dataset_options``: the run's own data (from its config) when
     ``--model`` is a run folder and ``--dataset`` is not given, else the named dataset (default synthetic);
     ``--set dataset_options.KEY=VALUE`` then overrides. Returns one line that says which data is used."""
-    from vitscope.train.config import apply_overrides
+    from vitscope.train.config import apply_overrides, check_dataset_options
 
     wrong = [a for a in args.assignments if not a.strip().startswith("dataset_options.")]
     if wrong:
-        raise ValueError(f"--set {wrong[0]!r}: analyze takes only dataset_options.KEY=VALUE (the synthetic scenes' "
-                         "options, e.g. --set dataset_options.cue=texture)")
+        raise ValueError(f"--set {wrong[0]!r}: vitscope {args.command} takes only dataset_options.KEY=VALUE (e.g. "
+                         "--set dataset_options.image_size=224, or a synthetic scenes' option such as "
+                         "dataset_options.cue=texture)")
     config = run_config(args.model) if args.dataset is None else None
     source = "the run's config"
     if config is None:
@@ -66,6 +65,7 @@ def resolve_data(args: argparse.Namespace) -> str:
     args.data_dir = args.data_dir if args.data_dir is not None else config.get("data_dir")
     options = apply_overrides({"dataset_options": dict(config.get("dataset_options") or {})}, args.assignments)
     args.dataset_options = options["dataset_options"]
+    check_dataset_options(args.dataset, args.dataset_options)
     shown = ", ".join(f"{k}={v}" for k, v in sorted(args.dataset_options.items()))
     where = f" from {args.data_dir}" if args.data_dir else ""
     return (f"data: {args.dataset}{where}, eval split" + (f", options {shown}" if shown else "")

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from vitscope.analyze import measure_locality
-from vitscope.data import eval_batches, load_sample
+from vitscope.data import eval_batches, load_dataset
 from vitscope.files import write_csv, write_json
 from vitscope.models import load as load_model
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
@@ -62,6 +62,7 @@ class LocalityStudy:
     launcher: str = "local"  # local (this machine), slurm (one submitit job per run), submitit-local (testing)
     slurm: dict[str, Any] = field(default_factory=dict)  # submitit parameters, e.g. {"slurm_partition": "gpu"}
     pack: int | str = 1  # train K runs at once as one packed model; "auto": as many as device memory holds
+    img_size: int | None = None  # train and measure at S px (every image viewed at S); None: the dataset's own size
 
     def __post_init__(self) -> None:
         if self.preset not in ("paper", "demo"):
@@ -88,6 +89,8 @@ class LocalityStudy:
         else:
             model, model_options = "vit-micro", {}
         data_options = {"num_images": 50_000 if paper else 4096, "num_classes": 8} if synthetic else {}
+        if self.img_size is not None:  # only when asked: a study without it keeps the images' own pixels
+            data_options["image_size"] = self.img_size
         eval_images = self.eval_images
         if eval_images is None and synthetic and not paper:
             eval_images = 1024
@@ -115,7 +118,7 @@ def _train_and_measure(study: LocalityStudy, spec: RunSpec, device: str) -> dict
     run_dir = Path(cfg.out)
     summary = train(cfg, resume=run_dir.exists())
     model = load_model(str(run_dir))
-    eval_set = load_sample(cfg.dataset, cfg.data_dir, "eval", cfg.eval_images, **cfg.dataset_options)
+    eval_set = load_dataset(cfg.dataset, cfg.data_dir, "eval", **cfg.dataset_options).subset(cfg.eval_images)
     dev = resolve_device(device)
     result = measure_locality(model, eval_set, batch_size=cfg.batch_size, device=dev, progress=study.progress)
     record = {"condition": condition, "seed": seed, "accuracy": result.accuracy,

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from vitscope.data import load_sample
+from vitscope.data import load_dataset
 from vitscope.files import write_csv, write_json
 from vitscope.models.planted import plant_outliers
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
@@ -175,9 +175,16 @@ class RegistersStudy:
         return values
 
 
+MIXED_SIZE_DEFAULT = 224  # the side photos of mixed sizes are viewed at when --img-size is not given
+
+
 def _eval_set(study: RegistersStudy):
-    options = {"num_images": study.eval_images or 512, "num_classes": 8} if study.dataset == "synthetic" else {}
-    return load_sample(study.dataset, study.data_dir, "eval", study.eval_images, **options)
+    """The evaluation images, a folder of mixed sizes viewed at the census side (default 224); each model then
+    sees them at its own side."""
+    options = ({"num_images": study.eval_images or 512, "num_classes": 8} if study.dataset == "synthetic"
+               else {"mixed_size": study.census.img_size or MIXED_SIZE_DEFAULT})
+    data = load_dataset(study.dataset, study.data_dir, "eval", **options)
+    return data.subset(study.eval_images)
 
 
 def _train_run(study: RegistersStudy, spec: RunSpec, device: str) -> dict[str, Any]:

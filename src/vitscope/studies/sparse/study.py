@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from vitscope.attention import parse_normalizer
-from vitscope.data import load_sample
+from vitscope.data import load_dataset
 from vitscope.data.dense_layouts import DEPTH, SEGMENTATION, load_dense
 from vitscope.files import write_json
 from vitscope.models import load as load_model
@@ -178,8 +178,8 @@ def probe_sets(study: SparseStudy, cfg: TrainConfig | None):
     sizes = PROBE_IMAGES[study.preset]
     train_count = study.probe_train_images or sizes["train"]
     eval_count = study.probe_eval_images or sizes["eval"]
-    train_set = load_sample(cfg.dataset, cfg.data_dir, "train", train_count, **cfg.dataset_options)
-    eval_set = load_sample(cfg.dataset, cfg.data_dir, "eval", eval_count, **cfg.dataset_options)
+    train_set = load_dataset(cfg.dataset, cfg.data_dir, "train", **cfg.dataset_options).subset(train_count)
+    eval_set = load_dataset(cfg.dataset, cfg.data_dir, "eval", **cfg.dataset_options).subset(eval_count)
     return train_set, eval_set
 
 
