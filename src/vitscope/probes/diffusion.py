@@ -62,9 +62,9 @@ def diffusion_scores(features: LayerFeatures, labels: Tensor, background: Tensor
     ``labels`` (N,) image classes; ``background`` (N, patches) bool. Returns ``top1`` (held-out class top-1
     from single background tokens, None when a half has fewer than 2 tokens), ``chance`` (majority class on
     the same held-out tokens), ``hits`` (0/1 per held-out token), ``fit`` (the classifier's settings: the chosen
-    learning rate and weight decay and its ``sweep``, scored on fit-half images held out whole), ``cosine`` (mean background-patch/CLS
-    cosine over images with background, None without CLS), ``cosines`` (per image, NaN without background)
-    and the counts ``fit_tokens``, ``held_tokens``, ``cosine_images``."""
+    learning rate and weight decay and its ``sweep``, scored on fit-half images held out whole), ``cosine``
+    (mean background-patch/CLS cosine over images with background, None without CLS), ``cosines`` (per image,
+    NaN without background) and the counts ``fit_tokens``, ``held_tokens``, ``cosine_images``."""
     labels = torch.as_tensor(labels).long().cpu()
     background = torch.as_tensor(background).bool().cpu()
     patches = features.patches
