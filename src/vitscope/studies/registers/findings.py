@@ -54,7 +54,7 @@ def _row(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
 
 def _units(row: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """Per-unit values and image labels from a row's per-image sums and counts: each image's mean repeated once
-    per unit, which gives the image-resampling bootstrap exactly the sums and counts it resamples."""
+    per unit, which gives the image-clustered interval exactly each image's sum and count."""
     units = row["units"]
     counts = np.asarray(units["counts"], dtype=int)
     means = np.asarray(units["sums"], dtype=float) / np.maximum(counts, 1)
