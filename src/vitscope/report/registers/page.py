@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vitscope.files import atomic_write_bytes
+from vitscope.metrics.high_norm import MAX_FRACTION, MIN_RATIO
 from vitscope.models import PRESETS
 from vitscope.report.html import fmt, image, index_link, page, table
 from vitscope.report.norm_figures import high_norm_maps
@@ -17,9 +18,7 @@ from vitscope.report.registers import figures as rf
 from vitscope.studies.registers.findings import (
     EFFECTS,
     ENRICHMENT,
-    MAX_FRACTION,
     MIN_HELD_OUT,
-    MIN_RATIO,
     detector_check,
     findings,
 )
