@@ -48,7 +48,7 @@ from vitscope.train.loop import (
     write_run_config,
 )
 from vitscope.train.objective import Objective
-from vitscope.train.schedules import epoch_order, lr_multiplier, step_seed
+from vitscope.train.schedules import epoch_order, lr_multiplier, step_seed, warmup_note
 
 __all__ = ["EpochHook", "TrainingDiverged", "TrainingInterrupted", "clip_gradients", "flatten_scalars",
            "hook_scalars", "prepare_run", "resolve_hook", "run"]
@@ -101,6 +101,8 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     optimizer = create_optimizer_v2(model, opt="adamw", lr=base_lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = len(train_set) // cfg.batch_size
     total_steps = cfg.epochs * steps_per_epoch
+    if ctx.is_main and warmup_note(cfg):
+        print(warmup_note(cfg), file=sys.stderr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg, steps_per_epoch))
     for group in optimizer.param_groups:  # kept in the optimizer's state, so it survives load_state_dict
         group["scheduled_decay"] = group["weight_decay"] > 0

@@ -24,6 +24,24 @@ def lr_multiplier(step: int, cfg, steps_per_epoch: int) -> float:
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def fitted_warmup(warmup_epochs: float, epochs: int, preset_epochs: int) -> float:
+    """A preset's warmup for a run of ``epochs``: unchanged when it fits (``warmup_epochs < epochs``), otherwise
+    scaled with the run (the same share of it as of the preset's ``preset_epochs``), so that the run reaches its
+    peak learning rate and then decays."""
+    if warmup_epochs < epochs:
+        return warmup_epochs
+    return warmup_epochs * epochs / preset_epochs
+
+
+def warmup_note(cfg) -> str | None:
+    """One line when ``cfg``'s warmup does not fit in the run (the learning rate would never reach ``lr`` nor
+    decay), naming both values and the fix; None when it fits."""
+    if cfg.warmup_epochs < cfg.epochs:
+        return None
+    return (f"vitscope: warmup_epochs={cfg.warmup_epochs:g} is not shorter than epochs={cfg.epochs}: the learning "
+            f"rate never reaches its peak lr={cfg.lr:g} and never decays; set warmup_epochs below epochs")
+
+
 def step_seed(seed: int, epoch: int, step: int, rank: int = 0) -> int:
     """The seed of one step's generator (augmentation, dropout) on one rank."""
     return (seed * 1_000_003 + epoch * 10_007 + step * 101 + rank) % (2**63 - 1)
