@@ -85,6 +85,7 @@ def record(condition, seed, mad, entropy, accuracy, study):
             "entropy": np.full((layers, heads), entropy).tolist(), "skipped": np.zeros((layers, heads)).tolist(),
             "num_images": 32, "num_prefix_tokens": 1, "grid_size": [8, 8], "patch_size": 4,
             "eval_subset": {"method": "class-stratified", "count": 32, "of": 1024, "seed": 0, "indices_sha1": "x"},
+            "train_images": 500, "train_images_per_epoch": 384,  # --train-images 500, batch 128
             "train_config": study.train_config(condition, seed, "cpu").to_dict()}
 
 
@@ -127,6 +128,8 @@ def test_report_of_a_null_result_says_so(tmp_path):
     assert "<td>seed</td><td>per run: 0, 1</td>" in text and "None" not in text
     assert "<td>baseline+cutmix seed 1</td>" in text  # every run's settings
     assert "32 of 1024 (class-stratified, seed 0)" in text
+    # the partial last batch is left out of each epoch: the report says how many images an epoch used
+    assert "500 training images of which each epoch trains on 384 (full batches; the 116 left over" in text
 
 
 def test_report_of_a_reproduced_effect(tmp_path):

@@ -42,6 +42,22 @@ def warmup_note(cfg) -> str | None:
             f"rate never reaches its peak lr={cfg.lr:g} and never decays; set warmup_epochs below epochs")
 
 
+def images_per_epoch(images: int, batch_size: int) -> int:
+    """Training images one epoch uses: full batches only (the engine and packs drop the last partial batch, so
+    that every step of every run has the same shape and packed runs equal solo ones)."""
+    return images // batch_size * batch_size
+
+
+def epoch_note(images: int, batch_size: int) -> str | None:
+    """One line when the last partial batch is left out of each epoch, saying how many images an epoch trains on;
+    None when the batch divides the images."""
+    used = images_per_epoch(images, batch_size)
+    if used == images:
+        return None
+    return (f"vitscope: each epoch trains on {used} of the {images} training images ({used // batch_size} full "
+            f"batches of {batch_size}); the {images - used} left over change with each epoch's shuffle")
+
+
 def step_seed(seed: int, epoch: int, step: int, rank: int = 0) -> int:
     """The seed of one step's generator (augmentation, dropout) on one rank."""
     return (seed * 1_000_003 + epoch * 10_007 + step * 101 + rank) % (2**63 - 1)

@@ -133,7 +133,8 @@ def _train_and_measure(study: LocalityStudy, spec: RunSpec, device: str) -> dict
     dev = resolve_device(device)
     result = measure_locality(model, eval_set, batch_size=cfg.batch_size, device=dev, progress=study.progress)
     record = {"condition": condition, "seed": seed, "accuracy": result.accuracy,
-              "train_top1_eval": summary["eval"]["top1"], "layers": result.stats.layers,
+              "train_top1_eval": summary["eval"]["top1"], "train_images": summary.get("train_images"),
+              "train_images_per_epoch": summary.get("train_images_per_epoch"), "layers": result.stats.layers,
               "mad": result.stats.mad.tolist(), "entropy": result.stats.entropy.tolist(),
               "skipped": result.stats.skipped.tolist(), "num_images": result.num_images,
               "eval_subset": eval_set.selection,
