@@ -177,3 +177,32 @@ def test_attention_maps_share_one_colour_scale_with_a_bar(captured, tmp_path):
     assert len(maps) == 4 and {im.get_clim() for im in maps} == {(0.0, 0.5)}
     assert any(ax.get_label() == "<colorbar>" for ax in fig.axes) and fig._suptitle.get_text().startswith("baseline")
     assert not math.isnan(maps[0].get_array().max())
+
+
+def test_every_time_estimate_names_its_machine():
+    """'about 4 hours for the 24 runs' held only on a GPU (about 26 hours per run on this project's CPU): each
+    paper-scale cost in the reports, and each time in the CLI's --help, says which machine it is for."""
+    import re
+
+    from vitscope.cli import build_parser
+    from vitscope.report.openings import PAPER_SCALE
+
+    machine = re.compile(r"GPU|CPU|cores?\b|H200|A100|V100")
+    duration = re.compile(r"\b(hours?|minutes?|min|days?|weeks?)\b")
+    for study, (_, cost) in PAPER_SCALE.items():
+        assert machine.search(cost), f"{study}: {cost}"
+    assert "H200" in PAPER_SCALE["locality"][1] and "26 hours per run" in PAPER_SCALE["locality"][1]
+    timed = [text for text in _help_texts(build_parser()) if duration.search(text)]
+    assert timed and all(machine.search(text) for text in timed), timed
+
+
+def _help_texts(parser):
+    """Every option's and subcommand's help text, through every level of subcommands."""
+    import argparse
+
+    for action in parser._actions:
+        yield action.help or ""
+        if isinstance(action, argparse._SubParsersAction):
+            yield from (choice.help or "" for choice in action._choices_actions)
+            for sub in action.choices.values():
+                yield from _help_texts(sub)
