@@ -309,10 +309,10 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
     counts = {"num_classes": train_set.num_classes, "train_images": len(train_set),
               "train_images_per_epoch": images_per_epoch(len(train_set), cfg.batch_size), "eval_images": len(eval_set)}
     members = [build_member(c, train_set, device, resume, hooks) for c in cfgs]
+    check_packable([m.model for m in members])
     notes = [warmup_note(c) for c in cfgs] + [epoch_note(len(train_set), cfg.batch_size)]
     for note in dict.fromkeys(note for note in notes if note):  # each said once for the pack
         print(note, file=sys.stderr)
-    check_packable([m.model for m in members])
     batch = cfg.batch_size
     for m in members:
         write_run_config(m.run_dir, m.cfg, device, started, subsets, 1, m.steps_per_epoch, data=data_choice)
