@@ -105,7 +105,7 @@ def detect_layer_index(spec: str) -> int:
 
 def run_norms(args: argparse.Namespace) -> int:
     from vitscope.analyze.inputs import model_label
-    from vitscope.analyze.norms import measure_norms, write_norms
+    from vitscope.analyze.norms import measure_norms, threshold_meaning, write_norms
     from vitscope.metrics.norms import parse_threshold
     from vitscope.report.figures.analysis import norm_figures
 
@@ -118,7 +118,8 @@ def run_norms(args: argparse.Namespace) -> int:
     label = model_label(args.model, args.weights, args.pretrained)
     files = write_norms(out, result, meta) | norm_figures(result, model, dataset, out, args.img_size, label=label)
     top = result.summary()[result.detect_layer]
-    print(f"threshold {result.threshold.spec} = {result.threshold.value:.4g}; high-norm patch tokens at layer "
-          f"{result.detect_layer + 1}: {top['high_norm_fraction']:.2%}")
+    print(f"threshold {result.threshold.spec} = {result.threshold.value:.4g} ({threshold_meaning(args.threshold)}); "
+          f"patch tokens above it at layer {result.detect_layer + 1}: {top['high_norm_fraction']:.2%}")
+    print(f"layer {result.detect_layer + 1}: {result.mode.describe()}")
     print_files(files)
     return 0

@@ -81,6 +81,7 @@ def warn_large_grid(model, img_size: int | None) -> None:
 
 
 def run_explore(args: argparse.Namespace) -> int:
+    from vitscope.analyze.inputs import has_random_weights
     from vitscope.cli.analyze import detect_layer_index, resolve_data
     from vitscope.explorer import explore
     from vitscope.metrics.norms import parse_threshold
@@ -108,6 +109,9 @@ def run_explore(args: argparse.Namespace) -> int:
     labels = [_label(args.model) + "".join(f" +{c}" for c in changes)] + [entry.label for entry in entries]
     if len(set(labels)) < len(labels):
         labels = [f"{i + 1}:{label}" for i, label in enumerate(labels)]
+    randoms = [has_random_weights(args.model, args.weights, args.pretrained)]
+    randoms += [has_random_weights(e.spec, e.weights) for e in entries]
+    labels = [label + (" (random weights)" if random else "") for label, random in zip(labels, randoms, strict=True)]
     page = explore(models, dataset, labels=labels, layers=layers, heads=heads, threshold=args.threshold,
                    detect_layer=detect, max_bytes=int(args.max_mb * 1e6), batch_size=args.batch_size, device=device,
                    title=f"vitscope explorer: {' vs '.join(labels)} on {args.dataset}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from vitscope.studies.locality.results import claims, summarize
 from vitscope.studies.packs import check_pack, train_in_packs
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, devices, run_all
 from vitscope.train import TrainConfig, expand_conditions, train
+from vitscope.train.schedules import fitted_warmup
 
 # Our optimisation settings for the paper preset (the paper's are not public): AdamW, batch 128,
 # lr 1e-3 with 10 warmup epochs and cosine decay to 1e-5, weight decay 0.05, gradient clipping at 1.
@@ -81,9 +83,11 @@ class LocalityStudy:
         """The training run for one (condition, seed)."""
         paper, synthetic = self.preset == "paper", self.dataset == "synthetic"
         schedule = dict(PAPER_TRAINING if paper else DEMO_TRAINING)
+        preset_epochs = schedule["epochs"]
         for key in ("epochs", "batch_size"):
             if getattr(self, key) is not None:
                 schedule[key] = getattr(self, key)
+        schedule["warmup_epochs"] = fitted_warmup(schedule["warmup_epochs"], schedule["epochs"], preset_epochs)
         if paper:  # 8 x 8 = 64 patches: CIFAR 32 px with patch 4, Tiny-ImageNet 64 px with patch 8
             model, model_options = "vit-compact", {"patch_size": 8 if self.dataset == "tiny-imagenet" else 4}
         else:
@@ -99,6 +103,16 @@ class LocalityStudy:
                            train_images=self.train_images, eval_images=eval_images, protocol=condition,
                            seed=seed, device=device, out=str(self.run_dir(condition, seed)),
                            progress=self.progress, eval_every=max(1, schedule["epochs"] // 10), **schedule)
+
+    def schedule_note(self) -> str | None:
+        """One line when ``epochs`` is too short for the preset's warmup, which is then scaled with the run."""
+        preset = PAPER_TRAINING if self.preset == "paper" else DEMO_TRAINING
+        warmup = self.train_config(self.conditions[0], self.seeds[0], "cpu").warmup_epochs
+        if warmup == preset["warmup_epochs"]:
+            return None
+        return (f"vitscope: --epochs {self.epochs} is not longer than the {self.preset} preset's "
+                f"{preset['warmup_epochs']} warmup epochs; warmup scaled with the run to {warmup:g} epochs "
+                f"({preset['warmup_epochs']} of the preset's {preset['epochs']})")
 
     def run_dir(self, condition: str, seed: int) -> Path:
         return RunSpec(condition, seed).folder(self.out)
@@ -122,7 +136,8 @@ def _train_and_measure(study: LocalityStudy, spec: RunSpec, device: str) -> dict
     dev = resolve_device(device)
     result = measure_locality(model, eval_set, batch_size=cfg.batch_size, device=dev, progress=study.progress)
     record = {"condition": condition, "seed": seed, "accuracy": result.accuracy,
-              "train_top1_eval": summary["eval"]["top1"], "layers": result.stats.layers,
+              "train_top1_eval": summary["eval"]["top1"], "train_images": summary.get("train_images"),
+              "train_images_per_epoch": summary.get("train_images_per_epoch"), "layers": result.stats.layers,
               "mad": result.stats.mad.tolist(), "entropy": result.stats.entropy.tolist(),
               "skipped": result.stats.skipped.tolist(), "num_images": result.num_images,
               "eval_subset": eval_set.selection,
@@ -154,6 +169,8 @@ def run(study: LocalityStudy) -> dict[str, Any]:
     """
     started = dt.datetime.now(dt.UTC)
     Path(study.out).mkdir(parents=True, exist_ok=True)
+    if study.schedule_note():
+        print(study.schedule_note(), file=sys.stderr)
     specs = [RunSpec(c, s) for c in study.conditions for s in study.seeds]
     train_in_packs(specs, lambda spec: study.train_config(spec.condition, spec.seed, devices(study.device)[0]),
                    out=study.out, record_name=RECORD, pack=study.pack, device=devices(study.device)[0],
