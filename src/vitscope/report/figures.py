@@ -18,19 +18,9 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 from vitscope.files import atomic_path  # noqa: E402
-from vitscope.metrics.locality import grid_distances  # noqa: E402
+from vitscope.metrics.locality import uniform_mad  # noqa: E402, F401 (re-exported: the reference line of every page)
 
 REFERENCE_STYLE = {"color": "grey", "ls": "--", "lw": 1}
-
-
-def uniform_mad(grid_size: tuple[int, int], unit: str = "normalized", patch_size: int | None = None) -> float:
-    """MAD of uniform patch-to-patch attention on a (rows, cols) grid: mean pairwise centre distance, in
-    ``unit`` (normalized: divided by the largest distance; pixel: times ``patch_size``)."""
-    distances = grid_distances(tuple(grid_size)).double()
-    value = float(distances.mean())
-    if unit == "normalized":
-        return value / float(distances.max())
-    return value * (patch_size or 1) if unit == "pixel" else value
 
 
 def _upper(values: np.ndarray, reference: float | None, floor: float = 0.0) -> float:

@@ -21,15 +21,16 @@ from vitscope.metrics import early_layers
 from vitscope.report import figures
 from vitscope.report.html import image, index_link, table
 from vitscope.report.openings import locality_opening as opening
-from vitscope.studies.locality.results import PAPER
-from vitscope.studies.locality.verdicts import distinct, judge
+from vitscope.studies.locality.results import PAPER, judged_claims
+from vitscope.studies.locality.verdicts import LOCAL_MARGIN
 from vitscope.train.protocols import parse_protocol
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;margin:1em 0}
 .note{background:#fff8e1;border-left:4px solid #f0b400;padding:.6em 1em}code{background:#f3f3f3;padding:0 3px}
-.reproduced{color:#1b7a1b}.not-reproduced{color:#b00020}.inconclusive{color:#8a6d00}li{margin:.5em 0}
+.reproduced{color:#1b7a1b}.not-reproduced{color:#b00020}.inconclusive{color:#8a6d00}
+.not-testable{color:#555}li{margin:.5em 0}
 .opening{font-size:15px;line-height:1.45;border-left:4px solid #3b6ea8;padding:.4em 1em;background:#f2f6fb}"""
 EXAMPLE_IMAGES = 2  # example images per condition in the report
 BAND = "min-max over heads and seeds"  # what the per-layer figures shade
@@ -138,7 +139,7 @@ def effective_config(config: dict[str, Any], condition: str) -> dict[str, Any]:
 
 
 def _judged(results: dict[str, Any]) -> list[dict[str, Any]]:
-    return [judge(c) for c in distinct(results["claims"])]
+    return judged_claims(results)
 
 
 def _name(claim: dict[str, Any]) -> str:
@@ -183,8 +184,11 @@ def _verdicts(results: dict[str, Any]) -> str:
     rule = ("<p>Verdicts (one rule for every study, <code>vitscope.stats.compare</code>; the unit is the seed): "
             "<b>reproduced</b> when the 95% interval excludes zero in the paper's direction and the difference "
             "reaches half the paper's effect; <b>not reproduced</b> when the whole interval lies below half the "
-            "paper's effect; <b>inconclusive</b> otherwise, and always with fewer than 2 seeds per side. The "
-            "interval is Welch's t-interval over seeds, which holds at 2-10 seeds.</p>")
+            "paper's effect; <b>inconclusive</b> otherwise, and always with fewer than 2 seeds per side; <b>not "
+            "testable</b> when the claim's precondition fails at this scale (for the MAD claims: no condition's "
+            f"minimum early-layer MAD lies at least {LOCAL_MARGIN:g} below uniform attention's, so no locality "
+            "effect can show). "
+            "The interval is Welch's t-interval over seeds, which holds at 2-10 seeds.</p>")
     return "<ul>" + "".join(lines) + "</ul>" + _uniform_note(results) + rule
 
 
