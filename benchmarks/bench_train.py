@@ -115,9 +115,10 @@ def main() -> None:
 def train_flops_per_image(cfg) -> float:
     """Training FLOPs per image (forward + backward = 3x the forward's multiply-adds x 2): every linear layer
     (patch embedding, qkv, proj, MLP, head) and attention's two products."""
-    tokens, dim, hidden = cfg.num_patches + cfg.num_prefix_tokens, cfg.embed_dim, int(cfg.embed_dim * cfg.mlp_ratio)
+    patches = cfg.grid_size[0] * cfg.grid_size[1]
+    tokens, dim, hidden = patches + cfg.num_prefix_tokens, cfg.embed_dim, int(cfg.embed_dim * cfg.mlp_ratio)
     block = tokens * (dim * 3 * dim + dim * dim + 2 * dim * hidden) + 2 * tokens * tokens * dim
-    forward = cfg.depth * block + cfg.num_patches * cfg.in_chans * cfg.patch_size ** 2 * dim + dim * cfg.num_classes
+    forward = cfg.depth * block + patches * cfg.in_chans * cfg.patch_size ** 2 * dim + dim * cfg.num_classes
     return 3 * 2 * forward
 
 
@@ -125,7 +126,7 @@ def matmul_floor(cfg, k: int, b: int, device: torch.device, repeats: int) -> tup
     """(seconds of one step's matrix products alone, matmul peak GFLOP/s at 2048 x 2048), measured side by side:
     every linear layer's forward and two backward products as (K, M, D) batched products, and attention's
     forward + backward through scaled_dot_product_attention; what a step would take if all else were free."""
-    tokens, dim = cfg.num_patches + cfg.num_prefix_tokens, cfg.embed_dim
+    tokens, dim = cfg.grid_size[0] * cfg.grid_size[1] + cfg.num_prefix_tokens, cfg.embed_dim
     hidden, m = int(dim * cfg.mlp_ratio), b * tokens
     shapes = [(dim, 3 * dim), (dim, dim), (dim, hidden), (hidden, dim)]
     mats = {(i, o): (torch.randn(k, m, i, device=device), torch.randn(k, i, o, device=device),
@@ -217,6 +218,7 @@ def pack_benchmark(args: argparse.Namespace) -> None:
         fns["vmap"] = packed("vmap")
     load_before = os.getloadavg()
     medians = interleaved_medians(fns, args.repeats, sync=device.type == "cuda")
+    print({name: f"{k * b / t:,.0f} images/s" for name, t in medians.items()}, flush=True)  # before the floor
     floor, peak = matmul_floor(cfg, k, b, device, args.repeats)
     load_after = os.getloadavg()
     flops = train_flops_per_image(cfg) * k * b
