@@ -1,4 +1,4 @@
-"""Figures from locality statistics (matplotlib, Agg backend, PNG or SVG by file suffix).
+"""Figures from locality statistics (PNG or SVG by file suffix; shared by the locality report and ``analyze``).
 
 Every MAD or entropy axis starts at 0 and shows the uniform-attention reference (entropy 1; MAD of uniform
 attention on the grid, 0.4178 normalised on 8x8), so that values sitting at "no structure" read as such and a
@@ -10,35 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
+import matplotlib.ticker
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-import numpy as np  # noqa: E402
-
-from vitscope.files import atomic_path  # noqa: E402
-from vitscope.metrics.locality import uniform_mad  # noqa: E402, F401 (re-exported: the reference line of every page)
-
-REFERENCE_STYLE = {"color": "grey", "ls": "--", "lw": 1}
-
-
-def _upper(values: np.ndarray, reference: float | None, floor: float = 0.0) -> float:
-    """Axis top: the data and the reference with a margin (never zoomed onto the data's spread)."""
-    finite = np.asarray(values, dtype=float)
-    finite = finite[np.isfinite(finite)]
-    top = max(floor, float(finite.max(initial=0.0)), reference or 0.0)
-    return top * 1.1 if top > 0 else 1.0
-
-
-def save_figure(fig, path: str | Path) -> Path:
-    """Save ``fig`` atomically and close it."""
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    finally:
-        plt.close(fig)
-    return Path(path)
+from vitscope.metrics.locality import uniform_mad  # noqa: F401 (re-exported: every page's reference line)
+from vitscope.report.figures.common import REFERENCE_STYLE, axis_top, plt, save_figure
 
 
 def behaviour_space(panels: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | Path,
@@ -49,7 +25,7 @@ def behaviour_space(panels: Mapping[str, tuple[np.ndarray, np.ndarray]], path: s
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False, sharey=True,
                              sharex=True)
     cmap = plt.get_cmap("viridis")
-    right = _upper(np.concatenate([np.ravel(m) for m, _ in panels.values()]), uniform)
+    right = axis_top(np.concatenate([np.ravel(m) for m, _ in panels.values()]), uniform)
     for ax, (title, (mad, ent)) in zip(axes[0], panels.items(), strict=True):
         depth = mad.shape[0]
         for layer in range(depth):
@@ -86,7 +62,7 @@ def per_layer(curves: Mapping[str, np.ndarray], ylabel: str, path: str | Path, r
                         alpha=0.12, label=f"{name}: {band}")
     if reference is not None:
         ax.axhline(reference, **REFERENCE_STYLE, label=f"{reference_label} ({reference:.4g})")
-    ax.set_ylim(0, _upper(np.concatenate([np.ravel(v) for v in curves.values()]), reference))
+    ax.set_ylim(0, axis_top(np.concatenate([np.ravel(v) for v in curves.values()]), reference))
     ax.set_xlabel("layer")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
@@ -104,7 +80,7 @@ def accuracy_vs_locality(points: Sequence[dict], path: str | Path, uniform: floa
     if uniform is not None:
         ax.axvline(uniform, **REFERENCE_STYLE, label=f"uniform attention ({uniform:.4g})")
         ax.legend(fontsize=7, loc="lower left")
-    ax.set_xlim(0, _upper(np.asarray([p["min_early_mad"] for p in points]), uniform))
+    ax.set_xlim(0, axis_top(np.asarray([p["min_early_mad"] for p in points]), uniform))
     for p in points:
         marker = "o" if p["cutmix"] else "s"
         face = "C3" if p["cutmix"] else "white"
