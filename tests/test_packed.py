@@ -181,7 +181,7 @@ def test_packed_adamw_equals_torch_adamw_per_member():
     assert wd[0].tolist() != wd[1].tolist() and lr[0, 0] != lr[0, 1]  # decayed and undecayed groups, two lrs
     for k, model in enumerate(models):
         for name, param in model.named_parameters():
-            torch.testing.assert_close(packed.param(name)[k], param, atol=1e-6, rtol=1e-5, msg=name)
+            torch.testing.assert_close(packed.param(name)[k], param, atol=1e-6, rtol=1e-5)
         state = optimizer.write_member(k, solo_optimizer(models[k], configs[k], 10)[0])
         assert [float(s["step"]) for s in state["state"].values()] == [float(s["step"]) for s in solos[
             k].state_dict()["state"].values()]
@@ -211,3 +211,38 @@ def test_a_partial_last_batch_is_reported_not_hidden(tmp_path, capsys):
     assert capsys.readouterr().err.count("each epoch trains on 32 of the 40") == 1
     for summary in (solo, *packed):
         assert (summary["train_images"], summary["train_images_per_epoch"], summary["steps"]) == (40, 32, 2)
+
+
+@pytest.mark.parametrize(("clip_mode", "bound"), [("global", float("inf")), ("per_tensor", 0.05)])
+def test_flat_adamw_step_equals_the_per_tensor_step(clip_mode, bound):
+    """The flat (K, P) step (parameters re-homed into one buffer) against its per-tensor twin: same weights and
+    moments after steps with two parameter groups, per-member lr, weight decay and clipping. (A binding global
+    clip sums the squares in another order, and AdamW turns that rounding into sign flips of near-zero gradients
+    such as the key bias's; the pack-vs-solo run tests cover it at run level.)"""
+    torch.manual_seed(3)
+    models = [create("vit-micro", depth=1, embed_dim=16, num_heads=2) for _ in range(3)]
+    images = torch.randn(3, 4, 3, 32, 32)
+    configs = [TrainConfig.from_dict({"lr": 1e-2 * (k + 1), "weight_decay": 0.05 * (k + 1)}) for k in range(3)]
+    packs = {}
+    for flat in (True, False):
+        packed = PackedViT(models)
+        solos = [solo_optimizer(m, c, 10)[0] for m, c in zip(models, configs, strict=True)]
+        packs[flat] = (packed, PackedAdamW.from_solo(packed, solos, models, flat=flat))
+    assert packs[True][1].flat and not packs[False][1].flat
+    lr = torch.tensor([[1e-2, 2e-2, 3e-2], [1e-2, 2e-2, 3e-2]])
+    wd = torch.tensor([[0.05, 0.1, 0.15], [0.0, 0.0, 0.0]])
+    max_norm = torch.tensor([bound, float("inf"), 10 * bound])
+    for _ in range(3):
+        for packed, optimizer in packs.values():
+            packed(images).square().mean(dim=(1, 2)).sum().backward()
+            optimizer.step(lr, wd, max_norm, clip_mode)
+            optimizer.zero_grad()
+    (flat_model, flat_opt), (each_model, each_opt) = packs[True], packs[False]
+    for name in flat_model.names:
+        torch.testing.assert_close(flat_model.param(name), each_model.param(name), atol=0, rtol=0)
+        p_flat, p_each = flat_model.param(name), each_model.param(name)
+        torch.testing.assert_close(flat_opt.exp_avg_sq[p_flat], each_opt.exp_avg_sq[p_each], atol=0, rtol=0)
+    assert flat_opt.steps.tolist() == each_opt.steps.tolist() == [3.0, 3.0, 3.0]
+    # the parameters are views of the optimiser's buffer: a step moves the model
+    assert all(p.untyped_storage().data_ptr() == flat_opt.buffer.untyped_storage().data_ptr()
+               for p in flat_model.parameters())

@@ -17,7 +17,10 @@ The rule, with ``sign`` the paper's direction (+1 or -1) and ``threshold`` half 
 * **reproduced**: the interval excludes zero in the paper's direction and the estimate reaches the threshold;
 * **not reproduced**: the whole interval lies below the threshold in the paper's direction;
 * **inconclusive** otherwise, and always below 2 seeds (or 2 images) per side, or when there is no spread to
-  build an interval from; ``reason`` says why.
+  build an interval from; ``reason`` says why;
+* **not testable**: the claim's precondition fails at the run's scale (``verdict(result, Precondition(False,
+  reason))``: e.g. no condition attends measurably below uniform, so no locality effect can show), whatever the
+  interval says; ``reason`` is the precondition's. Every study's verdict goes through ``verdict``.
 
 Power, from the observed spread: ``min_detectable`` is the smallest effect these seeds would detect with 80 %
 power at a two-sided 5 % level, and ``seeds_needed`` the seeds per side the paper's effect (twice the threshold)
@@ -39,7 +42,8 @@ LEVEL = 0.95
 POWER = 0.80
 MIN_PER_SIDE = 2
 MAX_SEEDS = 1000
-VERDICTS = ("reproduced", "not reproduced", "inconclusive")
+NOT_TESTABLE = "not testable"
+VERDICTS = ("reproduced", "not reproduced", "inconclusive", NOT_TESTABLE)
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,24 @@ def judge(difference: float, low: float, high: float, *, sign: int, threshold: f
         return "inconclusive", f"an effect in the paper's direction, but the estimate is short of half the " \
                                f"paper's effect ({threshold:.3g})"
     return "inconclusive", f"the interval reaches both zero and half the paper's effect ({threshold:.3g})"
+
+
+@dataclass(frozen=True)
+class Precondition:
+    """What a claim needs before its data can show the paper's effect at all: ``met`` or not, and ``reason``, in
+    words, what was found (e.g. "no condition attends below uniform by 0.05 normalised MAD")."""
+
+    met: bool
+    reason: str
+
+
+def verdict(result: Comparison | tuple[str, str], precondition: Precondition | None = None) -> tuple[str, str]:
+    """A claim's (verdict, reason): ``not testable`` with the precondition's reason when ``precondition`` is given
+    and unmet, else the rule's own (``result``: a ``Comparison``, or a (verdict, reason) pair from a study's
+    aggregate of comparisons). ``not reproduced`` is kept for data that could show the effect and does not."""
+    if precondition is not None and not precondition.met:
+        return NOT_TESTABLE, precondition.reason
+    return (result.verdict, result.reason) if isinstance(result, Comparison) else (result[0], result[1])
 
 
 def _check_rule(sign: int, threshold: float) -> None:

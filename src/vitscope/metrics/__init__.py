@@ -2,7 +2,13 @@
 
 from vitscope.metrics.attention_stats import AttentionStats
 from vitscope.metrics.layers import early_layers
-from vitscope.metrics.locality import UNITS, attention_entropy, grid_distances, mean_attention_distance
+from vitscope.metrics.locality import (
+    UNITS,
+    attention_entropy,
+    grid_distances,
+    mean_attention_distance,
+    uniform_mad,
+)
 from vitscope.metrics.streaming import (
     AttentionBatch,
     LocalityAccumulator,
@@ -15,5 +21,5 @@ from vitscope.metrics.streaming import (
 __all__ = [
     "UNITS", "AttentionBatch", "AttentionStats", "LocalityAccumulator", "PerHeadMeans", "SoftmaxInputs",
     "StreamingMetric", "SupportAccumulator", "attention_entropy", "early_layers", "grid_distances",
-    "mean_attention_distance",
+    "mean_attention_distance", "uniform_mad",
 ]

@@ -67,9 +67,9 @@ def rows(study: str, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def locality_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    from vitscope.studies.locality.verdicts import distinct, judge
+    from vitscope.studies.locality.results import judged_claims
 
-    return [c for c in (judge(c) for c in distinct(results["claims"])) if c.get("paper") is not None]
+    return [c for c in judged_claims(results) if c.get("paper") is not None]
 
 
 def sparse_claims(results: dict[str, Any]) -> list[dict[str, Any]]:

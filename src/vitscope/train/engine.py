@@ -49,6 +49,7 @@ from vitscope.train.loop import (
 )
 from vitscope.train.objective import Objective
 from vitscope.train.schedules import epoch_note, epoch_order, lr_multiplier, step_seed, warmup_note
+from vitscope.train.step_compile import step_runner
 
 __all__ = ["EpochHook", "TrainingDiverged", "TrainingInterrupted", "clip_gradients", "flatten_scalars",
            "hook_scalars", "prepare_run", "resolve_hook", "run"]
@@ -117,7 +118,7 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     if ctx.enabled:
         device_ids = [ctx.device] if ctx.device.type == "cuda" else None
         ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-    step_model = torch.compile(ddp_model) if cfg.compile else ddp_model
+    step_model = step_runner(ddp_model, cfg.compile, say=None if ctx.is_main else lambda line: None)
     clip_mode = cfg.grad_clip_mode or objective.grad_clip_mode
     if ctx.is_main:
         write_run_config(run_dir, cfg, ctx.device, started, subsets, ctx.world_size, steps_per_epoch,

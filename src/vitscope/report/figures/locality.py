@@ -13,18 +13,8 @@ from pathlib import Path
 import matplotlib.ticker
 import numpy as np
 
-from vitscope.metrics.locality import grid_distances
+from vitscope.metrics.locality import uniform_mad  # noqa: F401 (re-exported: every page's reference line)
 from vitscope.report.figures.common import REFERENCE_STYLE, axis_top, plt, save_figure
-
-
-def uniform_mad(grid_size: tuple[int, int], unit: str = "normalized", patch_size: int | None = None) -> float:
-    """MAD of uniform patch-to-patch attention on a (rows, cols) grid: mean pairwise centre distance, in
-    ``unit`` (normalized: divided by the largest distance; pixel: times ``patch_size``)."""
-    distances = grid_distances(tuple(grid_size)).double()
-    value = float(distances.mean())
-    if unit == "normalized":
-        return value / float(distances.max())
-    return value * (patch_size or 1) if unit == "pixel" else value
 
 
 def behaviour_space(panels: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | Path,

@@ -22,8 +22,8 @@ from vitscope.report.figures import locality as figures
 from vitscope.report.html import image, index_link, page, table
 from vitscope.report.openings import locality_opening as opening
 from vitscope.report.render import trusted
-from vitscope.studies.locality.results import PAPER
-from vitscope.studies.locality.verdicts import distinct, judge
+from vitscope.studies.locality.results import PAPER, judged_claims
+from vitscope.studies.locality.verdicts import LOCAL_MARGIN
 from vitscope.train.protocols import parse_protocol
 
 EXAMPLE_IMAGES = 2  # example images per condition in the report
@@ -145,7 +145,7 @@ def effective_config(config: dict[str, Any], condition: str) -> dict[str, Any]:
 
 
 def _judged(results: dict[str, Any]) -> list[dict[str, Any]]:
-    return [judge(c) for c in distinct(results["claims"])]
+    return judged_claims(results)
 
 
 def _name(claim: dict[str, Any]) -> str:
@@ -190,8 +190,10 @@ def _verdicts(results: dict[str, Any]) -> str:
     rule = ("<p>Verdicts (one rule for every study, <code>vitscope.stats.compare</code>; the unit is the seed): "
             "<b>reproduced</b> when the 95% interval excludes zero in the paper's direction and the difference "
             "reaches half the paper's effect; <b>not reproduced</b> when the whole interval lies below half the "
-            "paper's effect; <b>inconclusive</b> otherwise, and always with fewer than 2 seeds per side. The "
-            "interval is Welch's t-interval over seeds, which holds at 2-10 seeds.</p>")
+            "paper's effect; <b>inconclusive</b> otherwise, and always with fewer than 2 seeds per side; <b>not "
+            "testable</b> when the claim's precondition fails at this scale (for the MAD claims: no condition's "
+            f"minimum early-layer MAD lies at least {LOCAL_MARGIN:g} below uniform attention's, so no locality "
+            "effect can show). The interval is Welch's t-interval over seeds, which holds at 2-10 seeds.</p>")
     return "<ul>" + "".join(lines) + "</ul>" + _uniform_note(results) + rule
 
 

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from vitscope.metrics import early_layers as metrics_early_layers
-from vitscope.studies.locality.verdicts import judge
+from vitscope.metrics import uniform_mad
+from vitscope.studies.locality.verdicts import distinct, judge, locality_precondition
 from vitscope.train.protocols import COMPONENTS, parse_protocol, protocol_name
 
 PAPER = {  # arXiv 2605.16390, CIFAR-100, vit-compact
@@ -57,9 +58,23 @@ def summarize(records: list[dict[str, Any]], early_layers: list[int] | None = No
     return rows
 
 
-def _compare(name: str, measure: str, with_runs, without_runs, early_layers) -> dict[str, Any] | None:
+def precondition(records: list[dict[str, Any]], early_layers: list[int] | None = None) -> dict[str, Any] | None:
+    """Whether these runs can show a locality effect (``verdicts.locality_precondition``, on each condition's mean
+    minimum early-layer MAD over seeds) as {"met", "reason", "uniform"}; None without the runs' grid size."""
+    grids = {tuple(r["grid_size"]) for r in records if r.get("grid_size")}
+    if len(grids) != 1 or any(not r.get("grid_size") for r in records):
+        return None
+    uniform = uniform_mad(grids.pop())
+    minima = {c: float(np.nanmean([min_early_mad(r, early_layers) for r in records if r["condition"] == c]))
+              for c in dict.fromkeys(r["condition"] for r in records)}
+    found = locality_precondition(minima, uniform)
+    return {"met": found.met, "reason": found.reason, "uniform": uniform}
+
+
+def _compare(name: str, measure: str, with_runs, without_runs, early_layers,
+             needs: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """One comparison, with - without, judged on one value per seed (each run's own accuracy or minimum
-    early-layer MAD) by ``verdicts.judge``."""
+    early-layer MAD) by ``verdicts.judge``; a MAD comparison carries the runs' precondition ``needs``."""
     if not with_runs or not without_runs:
         return None
     if measure == "accuracy" and any(r["accuracy"] is None for r in with_runs + without_runs):
@@ -74,12 +89,15 @@ def _compare(name: str, measure: str, with_runs, without_runs, early_layers) -> 
                   "without": float(np.nanmean(values_without)), "values_with": values_with,
                   "values_without": values_without,
                   "conditions_with": sorted({r["condition"] for r in with_runs}),
-                  "conditions_without": sorted({r["condition"] for r in without_runs})})
+                  "conditions_without": sorted({r["condition"] for r in without_runs})}
+                 | ({"precondition": needs} if needs is not None and measure == "min_early_mad" else {}))
 
 
 def claims(records: list[dict[str, Any]], early_layers: list[int] | None = None) -> list[dict[str, Any]]:
     """Checks of the paper's claims that the conditions present allow, each over seeds with its 95% interval and
-    verdict (``vitscope.stats.compare``, through ``verdicts.judge``)."""
+    verdict (``vitscope.stats.compare``, through ``verdicts.judge``); MAD claims are ``not testable`` when no
+    condition attends measurably below uniform (``precondition``)."""
+    needs = precondition(records, early_layers)
     comps = {r["condition"]: parse_protocol(r["condition"]) for r in records}
     out = []
     for component in COMPONENTS:
@@ -88,7 +106,17 @@ def claims(records: list[dict[str, Any]], early_layers: list[int] | None = None)
         alone = [r for r in records if r["condition"] == protocol_name(frozenset({component}))]
         base = [r for r in records if r["condition"] == "baseline"]
         for measure in ("min_early_mad", "accuracy"):
-            out.append(_compare(f"conditions with {component} vs without", measure, has, lacks, early_layers))
+            out.append(_compare(f"conditions with {component} vs without", measure, has, lacks, early_layers, needs))
             out.append(_compare(f"baseline+{component} vs baseline ({component} alone)", measure, alone, base,
-                                early_layers))
+                                early_layers, needs))
     return [c for c in out if c is not None]
+
+
+def judged_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each distinct comparison of a study's ``results`` judged again; a MAD claim from a file written before the
+    precondition was stored gets it from the file's runs (so an old file's uniform runs read not testable too)."""
+    runs = results.get("runs") or []
+    early = (results.get("provenance", {}).get("config") or {}).get("early_layers")
+    needs = precondition(runs, early) if runs and all("mad" in r for r in runs) else None
+    return [judge(c if "precondition" in c or needs is None or c["measure"] != "min_early_mad"
+                  else c | {"precondition": needs}) for c in distinct(results["claims"])]

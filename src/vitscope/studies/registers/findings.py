@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from vitscope.metrics.high_norm import is_separate_mode
-from vitscope.stats import Comparison, compare
+from vitscope.stats import Comparison, Precondition, compare, verdict
 
 ENRICHMENT = 2.0  # attention mass at least this many times the high-norm tokens' share of keys
 MIN_HELD_OUT = 16  # held-out tokens per group below which a comparison is no evidence
@@ -109,8 +109,8 @@ def _verdict(supported: list[str], against: list[str], untested: str, undecided:
              ) -> tuple[str, str]:
     undecided = undecided or []
     notes = [f"inconclusive for {'; '.join(undecided)}"] if undecided else []
-    if not supported and not against:
-        return ("inconclusive", "; ".join(notes)) if undecided else ("not testable", untested)
+    if not supported and not against:  # not testable (the one rule's precondition) when no model could be measured
+        return verdict(("inconclusive", "; ".join(notes)), Precondition(bool(undecided), untested))
     if supported and not against:
         return "reproduced", "; ".join([f"holds for {', '.join(supported)}", *notes])
     if against and not supported:
@@ -139,10 +139,10 @@ def _exist(models: list[dict[str, Any]], with_artifacts: dict[str, list[int]]) -
         parts.append("no large model measured, so the paper's main claim is untested here")
     supported = [m for m in small if not with_artifacts[m]] + [m for m in large if with_artifacts[m]]
     against = [m for m in small if with_artifacts[m]] + [m for m in large if not with_artifacts[m]]
-    verdict, _ = _verdict(supported, against, "no measured model (planted ones aside)")
-    if verdict == "reproduced" and not large:  # clean small models alone cannot show that large ones have artifacts
-        verdict = "inconclusive"
-    return verdict, "; ".join(parts)
+    decided, _ = _verdict(supported, against, "no measured model (planted ones aside)")
+    if decided == "reproduced" and not large:  # clean small models alone cannot show that large ones have artifacts
+        decided = "inconclusive"
+    return decided, "; ".join(parts)
 
 
 def findings(rows: list[dict[str, Any]], models: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -197,8 +197,8 @@ def _compared(rows: list[dict[str, Any]], has: list[str], with_artifacts: dict[s
             supported.append(label)
         else:
             undecided.append(f"{label}: " + "; ".join(r.reason for r in results if r.verdict == "inconclusive"))
-    verdict, evidence = _verdict(supported, against, untested, undecided)
-    return verdict, "; ".join([evidence, *said]) if said else evidence
+    decided, evidence = _verdict(supported, against, untested, undecided)
+    return decided, "; ".join([evidence, *said]) if said else evidence
 
 
 def _registers_verdict(models: list[dict[str, Any]], with_artifacts: dict[str, list[int]]) -> tuple[str, str]:
@@ -221,10 +221,10 @@ def _registers_verdict(models: list[dict[str, Any]], with_artifacts: dict[str, l
         else:
             cleaned += [label for label in withreg if not with_artifacts[label]]
             kept += [label for label in withreg if with_artifacts[label]]
-    if not cleaned and not kept:
-        return "not testable", "; ".join(notes) or "needs trained models with and without registers"
-    verdict, evidence = _verdict(cleaned, kept, "")
-    return verdict, "; ".join([evidence, *notes])
+    testable = Precondition(bool(cleaned or kept), "; ".join(notes) or "needs trained models with and without "
+                                                                       "registers")
+    decided, evidence = verdict(_verdict(cleaned, kept, "") if testable.met else ("", ""), testable)
+    return decided, "; ".join([evidence, *notes]) if testable.met else evidence
 
 
 def detector_check(rows: list[dict[str, Any]], models: list[dict[str, Any]]) -> list[dict[str, Any]]:

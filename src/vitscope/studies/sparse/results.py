@@ -5,7 +5,9 @@ compare each condition with ``softmax`` on one value per seed, every seed of bot
 (condition - softmax), its 95 % interval and the verdict of the one rule (``vitscope.stats.compare``: Welch's
 t-interval over seeds; reproduced when it excludes zero in the paper's direction and the difference reaches half
 the claim's effect, not reproduced when it lies wholly below half the effect, inconclusive otherwise and always
-with fewer than 2 seeds per side). Each claim's effect is stated once, in ``presets.CLAIM_EFFECTS``.
+with fewer than 2 seeds per side; not testable when a side has no measured value: ``measured``, the claim's
+precondition through ``vitscope.stats.verdict``). Each claim's effect is stated once, in
+``presets.CLAIM_EFFECTS``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from vitscope.files import write_csv, write_json
-from vitscope.stats import compare
+from vitscope.stats import Precondition, compare, verdict
 from vitscope.studies.sparse.presets import claim_effect
 
 BASELINE = "softmax"
@@ -69,6 +71,15 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else 0.0
 
 
+def measured(condition: str, values: list[float], baseline_values: list[float], measure: str) -> Precondition:
+    """A claim's precondition here: both sides have at least one measured (finite) value of ``measure``."""
+    missing = [name for name, vals in ((condition, values), (BASELINE, baseline_values))
+               if not np.isfinite(np.asarray(vals, dtype=float)).any()]
+    if missing:
+        return Precondition(False, f"{measure} was not measured in the {' and '.join(missing)} runs")
+    return Precondition(True, f"{measure} measured on both sides")
+
+
 def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every condition against softmax on every claim measure, over seeds, with its interval, verdict, power line
     and a sentence in plain words. Conditions without a sparse normaliser (registers only) are shown with their
@@ -87,14 +98,15 @@ def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             values, baseline_values = [run_value(r, measure) for r in runs], [run_value(r, measure) for r in base]
             result = compare(values, baseline_values, sign=predicted, threshold=effect / 2)
             sign = predicted if sparse else None
-            verdict = result.verdict if sparse else "no claim"
+            decided, reason = verdict(result, measured(condition, values, baseline_values, measure))
             out.append({"condition": condition, "baseline": BASELINE, "measure": measure, "what": what,
                         "value": mean_std(values)[0], "baseline_value": mean_std(baseline_values)[0],
                         "values": values, "baseline_values": baseline_values, "difference": result.difference,
                         "ci95_low": result.low, "ci95_high": result.high, "method": result.method,
                         "paper_effect": predicted * effect, "effect_source": source, "threshold": effect / 2,
-                        "predicted": {1: "higher", -1: "lower", None: "none"}[sign], "verdict": verdict,
-                        "reason": result.reason if sparse else "the paper predicts nothing for registers alone",
+                        "predicted": {1: "higher", -1: "lower", None: "none"}[sign],
+                        "verdict": decided if sparse else "no claim",
+                        "reason": reason if sparse else "the paper predicts nothing for registers alone",
                         "power": result.power_line() if sparse else "", "runs": result.n_a,
                         "baseline_runs": result.n_b, "sentence": _sentence(condition, what, result, sign)})
     return out

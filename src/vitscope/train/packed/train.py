@@ -20,7 +20,7 @@ import datetime as dt
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
@@ -59,9 +59,10 @@ from vitscope.train.loop import (
 )
 from vitscope.train.objective import autocast
 from vitscope.train.packed.adamw import PackedAdamW
-from vitscope.train.packed.state import clip_member_gradients, schedule_tables, solo_optimizer, to_device
+from vitscope.train.packed.state import schedule_tables, solo_optimizer, to_device
 from vitscope.train.protocols import Protocol, soft_cross_entropy
 from vitscope.train.schedules import epoch_note, epoch_order, images_per_epoch, step_seed, warmup_note
+from vitscope.train.step_compile import step_runner
 from vitscope.train.supervised import build_model, evaluate
 
 # what may differ between the runs of one pack: everything else (model, data, batch, device) is shared
@@ -169,11 +170,11 @@ class Pack:
     member k's weights into its solo model, ``write_back()`` its weights and optimiser state."""
 
     def __init__(self, members: Sequence[Member], images: torch.Tensor, labels: torch.Tensor,
-                 compile_model: bool = False, amp: str = "auto"):
+                 compile_model: bool = False, amp: str = "auto", say: Callable[[str], None] | None = None):
         self.members, self.images, self.labels, self.amp = list(members), images, labels, amp
         self.device = images.device
         self.model = PackedViT([m.model for m in members]).to(self.device)
-        self.step_model = torch.compile(self.model) if compile_model else self.model
+        self.step_model = step_runner(self.model, compile_model, say=say)
         self.optimizer = PackedAdamW.from_solo(self.model, [m.optimizer for m in members], [m.model for m in members])
         clips = [m.cfg.grad_clip if m.cfg.grad_clip > 0 else float("inf") for m in members]
         self.clip = any(m.cfg.grad_clip > 0 for m in members)
@@ -215,9 +216,7 @@ class Pack:
                 logits = self.step_model(inputs)
             losses = torch.stack([soft_cross_entropy(logits[k], targets[k]) for k in range(len(self.members))])
             losses.sum().backward()  # the sum's gradient is each member's own gradient
-        if self.clip:
-            clip_member_gradients(self.optimizer.params, self.max_norms, next(iter(self.clip_modes)))
-        self.optimizer.step(lr, wd)
+        self.optimizer.step(lr, wd, self.max_norms if self.clip else None, next(iter(self.clip_modes)))
         self.optimizer.zero_grad()
         for member in self.members:  # the solo schedule's host state, as the engine steps it
             apply_weight_decay(member.optimizer, member.cfg, member.global_step, member.total_steps)
@@ -350,6 +349,13 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
         if end_of_epoch or (every and m.global_step % every == 0) or stop.signal is not None:
             checkpoint(pack, k)
 
+    said: list[str] = []
+
+    def say_once(line: str) -> None:  # each line once per run of packs, not once per pack
+        if line not in said:
+            print(line, file=sys.stderr, flush=True)
+        said.append(line)
+
     summaries: dict[int, dict[str, Any]] = {}
     with StopFlag() as stop, bar, ExitStack() as logs, CoreShare(device) as cores:
         for m in members:
@@ -359,7 +365,7 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
             m.window.load_state_dict(m.window_state)
         active = [m for m in members if not m.finished]
         while active:
-            pack = Pack(active, images_dev, labels_dev, cfg.compile, cfg.amp)
+            pack = Pack(active, images_dev, labels_dev, cfg.compile, cfg.amp, say=say_once)
             pack.model.train()
             for _ in range(min(m.total_steps - m.global_step for m in active)):
                 losses = pack.step()
