@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from vitscope.cli.common import add_shared, output_dir
+from vitscope.run_folder import writer_lock
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -76,9 +77,10 @@ def run_registers_study(**options) -> Path:
     from vitscope.studies.registers.study import RegistersStudy, run
 
     study = RegistersStudy(**options)  # checks the options
-    output_dir(study.out)  # then the folder is made
-    run(study)
-    return build_report(study.out)
+    # then the folder is made, and locked until the report is written (one writer per study folder)
+    with writer_lock(output_dir(study.out), what="study folder"):
+        run(study)
+        return build_report(study.out)
 
 
 def run_registers(args: argparse.Namespace) -> int:

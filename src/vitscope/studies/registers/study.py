@@ -12,8 +12,8 @@ Two sources of models, in one list:
 Each model gets the census (``census``) on the evaluation split; one model may also be measured
 with planted outliers (``vitscope.models.planted``). Every model's measurement is cached in
 ``models/<label>/`` (written atomically) under a key of everything that determines it (``measurement_key``),
-so a rerun after a kill measures only what is missing, and a label reused for another model is measured again. The results go
-to ``results.json`` (``{schema_version, kind, settings, rows, provenance}``) and ``results.csv``;
+so a rerun after a kill measures only what is missing, and a label reused for another model is measured again.
+The results go to ``results.json`` (``{schema_version, kind, settings, rows, provenance}``) and ``results.csv``;
 ``vitscope.report.registers.page`` turns them into ``report.html``.
 """
 
@@ -35,7 +35,7 @@ from vitscope.data import load_dataset
 from vitscope.files import write_csv, write_json
 from vitscope.models.planted import plant_outliers
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
-from vitscope.run_folder import model_file
+from vitscope.run_folder import model_file, writer_lock
 from vitscope.studies.models import ModelEntry
 from vitscope.studies.registers.census import CensusSettings, run_census
 from vitscope.studies.registers.presets import (
@@ -56,6 +56,7 @@ from vitscope.studies.runner import Launch, RunSpec, check_launcher, run_all
 from vitscope.studies.sparse.presets import merge
 from vitscope.train import TrainConfig, train
 from vitscope.train.config import read_config_file
+from vitscope.train.same_run import check_same_run
 
 KIND = "registers-study"
 
@@ -268,10 +269,16 @@ def load_census_tensors(out: str | Path, label: str) -> dict[str, torch.Tensor]:
 
 def run(study: RegistersStudy) -> dict[str, Any]:
     """Train what is missing, measure every model, and write results.json and results.csv; returns the payload."""
+    with writer_lock(study.out, what="study folder"):  # one writer from the first check to results.json
+        return _run(study)
+
+
+def _run(study: RegistersStudy) -> dict[str, Any]:
     started = dt.datetime.now(dt.UTC)
     out = Path(study.out)
-    out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(study.device)
+    for _, objective, registers, seed in study.trained():  # a run started with other settings is not reused
+        check_same_run(study.train_config(objective, registers, seed, study.device))
     trained = study.trained()
     launch = Launch(device=study.device, launcher=study.launcher, slurm=study.slurm, name="vitscope-registers",
                     progress=study.progress)
