@@ -33,6 +33,11 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
     if pos_interp not in (None, "timm", "original"):
         raise ValueError(f"pos_interp={pos_interp!r} is unknown; use 'timm' or 'original' (or leave it unset to follow "
                          "the checkpoint's origin)")
+    if pos_interp is not None and (weights is None or not spec.startswith("timm:")):
+        given = "no weights" if weights is None else "these weights"
+        raise ValueError(f"pos_interp={pos_interp!r} (--pos-interp) sets how a timm model's --weights position "
+                         f"table is interpolated, and {spec} with {given} loads none that way; drop it, or give "
+                         "timm:NAME with --weights FILE")
     if isinstance(num_registers, bool) or not isinstance(num_registers, int) or num_registers < 0:
         raise ValueError(f"num_registers={num_registers!r} must be an integer >= 0 (0 adds none)")
     if spec.startswith("timm:"):
