@@ -18,11 +18,14 @@ import vitscope
 from vitscope.cli.common import (
     add_shared_to_top,
     check_data_dir,
+    check_device_flag,
     check_launcher_flag,
     check_output_dir,
+    created_folders,
     quiet_torch_notices,
     resolve_shared,
 )
+from vitscope.cli.write_errors import write_failure_line
 
 COMMAND_MODULES = ("models", "analyze", "explore", "probe", "train", "study", "demo", "doctor", "export")
 SHARED_EPILOG = """shared options: --device, --batch-size, --seed, --out and --debug go before or after the command
@@ -61,23 +64,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     args.debug = bool(getattr(args, "debug", False) or getattr(args, "top_debug", False))
+    created_folders.begin()
+    code = 2
     try:
         resolve_shared(args, _command_name(args))
         check_data_dir(args)
+        check_device_flag(args)
         check_launcher_flag(args)
         if getattr(args, "out", None) and not getattr(args, "out_is_run_folder", False):
             # a folder, or for commands that write one file (export) its folder; train checks its run folder.
-            # Only checked: the command creates it once its own options pass, so a refusal leaves no empty folder
+            # Only checked: the command creates it once its own options pass (output_dir)
             check_output_dir(Path(args.out).parent if getattr(args, "out_is_file", False) else args.out)
-        return args.handler(args)
+        code = args.handler(args)
+        return code
     except KeyboardInterrupt:
         print("vitscope: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+        return code
     except Exception as err:  # one line for users, the full story with --debug
         if args.debug:
             raise
-        print(f"vitscope: error: {one_line(err)}", file=sys.stderr)
+        print(f"vitscope: error: {write_failure_line(err, args) or one_line(err)}", file=sys.stderr)
         return 2
+    finally:
+        if code != 0:  # a refused or failed command leaves no folder it created and wrote nothing into
+            created_folders.remove_unused()
 
 
 def one_line(err: BaseException) -> str:
