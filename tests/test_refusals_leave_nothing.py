@@ -259,3 +259,21 @@ def test_a_killed_feature_writers_temporary_is_removed_by_the_next_run(tmp_path)
     data = load_dataset("synthetic", None, "eval", num_images=4)
     extract_features(create("vit-micro"), data, "last", batch_size=4, cache=tmp_path, progress=False)
     assert not stale.exists() and live.exists()
+
+
+def test_a_run_folder_made_unwritable_mid_run_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    import vitscope.train.logging
+
+    run = tmp_path / "run"
+    real_open = open
+
+    def unwritable(file, mode="r", *args, **kwargs):
+        if str(file).startswith(str(run)) and str(file).endswith("metrics.jsonl") and "a" in mode:
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(vitscope.train.logging, "open", unwritable, raising=False)
+    line = refused(["train", "--dataset", "synthetic", "--device", "cpu", "--batch-size", "64", "--set",
+                    "epochs=1", "model=vit-micro", "dataset_options.num_images=64", "eval_images=16",
+                    "--out", str(run)], capsys)
+    assert f"run folder {run} cannot be written" in line and f"vitscope train --resume {run}" in line

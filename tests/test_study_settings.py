@@ -57,3 +57,15 @@ def test_registers_study_holds_its_folder_lock_until_the_report(tmp_path, monkey
                  "--eval-images", "8", "--no-probes", "--thresholds", "auto", "--device", "cpu",
                  "--out", str(out)]) == 0
     assert seen["lock"] == "held"
+
+
+def test_sparse_label_reused_for_another_model_is_refused(tmp_path, capsys):
+    """A given model's cached measurement is reused only for the same model, never for another under its label."""
+    record = tmp_path / "study" / "runs" / "a" / "seed-0" / "sparse.json"
+    record.parent.mkdir(parents=True)
+    cached = {"label": "a", "spec": "vit-micro", "weights": None, "options": {}, "thresholds": []}
+    record.write_text(json.dumps({"source": {"given": cached}}))
+    assert main(["study", "sparse", "--conditions", "", "--model", "a=vit-compact", "--device", "cpu",
+                 "--out", str(tmp_path / "study")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds the measurement of vit-micro" in err and "another label" in err

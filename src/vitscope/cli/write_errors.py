@@ -24,7 +24,7 @@ def _chain(err: BaseException) -> list[BaseException]:
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         chain.append(err)
-        err = err.__cause__ or err.__context__
+        err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)  # `from None`: its own line
     return chain
 
 
@@ -62,4 +62,9 @@ def write_failure_line(err: BaseException, args: argparse.Namespace) -> str | No
         if isinstance(cause, OSError) and cause.errno in READ_ONLY and name and _under(name, cache_root()):
             return (f"VITSCOPE_CACHE {cache_root()} cannot be written ({cause.strerror}: {name}); set VITSCOPE_CACHE "
                     "to a writable folder, or pass --no-cache (probe commands) to keep features in memory")
+        run = getattr(args, "resume", None) or getattr(args, "out", None)
+        if (isinstance(cause, OSError) and cause.errno in READ_ONLY and name and run
+                and getattr(args, "command", None) == "train" and _under(name, Path(run))):
+            return (f"run folder {run} cannot be written ({cause.strerror}: {name}); make it writable (chmod -R u+w "
+                    f"{run}) and continue with `vitscope train --resume {run}`")
     return None

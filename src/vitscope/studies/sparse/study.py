@@ -249,6 +249,17 @@ def _train_and_measure(study: SparseStudy, spec: RunSpec, device: str) -> dict[s
     return record
 
 
+def _check_given_record(entry: ModelEntry, record: Path) -> None:
+    """A ValueError when ``record`` (a cached measurement) is of another model than ``entry``."""
+    if not record.is_file():
+        return
+    cached = (json.loads(record.read_text()).get("source") or {}).get("given")
+    if cached != json.loads(json.dumps(entry.to_dict())):
+        old = f"{(cached or {}).get('spec')}" + (f"@{cached['weights']}" if (cached or {}).get("weights") else "")
+        raise ValueError(f"--model {entry.label}={entry.spec}: {record.parent} holds the measurement of {old} under "
+                         f"this label; give the model another label, or pass another --out")
+
+
 def run(study: SparseStudy) -> dict[str, Any]:
     """Train and measure every (condition, seed) and given model through the study runner; write
     results.json, results.csv and summary.csv. Returns the results payload."""
@@ -258,6 +269,8 @@ def run(study: SparseStudy) -> dict[str, Any]:
         for spec in study.specs():  # a run started with other settings is neither resumed nor reused
             if spec.condition not in given:
                 check_same_run(study.train_config(spec.condition, spec.seed, devices(study.device)[0]))
+        for entry in study.models:  # nor a measurement of another model under the same label
+            _check_given_record(entry, RunSpec(entry.label, 0).folder(study.out) / RECORD)
         records = run_all(study.specs(), functools.partial(_train_and_measure, study), out=study.out,
                           record_name=RECORD, launch=study.launch())
         meta = provenance(config=study.to_dict(), seed=study.seeds[0], dataset=study.data_name(),
