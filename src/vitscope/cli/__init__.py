@@ -1,4 +1,6 @@
-"""The ``vitscope`` command. Errors print one line on stderr and exit 2 (a traceback with --debug).
+"""The ``vitscope`` command. Errors print one line on stderr and exit 2 (a traceback with --debug); a full disk or an
+unwritable cache gets a line naming the folder (``write_errors``), and a failed command removes the output folders
+it created and wrote nothing into (``common.created_folders``).
 
 Each command lives in its own module of this package and exposes ``register(commands)``, which adds its
 subparser and sets ``handler`` (a function of the parsed arguments returning the exit code). A new command
