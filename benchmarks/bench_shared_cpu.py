@@ -6,7 +6,7 @@ images, stepping ``vitscope.threads.CoreShare`` as the training loops do. Each s
 since OpenMP reads its wait policy once, when torch loads it:
   spin           OpenMP's default: threads spin ~300,000 times at each barrier, fixed threads (vitscope before)
   passive        OMP_WAIT_POLICY=PASSIVE, fixed threads (VITSCOPE_THREADS=fixed): the previous default
-  short          GOMP_SPINCOUNT=10000, what ``import vitscope`` sets (vitscope.threads), fixed threads
+  short          GOMP_SPINCOUNT=10000, what the ``vitscope`` command sets (vitscope.threads), fixed threads
   passive-adapt  passive, with CoreShare keeping the threads at the cores left free
   adapt          vitscope's default: the short spin with CoreShare
   spin1k         the default policy with GOMP_SPINCOUNT=1000, fixed threads
@@ -45,7 +45,7 @@ def child(steps: int, batch_size: int) -> None:
     import importlib
     import statistics
 
-    importlib.import_module("vitscope")  # first, as the CLI does: it sets the OpenMP wait policy
+    importlib.import_module("vitscope.threads").apply_wait_policy()  # first, as the CLI does, before torch loads
     import torch
     import torch.nn.functional as F
 

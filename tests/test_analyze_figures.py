@@ -9,7 +9,7 @@ from vitscope.data import ImageDataset
 from vitscope.metrics.norms import Threshold
 from vitscope.models import create
 from vitscope.models.token_map import token_map
-from vitscope.report.analysis_figures import MAX_MAP_IMAGES, norm_figures, norm_map_inputs
+from vitscope.report.figures.analysis import MAX_MAP_IMAGES, norm_figures, norm_map_inputs
 
 
 def planted(count: int = 40, grid: int = 8, patch: int = 4):
@@ -43,7 +43,7 @@ def test_each_norm_map_belongs_to_the_image_above_it(tmp_path):
 @pytest.fixture
 def captured(monkeypatch):
     """Each figure's axes, titles and colour bars, seen as matplotlib saves it."""
-    from vitscope.report import figures
+    from vitscope.report.figures import common as figures
 
     seen = []
     real = figures.save_figure
@@ -53,7 +53,7 @@ def captured(monkeypatch):
                      if fig._suptitle else "", "colorbars": sum(ax.get_label() == "<colorbar>" for ax in fig.axes)})
         return real(fig, path)
 
-    import vitscope.report.norm_figures as nf
+    import vitscope.report.figures.norms as nf
     monkeypatch.setattr(nf, "save_figure", spy)
     return seen
 

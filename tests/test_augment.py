@@ -188,3 +188,16 @@ def test_protocol_output_and_soft_loss(batch):
     assert torch.equal(hard.argmax(1), labels) and hard.max() == 1
     logits = torch.randn(64, 8)
     torch.testing.assert_close(soft_cross_entropy(logits, hard), torch.nn.functional.cross_entropy(logits, labels))
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(1, 6), classes=st.integers(2, 12), seed=st.integers(0, 2**31 - 1),
+       scale=st.floats(0.1, 30.0), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+def test_soft_cross_entropy_equals_the_hand_written_formula(batch, classes, seed, scale, dtype):
+    generator = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(batch, classes, generator=generator) * scale).to(dtype)
+    targets = torch.rand(batch, classes, generator=generator) ** 3  # peaked, mixed and smoothed-like rows
+    targets = targets / targets.sum(dim=-1, keepdim=True)
+    by_hand = torch.sum(-targets * torch.log_softmax(logits.float(), dim=-1), dim=-1).mean()  # the old formula
+    assert soft_cross_entropy(logits, targets).dtype == torch.float32
+    torch.testing.assert_close(soft_cross_entropy(logits, targets), by_hand, rtol=1e-5, atol=1e-5)

@@ -53,24 +53,3 @@ def test_fixed_threads_and_one_thread_leave_the_count_alone(monkeypatch):
         assert not CoreShare("cuda").enabled
     finally:
         torch.set_num_threads(previous)
-
-
-@pytest.mark.parametrize("env,expected", [
-    ({}, "10000 None"),  # the short spin by default
-    ({"VITSCOPE_OMP_WAIT": "passive"}, "None PASSIVE"),
-    ({"VITSCOPE_OMP_WAIT": "default"}, "None None"),
-    ({"VITSCOPE_OMP_PASSIVE": "0"}, "None None"),  # the older opt-out still means OpenMP's own policy
-    ({"OMP_WAIT_POLICY": "ACTIVE"}, "None ACTIVE"),  # a user's choice is kept
-])
-def test_import_sets_the_wait_policy_before_torch_loads(env, expected):
-    code = "import os, vitscope; print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))"
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "VITSCOPE_OMP"))}
-    out = subprocess.run([sys.executable, "-c", code], env=clean | env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == expected
-
-
-def test_a_bad_wait_choice_names_the_value():
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "VITSCOPE_OMP"))}
-    out = subprocess.run([sys.executable, "-c", "import vitscope"], env=clean | {"VITSCOPE_OMP_WAIT": "spin"},
-                         capture_output=True, text=True)
-    assert out.returncode != 0 and "VITSCOPE_OMP_WAIT='spin'" in out.stderr

@@ -197,7 +197,8 @@ def test_cli_loss_points_is_recorded_and_a_bad_value_is_one_line(tmp_path, capsy
 
 @pytest.mark.parametrize("task", ["segmentation", "depth"])
 def test_heads_of_two_backbones_in_one_pass_equal_heads_trained_apart(task, one_thread):
-    from vitscope.probes.dense.heads import HeadInputs, fit_heads
+    from vitscope.probes.dense.heads import fit_heads
+    from vitscope.probes.dense.modules import HeadInputs
 
     generator = torch.Generator().manual_seed(7)
     maps = {name: torch.randn(6, 5, 3, 4, generator=generator) for name in ("model", "twin")}

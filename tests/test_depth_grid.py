@@ -9,7 +9,8 @@ from torch import nn
 
 from vitscope.probes.dense.bin_norm import depth_from_bins
 from vitscope.probes.dense.depth_grid import DEPTH_UPSAMPLE, grid_depth, resize_depth
-from vitscope.probes.dense.heads import HeadInputs, depth_bins
+from vitscope.probes.dense.heads import depth_bins
+from vitscope.probes.dense.modules import HeadInputs
 from vitscope.probes.dense.points import PointSampler, cells_at, rows_at
 from vitscope.probes.dense.probe import dense_probe, fit_dense_head, iter_predictions
 

@@ -356,3 +356,22 @@ def test_shipped_configs_and_bad_options(tmp_path):
         train(dino_config(tmp_path, "bad", objective_options={"outdim": 3}))
     with pytest.raises(ValueError, match=r"objective_options.global_scale: expected a list of 2 numbers"):
         train(dino_config(tmp_path, "bad2", objective_options={"global_scale": "big"}))
+
+
+def test_the_fused_ema_update_equals_the_per_parameter_update():
+    from vitscope.train.dino.objective import ema_update
+
+    torch.manual_seed(0)
+    student = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.LayerNorm(7), torch.nn.Linear(7, 3))
+    teacher = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.LayerNorm(7), torch.nn.Linear(7, 3))
+    expected = [t.detach().clone() for t in teacher.parameters()]
+    for momentum in (0.996, 0.5, 1.0):
+        with torch.no_grad():
+            for t, s in zip(expected, student.parameters(), strict=True):  # the per-parameter update
+                t.mul_(momentum).add_((1 - momentum) * s.detach())
+        ema_update(list(teacher.parameters()), list(student.parameters()), momentum)
+        for t, e in zip(teacher.parameters(), expected, strict=True):
+            torch.testing.assert_close(t.detach(), e, rtol=1e-6, atol=1e-7)
+    assert not any(t.requires_grad and t.grad is not None for t in teacher.parameters())
+    with pytest.raises(ValueError, match="teacher has 6 parameters and student 2"):
+        ema_update(list(teacher.parameters()), list(student[0].parameters()), 0.9)

@@ -104,8 +104,9 @@ def test_random_architecture_hub_names_and_the_missing_extra(tmp_path, monkeypat
     model = load("hf:Dinov2Model", hidden_size=32, num_hidden_layers=1, num_attention_heads=2, mlp_ratio=2,
                  image_size=32, patch_size=16)
     assert token_layout(model).grid_size == (2, 2)
-    with pytest.raises(ValueError, match=r"downloads nothing; fetch it with `hf download facebook/dinov2-small "
-                                         r"--local-dir dinov2-small` and use --model hf:dinov2-small"):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))  # hub names: only from the cache
+    with pytest.raises(ValueError, match=r"hf:facebook/dinov2-small is not in the local cache .*fetch it with "
+                                         r"`hf download facebook/dinov2-small`, or rerun with --download"):
         load("hf:facebook/dinov2-small")
     with pytest.raises(ValueError, match="num_hiden_layers not in Dinov2Config"):
         load("hf:Dinov2Model", num_hiden_layers=2)

@@ -122,3 +122,21 @@ def test_fit_and_held_images_are_class_balanced():
     kept = balanced(torch.arange(20), labels, seed=0)
     assert labels[kept].bincount().tolist() == [4, 4, 4]
     assert torch.equal(kept, balanced(torch.arange(20), labels, seed=0))
+
+
+def test_a_settings_object_and_keyword_options_probe_the_same(scenes):
+    from vitscope.probes.tokens import TokenProbeSettings
+
+    torch.manual_seed(0)
+    model = create("vit-micro")
+    quick = TokenProbeSettings(probes=("position", "class"), norm=False, baseline=False, cache=False,
+                               progress=False, fit_options=FAST, max_tokens=256)
+    by_object = probe_tokens(model, scenes, "0", quick)
+    by_keywords = probe_tokens(model, scenes, "0", probes=("position", "class"), norm=False, baseline=False,
+                               cache=False, progress=False, fit_options=FAST, max_tokens=256)
+    assert by_object.rows == by_keywords.rows and by_object.settings == by_keywords.settings
+    assert probe_tokens(model, scenes, "0", quick, probes=("class",)).settings["probes"] == ["class"]  # override
+    with pytest.raises(TypeError, match=r"unknown options \['max_token'\]"):
+        probe_tokens(model, scenes, "0", quick, max_token=3)
+    with pytest.raises(ValueError, match="unknown token probes"):
+        TokenProbeSettings(probes=("colour",))

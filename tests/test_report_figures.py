@@ -9,8 +9,8 @@ from matplotlib.colors import to_rgba
 @pytest.fixture
 def figures_made(monkeypatch):
     """Every matplotlib figure the report modules save, kept for inspection."""
-    import vitscope.report.figures as base
-    import vitscope.report.norm_figures as nf
+    import vitscope.report.figures.locality as base
+    import vitscope.report.figures.norms as nf
     import vitscope.report.registers.figures as rf
     import vitscope.report.sparse.figures as sf
 
@@ -92,7 +92,7 @@ def test_hierarchical_norm_histograms_show_every_layer_tick_values_and_each_stag
 
 
 def test_per_layer_has_a_heading_and_names_its_band(tmp_path, figures_made):
-    from vitscope.report.figures import per_layer
+    from vitscope.report.figures.locality import per_layer
 
     per_layer({"baseline": np.random.default_rng(0).random((4, 3))}, "MAD", tmp_path / "p.png", reference=0.4,
               title="MAD per layer", band="min-max over heads and seeds")
@@ -114,3 +114,23 @@ def test_locality_settings_show_each_runs_effective_protocol_and_layers_read_as_
     assert "<td>baseline seed 0</td><td>off</td>" in per_run
     assert (layer_list([1]), layer_list([1, 2]), layer_list([1, 2, 3]), layer_list([1, 3, 5])) == (
         "1", "1 and 2", "1-3", "1, 3 and 5")
+
+
+def test_analyze_norm_histograms_draw_cls_apart_from_patches_and_label_narrow_ranges(tmp_path, figures_made):
+    # a real ViT-S/14's CLS token (one per image, norm 2) sits apart from its patches (norm about 1): drawn in the
+    # patches' colour it reads as a separate high-norm mode of patches
+    from vitscope.report.figures.norms import norm_histograms
+    from vitscope.report.registers.figures import GROUP_COLOURS
+
+    rng = np.random.default_rng(0)
+    patches = [rng.uniform(0.8, 1.3, 2560)]  # less than a decade: default log axes would label no tick
+    cls = [np.full(10, 2.0)]
+    norm_histograms(patches, ["layer 1"], 50.0, "auto", tmp_path / "h.png", prefix={"cls": cls})
+    ax = figures_made[-1].axes[0]
+    drawn = {p.get_label(): p for p in ax.patches if not p.get_label().startswith("_")}
+    assert set(drawn) == {"patch (2560)", "cls (10)"}
+    assert to_rgba(drawn["cls (10)"].get_edgecolor()) == to_rgba(GROUP_COLOURS["cls"])
+    assert to_rgba(drawn["cls (10)"].get_edgecolor())[:3] != to_rgba(drawn["patch (2560)"].get_facecolor())[:3]
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert len(labels) == 4 and float(labels[0]) < 0.8 and float(labels[-1]) > 45  # patches to threshold
+    assert [line.get_xdata()[0] for line in ax.lines if line.get_label() == "threshold"] == [50.0]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitscope.report import figures
+from vitscope.report.figures import locality as figures
 from vitscope.report.locality.page import build_report
 from vitscope.studies.locality.results import claims
 from vitscope.studies.locality.study import LocalityStudy, write_results

@@ -94,3 +94,22 @@ def test_a_feature_cache_entry_waits_for_its_writer(tmp_path):
         waited = time.perf_counter() - start
     assert waited > 1.0  # the holder keeps it 1.5 s after saying so
     holder.wait()
+
+
+NO_FCNTL = """
+import os, sys
+sys.modules["fcntl"] = None  # as on Windows: no fcntl module
+import vitscope
+from vitscope.run_folder import writer_lock
+with writer_lock(sys.argv[1]) as lock:
+    assert lock.read_text().splitlines()[0] == str(os.getpid()), lock.read_text()
+    print("held", flush=True)
+"""
+
+
+def test_import_and_writer_lock_without_fcntl(tmp_path):
+    done = subprocess.run([sys.executable, "-c", NO_FCNTL, str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "held", done.stderr[-2000:]
+    with writer_lock(tmp_path / "run"):  # the soft lock's marker was released, not left stale
+        pass

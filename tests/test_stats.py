@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from vitscope.stats import VERDICTS, compare, t_quantile
+from vitscope.stats import VERDICTS, compare, t_quantile, wilson_interval
 
 
 @pytest.mark.parametrize(("p", "df", "expected"), [(0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 4, 2.7764),
@@ -124,3 +124,16 @@ def test_degenerate_values_say_why():
 def test_bad_rule_arguments_name_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
         compare([1, 2], [3, 4], **kwargs)
+
+
+@pytest.mark.parametrize(("k", "n", "low", "high"), [
+    (81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0, 0.1611), (1, 29, 0.0061, 0.1718)])
+def test_wilson_interval_matches_newcombes_published_examples(k, n, low, high):
+    # Newcombe (1998), Statistics in Medicine 17:857, Table I, method 3 (score interval without continuity correction)
+    assert wilson_interval(k, n) == pytest.approx((low, high), abs=1e-4)
+
+
+@pytest.mark.parametrize(("args", "message"), [((11, 10), "0 <= successes <= n"), ((1, 0), "n >= 1")])
+def test_wilson_interval_names_bad_counts(args, message):
+    with pytest.raises(ValueError, match=message):
+        wilson_interval(*args)

@@ -234,3 +234,14 @@ def test_other_weights_in_the_same_file_are_measured_again(tmp_path):
     second = run(_one_model_study(tmp_path / "study", ModelEntry("a", str(weights))))
     norms = [[r["value"] for r in payload["rows"] if r["metric"] == "norm_mean"] for payload in (first, second)]
     assert norms[0] and norms[0] != norms[1]
+
+
+def test_img_size_sets_every_given_models_input(tmp_path):
+    # DINOv2's patch-14 models default to 518 px (37 x 37 patches); --img-size 56 must measure them on 4 x 4 patches
+    out = tmp_path / "sized"
+    argv = ["study", "registers", "--preset", "none", "--registers", "", "--model", "d=timm:vit_small_patch14_dinov2",
+            "--img-size", "56", "--eval-images", "4", "--no-probes", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 0
+    record = json.loads((out / "models" / "d" / "census.json").read_text())
+    assert record["entry"]["options"]["img_size"] == 56
+    assert list(record["tokens"]["patches"]["grid"]) == [56 // 14, 56 // 14]

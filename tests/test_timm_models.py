@@ -26,7 +26,7 @@ FAMILIES = {
     "pvt-v2": ("timm:pvt_v2_b0", {}, 64),
     "clip": ("timm:vit_base_patch16_clip_224", {"img_size": 64, "depth": 2}, 64),
     "deit3": ("timm:deit3_small_patch16_224", {"img_size": 64, "depth": 2}, 64),
-    "dino": ("timm:vit_small_patch16_224.dino", {"img_size": 64, "depth": 2}, 64),
+    "dino": ("timm:vit_small_patch16_224.dino", {"img_size": 64, "depth": 2, "pretrained": False}, 64),
 }
 
 
@@ -250,7 +250,7 @@ def test_swap_normaliser_keeps_weights_and_registers_and_image_size():
     assert maps.maps[0].shape[-1] == 3 + 16
 
 
-def test_local_weights_timm_and_original_dinov2_names(tmp_path):
+def test_local_weights_timm_and_original_dinov2_names(tmp_path, monkeypatch):
     model, images = build("dinov2-reg")
     state = model.state_dict()
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
@@ -267,7 +267,9 @@ def test_local_weights_timm_and_original_dinov2_names(tmp_path):
         for name in ("w.safetensors", "w.pth", "original.pth"):
             got = load(spec, weights=tmp_path / name, **options).eval()(images)
             torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
-    with pytest.raises(ValueError, match="--weights PATH"):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))  # pretrained weights: only from the cache
+    with pytest.raises(ValueError, match=r"timm:vit_small_patch14_reg4_dinov2 is not in the local cache .*"
+                                         r"`hf download timm/vit_small_patch14_reg4_dinov2.lvd142m model.safetensors`"):
         load(spec, pretrained=True)
     with pytest.raises(FileNotFoundError, match="missing.pth"):
         load(spec, weights=tmp_path / "missing.pth", **options)
@@ -363,6 +365,6 @@ def test_attention_that_cannot_be_converted_is_refused(spec, options, match):
 
 def test_registers_only_where_timm_gives_them_no_positional_embedding():
     with pytest.raises(ValueError, match="no_embed_class"):
-        load("timm:vit_small_patch16_224.dino", num_registers=4, img_size=32, depth=1)
+        load("timm:vit_small_patch16_224.dino", num_registers=4, img_size=32, depth=1, pretrained=False)
     with pytest.raises(ValueError, match="already has registers"):
         load("timm:vit_small_patch14_reg4_dinov2", num_registers=4, img_size=28, depth=1)

@@ -1,13 +1,31 @@
-"""vitscope: train, modify and measure how tokens interact inside Vision Transformers."""
+"""vitscope: train, modify and measure how tokens interact inside Vision Transformers.
 
-from vitscope.threads import set_thread_count, set_wait_policy
+Importing has no side effects (no environment variables, threads or torch): the public names below load their
+modules, and torch, on first use. The CPU wait policy and thread count are applied where runs start
+(``vitscope.threads``).
+"""
 
-set_wait_policy()  # before anything imports torch (vitscope.threads)
-set_thread_count()
+from __future__ import annotations
 
-from vitscope.metrics import AttentionStats  # noqa: E402
-from vitscope.record import record_attention, record_tokens  # noqa: E402
-from vitscope.version import __version__  # noqa: E402
+from typing import TYPE_CHECKING, Any
+
+from vitscope.version import __version__
+
+if TYPE_CHECKING:
+    from vitscope.metrics import AttentionStats
+    from vitscope.record import record_attention, record_tokens
+
+_LAZY = {"AttentionStats": "vitscope.metrics", "record_attention": "vitscope.record",
+         "record_tokens": "vitscope.record"}
+
+
+def __getattr__(name: str) -> Any:
+    """``vitscope.record_attention`` and friends, imported on first use (PEP 562)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'vitscope' has no attribute {name!r}")
 
 
 def explore(*args, **kwargs):

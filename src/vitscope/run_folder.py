@@ -13,11 +13,13 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import filelock
 
 MODEL_FILE = "model.safetensors"
 SUMMARY_FILE = "summary.json"
@@ -59,51 +61,69 @@ def is_empty_but_lock(folder: str | Path) -> bool:
 
 
 def _holder(lock: Path) -> str:
+    """The pid that the holder left on the lock file's first line (a native lock's hint, a soft lock's marker)."""
     try:
-        pid = lock.read_text().strip()
+        pid = lock.read_text().partition("\n")[0].strip()
     except OSError:
         pid = ""
     return f"pid {pid}" if pid.isdigit() else "pid unknown"
 
 
+def _write_pid(fd: int) -> None:
+    """Leave this process's pid in the natively locked file (through the lock's own descriptor: on Windows the
+    locked byte refuses every other handle)."""
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, f"{os.getpid()}\n".encode())
+
+
+def _file_lock(lock: Path, wait: bool) -> filelock.FileLock:
+    """A ``filelock.FileLock`` on ``lock``: ``fcntl.flock`` on Unix, ``LockFileEx`` on Windows, both released by the
+    kernel when the holder dies; where neither exists, filelock's soft lock (a marker whose first line is the pid)."""
+    native = sys.platform == "win32" or filelock.unix_has_fcntl
+    return filelock.FileLock(lock, timeout=-1 if wait else 0, on_acquired=_write_pid if native else None)
+
+
 @contextmanager
 def writer_lock(folder: str | Path, what: str = "run folder", fix: str = "choose another --out", *,
                 name: str = LOCK_FILE, wait: bool = False) -> Iterator[Path]:
-    """Hold ``<folder>/<name>`` (an exclusive ``fcntl.flock``) while writing to ``folder``.
+    """Hold ``<folder>/<name>`` (an exclusive ``filelock.FileLock``) while writing to ``folder``.
 
     A second writer, in another process, gets a ``FolderInUse`` naming the folder and the holder's pid (with
-    ``wait``, it waits for the holder instead). The kernel drops the lock when the holder exits or is killed,
-    so no lock is ever stale; the pid left in the file is only a hint. Nested blocks of one process on one lock
-    share it. Readers take no lock.
+    ``wait``, it waits for the holder instead). The kernel drops a native lock when the holder exits or is killed,
+    so no lock is ever stale; the pid left in the file is only a hint. The lock file stays after release. Nested
+    blocks of one process on one lock share it. Readers take no lock.
     """
     folder = Path(folder).expanduser()
     lock = folder / name
     try:
         folder.mkdir(parents=True, exist_ok=True)
         key = folder.resolve() / name
-        fd = None if key in _held else os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as err:
-        raise PermissionError(f"{what} {folder} cannot be written ({err.strerror or err}); make it a writable "
-                              f"folder (chmod u+w {folder}) or {fix}") from None
-    if fd is None:
+        raise _unwritable(what, folder, fix, err) from None
+    if key in _held:
         _held[key] += 1
         try:
             yield lock
         finally:
             _held[key] -= 1
         return
+    file_lock = _file_lock(lock, wait)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            raise FolderInUse(f"{what} {folder} is in use by another vitscope process ({_holder(lock)}); wait for it "
-                              f"to finish or stop it, or {fix}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        _held[key] = 1
-        try:
-            yield lock
-        finally:
-            del _held[key]
+        file_lock.acquire()
+    except filelock.Timeout:
+        raise FolderInUse(f"{what} {folder} is in use by another vitscope process ({_holder(lock)}); wait for it "
+                          f"to finish or stop it, or {fix}") from None
+    except OSError as err:
+        raise _unwritable(what, folder, fix, err) from None
+    _held[key] = 1
+    try:
+        yield lock
     finally:
-        os.close(fd)  # closing the only descriptor releases the lock
+        del _held[key]
+        file_lock.release()
+
+
+def _unwritable(what: str, folder: Path, fix: str, err: OSError) -> PermissionError:
+    return PermissionError(f"{what} {folder} cannot be written ({err.strerror or err}); make it a writable "
+                           f"folder (chmod u+w {folder}) or {fix}")

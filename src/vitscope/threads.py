@@ -5,9 +5,18 @@ wheels) a waiting thread spins for about 300,000 iterations before it sleeps, an
 core the thread it waits for needs: a training step ran 2.7-10x slower beside one or two busy processes
 (``benchmarks/bench_shared_cpu.py``; docs/benchmarks.md). Waiting passively (``OMP_WAIT_POLICY=PASSIVE``) cures
 that but costs idle speed on small steps (+22 % on a batch-32 step: every wake-up goes through the kernel).
-``import vitscope`` therefore sets a short spin, ``GOMP_SPINCOUNT=10000`` (idle speed -5 to +11 % of the
-default's in repeats, within the measuring machine's noise; passive +6 to +28 %), when torch is not imported yet
-and neither ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT`` is set.
+The ``vitscope`` command therefore sets a short spin, ``GOMP_SPINCOUNT=10000`` (idle speed -5 to +11 % of the
+default's in repeats, within the measuring machine's noise; passive +6 to +28 %), first thing in ``main()``,
+when torch is not imported yet and neither ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT`` is set
+(``apply_wait_policy``). ``import vitscope`` sets nothing: importing has no side effects.
+
+When the policy can still act: libgomp reads its environment once, when torch's library is loaded (``import
+torch``), not at the first parallel region: an ``OMP_NUM_THREADS`` set after ``import torch`` and before any
+parallel region leaves ``omp_get_max_threads()`` at the old value (checked with ctypes on torch's libgomp,
+torch 2.14.1), and ``GOMP_SPINCOUNT`` is parsed by the same start-up code. So a library user who imports torch
+first keeps OpenMP's default wait; they get the short spin by exporting ``GOMP_SPINCOUNT=10000`` before starting
+Python, or by calling ``apply_wait_policy()`` before their first ``import torch``. The thread count, in contrast,
+is applied at any time (``torch.set_num_threads``).
 ``VITSCOPE_OMP_WAIT`` chooses: ``short`` (default), ``passive``, or ``default`` (OpenMP's own; the older
 ``VITSCOPE_OMP_PASSIVE=0`` means the same).
 
@@ -15,9 +24,11 @@ A thread that shares its core with another process still holds every barrier up,
 loops (the engine, packed runs, dense heads) also keep the intra-op thread count at the cores other processes
 leave free while they run (``CoreShare``, re-counted every second from /proc/stat). ``VITSCOPE_THREADS`` turns
 that off: ``fixed`` keeps the count (results can differ in the last bits with the thread count, so use it for
-bit-for-bit runs on a busy machine), an integer sets that many threads, and ``auto`` sets ``OMP_NUM_THREADS``
-once, at import, to the cores the runnable tasks in /proc/loadavg leave free. This module imports nothing heavy:
-it must run before torch.
+bit-for-bit runs on a busy machine), an integer sets that many threads, and ``auto`` sets them once, when the
+command or loop starts, to the cores the runnable tasks in /proc/loadavg leave free (a user's ``OMP_NUM_THREADS``
+wins over both). Both variables are checked where they are read (``wait_choice``, ``thread_choice``): a bad
+value is a ``ValueError`` naming the variable, the value and the accepted forms. This module imports nothing
+heavy at import: ``apply_wait_policy`` must be able to run before torch.
 """
 
 from __future__ import annotations
@@ -27,17 +38,27 @@ import sys
 import time
 
 WAIT_CHOICE = "VITSCOPE_OMP_WAIT"
+THREADS_CHOICE = "VITSCOPE_THREADS"
 SHORT_SPIN = "10000"  # GOMP_SPINCOUNT: libgomp's default is 300000 (30000 when threads outnumber cores)
 
 
-def set_wait_policy() -> str | None:
-    """Apply ``VITSCOPE_OMP_WAIT`` (``short`` by default, ``passive`` or ``default``) before torch loads OpenMP;
-    the variable set (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``), or None when nothing was (already chosen by the
-    user, OpenMP's default asked for, or too late)."""
+def wait_choice() -> str:
+    """``VITSCOPE_OMP_WAIT`` checked: ``short`` (unset), ``passive`` or ``default`` (also for the older
+    ``VITSCOPE_OMP_PASSIVE=0``)."""
     choice = os.environ.get(WAIT_CHOICE, "").strip().lower() or (
         "default" if os.environ.get("VITSCOPE_OMP_PASSIVE") == "0" else "short")
     if choice not in ("short", "passive", "default"):
-        raise ValueError(f"{WAIT_CHOICE}={choice!r} must be 'short', 'passive' or 'default'")
+        raise ValueError(f"{WAIT_CHOICE}={os.environ[WAIT_CHOICE]!r} is not a wait policy; set it to 'short', "
+                         f"'passive' or 'default', or unset it")
+    return choice
+
+
+def apply_wait_policy() -> str | None:
+    """Apply ``VITSCOPE_OMP_WAIT`` (``short`` by default) by setting ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``;
+    the variable set, or None when nothing was (already chosen by the user, OpenMP's default asked for, or torch
+    already imported: libgomp has read its environment then, see the module's docstring). Call it before torch
+    is imported; the ``vitscope`` command does, first thing."""
+    choice = wait_choice()
     if choice == "default" or "torch" in sys.modules or {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):
         return None
     name, value = ("GOMP_SPINCOUNT", SHORT_SPIN) if choice == "short" else ("OMP_WAIT_POLICY", "PASSIVE")
@@ -61,19 +82,37 @@ def free_cores(samples: int = 5, interval_s: float = 0.01) -> int:
     return max(1, cores - others)
 
 
-def set_thread_count() -> int | None:
-    """Apply ``VITSCOPE_THREADS`` (``auto`` or an integer) as ``OMP_NUM_THREADS`` before torch loads; the count
-    set, or None when unset, already chosen (``OMP_NUM_THREADS``) or too late (torch imported)."""
-    wanted = os.environ.get("VITSCOPE_THREADS", "").strip().lower()
-    if not wanted or wanted == "fixed" or "OMP_NUM_THREADS" in os.environ or "torch" in sys.modules:
+def thread_choice() -> str | int | None:
+    """``VITSCOPE_THREADS`` checked: None (unset), ``"fixed"``, ``"auto"`` or a positive thread count. Checked
+    even when ``OMP_NUM_THREADS`` overrides it, so a typo never passes silently."""
+    raw = os.environ.get(THREADS_CHOICE, "")
+    wanted = raw.strip().lower()
+    if not wanted:
         return None
-    if wanted == "auto":
-        count = free_cores()
-    elif wanted.isdigit() and int(wanted) > 0:
-        count = int(wanted)
-    else:
-        raise ValueError(f"VITSCOPE_THREADS={wanted!r} must be 'auto', 'fixed' or a positive integer")
-    os.environ["OMP_NUM_THREADS"] = str(count)
+    if wanted in ("fixed", "auto"):
+        return wanted
+    if wanted.isdigit() and int(wanted) > 0:
+        return int(wanted)
+    raise ValueError(f"{THREADS_CHOICE}={raw!r} is not a thread setting; set it to 'auto', 'fixed' or a positive "
+                     f"integer (e.g. {THREADS_CHOICE}=4), or unset it")
+
+
+def chosen_thread_count() -> int | None:
+    """The intra-op thread count ``VITSCOPE_THREADS`` asks for (``auto``: the free cores now), or None when it
+    is unset or ``fixed``, or when the user's ``OMP_NUM_THREADS`` decides."""
+    choice = thread_choice()
+    if choice is None or choice == "fixed" or "OMP_NUM_THREADS" in os.environ:
+        return None
+    return free_cores() if choice == "auto" else int(choice)
+
+
+def apply_thread_count() -> int | None:
+    """Set torch's intra-op threads to ``chosen_thread_count()``; the count set, or None (left alone)."""
+    count = chosen_thread_count()
+    if count is not None:
+        import torch
+
+        torch.set_num_threads(count)
     return count
 
 
@@ -106,19 +145,23 @@ class CoreShare:
     step, where one thread on the free core takes less (docs/benchmarks.md, ``bench_shared_cpu.py``). Each
     ``tick()`` (one per training step) that finds ``interval_s`` passed reads the CPU time spent on this process's
     cores (/proc/stat) less this process's own, so the others' load in cores, and sets the thread count to the
-    cores left (at least 1, at most the count it started with). ``VITSCOPE_THREADS`` set to anything (an integer,
-    ``auto`` or ``fixed``), a start at one thread, or no /proc/stat leaves the count alone. Results can differ in
+    cores left (at least 1, at most the count it started with). Constructing it applies ``VITSCOPE_THREADS`` (an
+    integer or ``auto``: that many threads from the start; checked, so a bad value raises as the loop starts).
+    That variable set to anything (``fixed`` too), a start at one thread, or no /proc/stat then leaves the count
+    alone. Results can differ in
     the last bits with the thread count: ``VITSCOPE_THREADS=fixed`` keeps runs on a busy machine bit for bit."""
 
     def __init__(self, device: object = "cpu", interval_s: float = ADAPT_INTERVAL_S):
         import torch
 
+        self.before = torch.get_num_threads()
+        apply_thread_count()  # VITSCOPE_THREADS=N|auto (checked: a bad value raises here, as the loop starts)
         self.interval_s = interval_s
         self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
         self.most = torch.get_num_threads()
         self.counts: dict[int, int] = {}  # steps run at each thread count
         busy = _busy_seconds(self.cpus)
-        self.enabled = (torch.device(device).type == "cpu" and not os.environ.get("VITSCOPE_THREADS")
+        self.enabled = (torch.device(device).type == "cpu" and thread_choice() is None
                         and self.most > 1 and busy is not None)
         self._mark = (time.monotonic(), busy or 0.0, time.process_time())
 
@@ -141,11 +184,11 @@ class CoreShare:
         return wanted
 
     def restore(self) -> None:
-        """Back to the thread count it started with."""
+        """Back to the thread count the caller had before."""
         import torch
 
-        if self.enabled:
-            torch.set_num_threads(self.most)
+        if torch.get_num_threads() != self.before:
+            torch.set_num_threads(self.before)
 
     def __enter__(self) -> CoreShare:
         return self

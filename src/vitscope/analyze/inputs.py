@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -40,15 +41,25 @@ def model_batches(model: nn.Module, dataset: ImageDataset, batch_size: int, devi
         yield normalize(images, mean, std), labels
 
 
-def has_random_weights(spec: str, weights: str | None = None) -> bool:
-    """True when ``spec`` names an architecture built with random weights: a preset or ``timm:NAME`` without a
-    weights file (run folders and ``.safetensors`` files hold trained weights)."""
+def has_random_weights(spec: str, weights: str | None = None, pretrained: bool | None = None) -> bool:
+    """True when ``spec`` names an architecture built with random weights: a preset, ``timm:NAME`` without a tag
+    (or any with ``pretrained=False``), ``hf:ARCH`` or ``open_clip:ARCH`` without a weights file, tag or hub name
+    (run folders, ``.safetensors`` files, hub names and cached tags hold trained weights)."""
     from vitscope.models import PRESETS
 
-    return weights is None and (str(spec) in PRESETS or str(spec).startswith(("timm:", "hf:", "open_clip:"))
-                                and "@" not in str(spec))
+    spec = str(spec)
+    if weights is not None or pretrained:
+        return False
+    kind, _, name = spec.partition(":")
+    if kind == "timm":
+        return "." not in name or pretrained is False
+    if kind == "hf":
+        return "/" not in name and not Path(name).expanduser().is_dir()
+    if kind == "open_clip":
+        return not any(mark in name for mark in "@/")
+    return spec in PRESETS
 
 
-def model_label(spec: str, weights: str | None = None) -> str:
+def model_label(spec: str, weights: str | None = None, pretrained: bool | None = None) -> str:
     """``spec`` as titles and report headers show it: ", random weights" added when it has them."""
-    return f"{spec}, random weights" if has_random_weights(spec, weights) else str(spec)
+    return f"{spec}, random weights" if has_random_weights(spec, weights, pretrained) else str(spec)

@@ -28,6 +28,7 @@ from vitscope.cli.common import (
     resolve_shared,
 )
 from vitscope.cli.write_errors import write_failure_line
+from vitscope.threads import apply_thread_count, apply_wait_policy
 
 COMMAND_MODULES = ("models", "analyze", "explore", "probe", "train", "study", "demo", "doctor", "export")
 SHARED_EPILOG = """shared options: --device, --batch-size, --seed, --out and --debug go before or after the command
@@ -59,6 +60,12 @@ def _command_name(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:  # before the commands import torch: OpenMP reads its wait policy when torch loads (vitscope.threads)
+        apply_wait_policy()
+        apply_thread_count()  # checks VITSCOPE_THREADS (and OMP_NUM_THREADS wins)
+    except ValueError as err:
+        print(f"vitscope: error: {one_line(err)}", file=sys.stderr)
+        return 2
     quiet_torch_notices()
     parser = build_parser()
     args = parser.parse_args(argv)

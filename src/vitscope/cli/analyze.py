@@ -76,13 +76,13 @@ def resolve_data(args: argparse.Namespace) -> str:
 def run_locality(args: argparse.Namespace) -> int:
     from vitscope.analyze import measure_locality, write_locality
     from vitscope.analyze.inputs import model_label
-    from vitscope.report.analysis_figures import locality_figures
+    from vitscope.report.figures.analysis import locality_figures
 
     print(resolve_data(args))
     device, dataset, model, out, meta = prepare_analysis(args, "vitscope-locality")
     result = measure_locality(model, dataset, batch_size=args.batch_size, device=device,
                               renormalize=args.renormalize, unit=args.unit, img_size=args.img_size)
-    label = model_label(args.model, args.weights)
+    label = model_label(args.model, args.weights, args.pretrained)
     files = write_locality(out, result, meta) | locality_figures(result, model, label, out, args.unit)
     print(f"min early-layer MAD {result.summary()['min_early_mad']:.4f} ({args.unit}) over {len(dataset)} images")
     print_files(files)
@@ -108,7 +108,7 @@ def run_norms(args: argparse.Namespace) -> int:
     from vitscope.analyze.inputs import model_label
     from vitscope.analyze.norms import measure_norms, write_norms
     from vitscope.metrics.norms import parse_threshold
-    from vitscope.report.analysis_figures import norm_figures
+    from vitscope.report.figures.analysis import norm_figures
 
     parse_threshold(args.threshold)  # fail before loading anything
     detect_block = detect_layer_index(args.detect_layer)
@@ -116,8 +116,8 @@ def run_norms(args: argparse.Namespace) -> int:
     device, dataset, model, out, meta = prepare_analysis(args, "vitscope-norms")
     result = measure_norms(model, dataset, threshold=args.threshold, detect_layer=detect_block,
                            batch_size=args.batch_size, device=device, img_size=args.img_size)
-    files = write_norms(out, result, meta) | norm_figures(result, model, dataset, out, args.img_size,
-                                                            label=model_label(args.model, args.weights))
+    label = model_label(args.model, args.weights, args.pretrained)
+    files = write_norms(out, result, meta) | norm_figures(result, model, dataset, out, args.img_size, label=label)
     top = result.summary()[result.detect_layer]
     print(f"threshold {result.threshold.spec} = {result.threshold.value:.4g}; high-norm patch tokens at layer "
           f"{result.detect_layer + 1}: {top['high_norm_fraction']:.2%}")

@@ -212,16 +212,29 @@ def check_launcher_flag(args: argparse.Namespace) -> None:
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     """The options of every command that reads a model and a dataset (model, data and the shared options)."""
-    parser.add_argument("--model", default="vit-micro",
-                        help="preset, timm:NAME, or run folder / weights file (default: vit-micro, random weights)")
-    parser.add_argument("--weights", default=None, help="local weights file for the model")
+    add_model_source(parser, default="vit-micro")
     parser.add_argument("--dataset", default="synthetic",
                         help="dataset name (default: synthetic, built-in scenes that need no directory)")
     parser.add_argument("--data-dir", default=None, help="dataset folder or archive")
     parser.add_argument("--num-images", type=positive_int, default=None,
                         help="use a seeded class-stratified sample of N images (seed: --seed)")
-    parser.add_argument("--download", action="store_true", help="fetch cifar10/cifar100 into --data-dir first")
+    parser.add_argument("--download", action="store_true",
+                        help="fetch what is not on disk: cifar10/cifar100 into --data-dir, and the weights a model "
+                             "name asks for into the Hugging Face (or torch) cache; without it nothing is fetched")
     add_shared(parser, device="auto", batch_size=128, seed=0, out=None)
+
+
+def add_model_source(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """``--model SPEC``, ``--weights PATH`` and ``--pretrained`` (the model specs of ``vitscope.models.load``)."""
+    parser.add_argument("--model", default=default, required=default is None,
+                        help="preset, timm:NAME[.TAG], hf:FOLDER or hf:ORG/NAME[@REV], open_clip:ARCH[/TAG or @FILE], "
+                             "or run folder / weights file" + (f" (default: {default}, random weights)" if default
+                                                                else ""))
+    parser.add_argument("--weights", default=None, help="local weights file for the model")
+    parser.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=None,
+                        help="timm:NAME with timm's pretrained weights (its default tag) from the local cache; "
+                             "--no-pretrained builds a tagged name with random weights (default: a tag means "
+                             "pretrained)")
 
 
 def add_model_changes(parser: argparse.ArgumentParser) -> None:
@@ -247,7 +260,8 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
-                 img_size=args.img_size, pos_interp=args.pos_interp)
+                 img_size=args.img_size, pos_interp=args.pos_interp, pretrained=args.pretrained,
+                 download=args.download)
     dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download,
                            **getattr(args, "dataset_options", {}))
     dataset = dataset.subset(args.num_images, seed=args.seed)

@@ -1,4 +1,6 @@
-"""``vitscope export``: write a model's weights for another library (timm)."""
+"""``vitscope export``: write a model's weights for another library: a timm checkpoint (``--format timm``, vitscope
+models) or a transformers ``save_pretrained`` folder (``--format hf``, vitscope and timm ViTs; ``hf:FOLDER`` loads it
+back to the same tokens; ``vitscope.models.hf_export``)."""
 
 from __future__ import annotations
 
@@ -6,26 +8,55 @@ import argparse
 import json
 from pathlib import Path
 
-from vitscope.cli.common import add_shared, output_dir
+from vitscope.cli.common import add_model_source, add_shared, output_dir, positive_int
 
 
 def register(commands) -> None:
-    export = commands.add_parser("export", help="write a vitscope model as a timm checkpoint")
-    export.add_argument("--model", required=True, help="preset, run folder or vitscope .safetensors file")
-    export.add_argument("--weights", default=None, help="local weights file for a preset")
-    export.add_argument("--format", default="timm", choices=["timm"], help="target library (timm)")
-    export.add_argument("--out", required=True, help="output .safetensors file")
+    export = commands.add_parser("export", help="write a model as a timm checkpoint or a transformers folder")
+    add_model_source(export)
+    export.add_argument("--format", default="timm", choices=["timm", "hf"],
+                        help="timm: a .safetensors file for timm (vitscope models); hf: a transformers "
+                             "save_pretrained folder (Dinov2Model) that --model hf:FOLDER loads (default: timm)")
+    export.add_argument("--img-size", type=positive_int, default=None,
+                        help="the input side in pixels the exported position table is resampled to (hf: the "
+                             "config's image_size)")
+    export.add_argument("--pos-interp", choices=("timm", "original"), default=None,
+                        help="how --weights' position table is resampled to --img-size (default: as its origin)")
+    export.add_argument("--download", action="store_true", help="fetch weights a model name asks for if not cached")
+    export.add_argument("--out", required=True, help="output .safetensors file (timm) or a new folder (hf)")
     add_shared(export)  # --debug
     export.set_defaults(handler=run, out_is_file=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    from vitscope.models import load
+
+    model = load(args.model, weights=args.weights, img_size=args.img_size, pos_interp=args.pos_interp,
+                 pretrained=args.pretrained, download=args.download)
+    if args.format == "hf":
+        return _run_hf(args, model)
+    return _run_timm(args, model)
+
+
+def _run_hf(args: argparse.Namespace, model) -> int:
+    from vitscope.models.hf_export import export_hf
+
+    output_dir(Path(args.out).parent)
+    try:
+        written = export_hf(model, args.out)
+    except OSError as err:
+        raise ValueError(f"--out {args.out} cannot be written ({err.strerror or err}); pass a new folder in a folder "
+                         "you can write to") from None
+    print(f"wrote {args.out}: transformers {written['class']} at {written['image_size']} px; load it with "
+          f"--model hf:{args.out}")
+    return 0
+
+
+def _run_timm(args: argparse.Namespace, model) -> int:
     from safetensors import SafetensorError
 
-    from vitscope.models import load
     from vitscope.models.export import export_timm
 
-    model = load(args.model, weights=args.weights)
     output_dir(Path(args.out).parent)
     try:
         timm_args = export_timm(model, args.out)

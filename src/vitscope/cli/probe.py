@@ -114,7 +114,8 @@ def _prepare(args: argparse.Namespace):
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
-                 img_size=args.img_size, pos_interp=args.pos_interp)
+                 img_size=args.img_size, pos_interp=args.pos_interp, pretrained=args.pretrained,
+                 download=args.download)
     out = output_dir(args.out or f"vitscope-probe-{args.probe}")  # after the model loads: bad weights, no folder
     args.model_load = getattr(model, "vitscope_load", None)  # origin, keys, drops, position interpolation: provenance
     return out, device, model, args.label or args.model
@@ -150,9 +151,9 @@ def _cached(args: argparse.Namespace, model, data: list, compute):
 
 def _finish(args: argparse.Namespace, result, out: Path, device, subsets: dict, metrics: list[str]) -> int:
     from vitscope.analyze.inputs import has_random_weights
-    from vitscope.report.probe_figures import score_by_layer
+    from vitscope.report.figures.probes import score_by_layer
 
-    if has_random_weights(args.model, args.weights) and args.baseline:
+    if has_random_weights(args.model, args.weights, args.pretrained) and args.baseline:
         # two random draws of one architecture: the rows differ by the draw alone
         result.settings["random_weights"] = (
             f"{args.model} has random weights itself (drawn under --seed {args.seed}); its '(random init)' row is a "
@@ -226,7 +227,7 @@ def run_pib(args: argparse.Namespace) -> int:
 def run_pca(args: argparse.Namespace) -> int:
     from vitscope.files import write_json
     from vitscope.probes.pca import pca_maps
-    from vitscope.report.probe_figures import pca_grid
+    from vitscope.report.figures.probes import pca_grid
 
     out, device, model, label = _prepare(args)
     dataset = _load(args, "eval", args.num_images)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -76,3 +78,17 @@ def high_norm_threshold(patch_norms: Tensor, spec: str = "percentile:98") -> Thr
     if kind == "percentile":
         return Threshold(spec, float(torch.quantile(norms.double(), value / 100.0)))
     return Threshold(spec, math.exp(otsu_split(norms.clamp(min=1e-12).log())))
+
+
+def log_histograms(norms: dict[str, list[Tensor]], layers: list[int], bins: int = 48) -> dict[str, Any]:
+    """Histograms of token norms on ``bins`` log-spaced edges shared by every group and layer (``norms``: group ->
+    one tensor per layer of ``layers``): ``{"edges": [...], "counts": {group: {str(layer): [...]}}}``; empty
+    tensors are left out."""
+    values = torch.cat([t.flatten() for group in norms.values() for t in group if t.numel()])
+    positive = values[values > 0]
+    low, high = (float(positive.min()), float(positive.max())) if positive.numel() else (1e-3, 1.0)
+    edges = np.logspace(math.log10(low), math.log10(high * 1.001 + 1e-12), bins + 1)
+    counts = {group: {str(layer): np.histogram(t.numpy(), bins=edges)[0].tolist()
+                      for layer, t in zip(layers, tensors, strict=True) if t.numel()}
+              for group, tensors in norms.items()}
+    return {"edges": edges.tolist(), "counts": counts}

@@ -17,12 +17,20 @@ from vitscope.models.vit import VisionTransformer
 
 
 def load(spec: str, weights: str | Path | None = None, *, attention: str | None = None, num_registers: int = 0,
-         img_size: int | None = None, pos_interp: str | None = None, **overrides: Any) -> nn.Module:
-    """A model from ``spec``: a preset name, ``timm:<name>``, ``hf:<folder or arch>`` (``models.hf_adapter``),
-    ``open_clip:<arch>[@file]`` (``models.openclip_adapter``) or a vitscope run folder / weights file.
+         img_size: int | None = None, pos_interp: str | None = None, pretrained: bool | None = None,
+         download: bool = False, **overrides: Any) -> nn.Module:
+    """A model from ``spec``: a preset name, ``timm:<name>[.<tag>]``, ``hf:<folder, ORG/NAME[@REVISION] or arch>``
+    (``models.hf_adapter``), ``open_clip:<arch>[/<tag> or @file]`` (``models.openclip_adapter``) or a vitscope run
+    folder / weights file.
 
-    Presets and timm architectures start from random weights unless ``weights`` names a local file (timm
-    or original-repository key names for timm models). ``attention``, ``num_registers`` and ``img_size``
+    Pretrained weights by name come from the local caches (``vitscope.models.hub``), never from the network unless
+    ``download=True``: ``timm:NAME.TAG`` (or ``timm:NAME`` with ``pretrained=True``, timm's default tag) reads the
+    file ``timm.create_model(..., pretrained=True)`` would, and loads it as a ``weights`` file (same origin
+    detection, position resampling and load line, which also names the cached file, its revision and sha256);
+    ``pretrained=False`` builds a tagged name with random weights. ``hf:ORG/NAME[@REVISION]`` is a hub repository's
+    cached snapshot (a folder of that path, when one exists, wins); ``open_clip:ARCH/TAG`` OpenCLIP's file for the
+    tag. Presets and timm architectures otherwise start from random weights unless ``weights`` names a local file
+    (timm or original-repository key names for timm models). ``attention``, ``num_registers`` and ``img_size``
     modify the model: for vitscope models the normaliser and registers are config options; timm models are built
     with vitscope's attention and timm's registers (``vitscope.models.timm_adapter``). ``img_size`` (pixels, a
     multiple of the patch size) resamples the positional embedding of loaded weights, for every kind of spec; a
@@ -33,28 +41,34 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
     if pos_interp not in (None, "timm", "original"):
         raise ValueError(f"pos_interp={pos_interp!r} is unknown; use 'timm' or 'original' (or leave it unset to follow "
                          "the checkpoint's origin)")
-    if pos_interp is not None and (weights is None or not spec.startswith("timm:")):
-        given = "no weights" if weights is None else "these weights"
-        raise ValueError(f"pos_interp={pos_interp!r} (--pos-interp) sets how a timm model's --weights position "
-                         f"table is interpolated, and {spec} with {given} loads none that way; drop it, or give "
-                         "timm:NAME with --weights FILE")
+    if pos_interp is not None and not spec.startswith("timm:"):
+        _unused_pos_interp(pos_interp, spec, weights)
     if isinstance(num_registers, bool) or not isinstance(num_registers, int) or num_registers < 0:
         raise ValueError(f"num_registers={num_registers!r} must be an integer >= 0 (0 adds none)")
+    if pretrained not in (None, True, False):
+        raise ValueError(f"pretrained={pretrained!r} must be True, False or None (None: a timm tag means pretrained)")
     if spec.startswith("timm:"):
         from vitscope.models.timm_adapter import create_timm, load_timm_weights, resize
 
         name = spec[len("timm:") :]
+        source = _timm_source(name, weights, pretrained, download)
+        weights = source.file if source is not None else weights
+        if pos_interp is not None and weights is None:
+            _unused_pos_interp(pos_interp, spec, weights)
         if weights is not None and img_size is not None:  # build at the weights' size: no resampling round trip
             model = create_timm(name, attention=attention, num_registers=num_registers, img_size=img_size,
                                 **overrides)
-            load_timm_weights(model, weights, pos_interp)
+            load_timm_weights(model, weights, pos_interp, source=source)
             return model
         model = create_timm(name, attention=attention, num_registers=num_registers, **overrides)
         if weights is not None:
-            load_timm_weights(model, weights, pos_interp)
+            load_timm_weights(model, weights, pos_interp, source=source)
         return resize(model, img_size)
+    if pretrained:
+        raise ValueError(f"pretrained=True applies to timm:NAME; {spec} names its weights itself (hf:ORG/NAME, "
+                         "open_clip:ARCH/TAG) or has none by name (presets, run folders)")
     if spec.startswith(("hf:", "open_clip:")):
-        return _load_adapted(spec, weights, attention, num_registers, img_size, overrides)
+        return _load_adapted(spec, weights, attention, num_registers, img_size, download, overrides)
     vit_options = {k: v for k, v in (("attention", attention),) if v is not None}
     if num_registers:
         vit_options["num_registers"] = num_registers
@@ -72,19 +86,41 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
         model = load_model(spec, **overrides)
     else:
         raise ValueError(
-            f"unknown model spec {spec!r}; use a preset ({', '.join(PRESETS)}), timm:NAME, hf:FOLDER, open_clip:ARCH, "
-            "or the path of a vitscope run folder or .safetensors file"
+            f"unknown model spec {spec!r}; use a preset ({', '.join(PRESETS)}), timm:NAME[.TAG], hf:FOLDER, "
+            "hf:ORG/NAME, open_clip:ARCH[/TAG], or the path of a vitscope run folder or .safetensors file"
         )
     return model if img_size is None else resize_input(model, img_size)
 
 
+def _timm_source(name: str, weights: Any, pretrained: bool | None, download: bool):
+    """The cached pretrained file for ``timm:name`` when its tag or ``pretrained`` asks for one, else None."""
+    tagged = "." in name
+    if pretrained is False or (pretrained is None and not tagged):
+        return None
+    if weights is not None:
+        asked = f"the tag .{name.split('.', 1)[1]}" if tagged and pretrained is None else "pretrained=True"
+        raise ValueError(f"timm:{name}: {asked} names timm's pretrained weights and weights={str(weights)!r} names "
+                         f"a file; drop one (timm:{name.split('.')[0]} with the file, or the name alone)")
+    from vitscope.models.hub import timm_pretrained
+
+    return timm_pretrained(name, download=download)
+
+
+def _unused_pos_interp(pos_interp: str, spec: str, weights: Any) -> None:
+    """A ValueError for ``pos_interp`` given where no timm weights file is loaded (it would be ignored)."""
+    given = "no weights" if weights is None else "these weights"
+    raise ValueError(f"pos_interp={pos_interp!r} (--pos-interp) sets how a timm model's weights position table is "
+                     f"interpolated, and {spec} with {given} loads none that way; drop it, or give timm:NAME with "
+                     "--weights FILE (or a pretrained timm:NAME.TAG)")
+
+
 def _load_adapted(spec: str, weights: Any, attention: str | None, num_registers: int, img_size: int | None,
-                  overrides: dict[str, Any]) -> nn.Module:
+                  download: bool, overrides: dict[str, Any]) -> nn.Module:
     """``hf:`` and ``open_clip:`` models: their own weights (``weights=`` is an OpenCLIP tower's file), vitscope's
     normaliser for transformers models (``attention=``), no added registers."""
     kind, name = spec.split(":", 1)
     if kind == "open_clip" and weights is not None:  # weights= is the @FILE of the spec
-        if "@" in name:
+        if "@" in name or "/" in name:
             raise ValueError(f"{spec} already names its file; drop weights={str(weights)!r}")
         name, weights = f"{name}@{weights}", None
     hf_attention = attention if kind == "hf" else None  # transformers models take vitscope's normaliser
@@ -97,10 +133,10 @@ def _load_adapted(spec: str, weights: Any, attention: str | None, num_registers:
     if kind == "open_clip":
         from vitscope.models.openclip_adapter import load_open_clip
 
-        return load_open_clip(name, img_size=img_size, **overrides)
+        return load_open_clip(name, img_size=img_size, download=download, **overrides)
     from vitscope.models.hf_adapter import load_hf
 
-    model = load_hf(name, img_size=img_size, **overrides)
+    model = load_hf(name, img_size=img_size, download=download, **overrides)
     if hf_attention is not None:
         model.set_normalizer(hf_attention)
     return model

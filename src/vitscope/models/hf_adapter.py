@@ -2,8 +2,11 @@
 
 ``hf:FOLDER`` loads a model saved with ``save_pretrained`` (``config.json`` and its weights; a full CLIP / SigLIP /
 SigLIP2 folder gives its vision tower); ``hf:ARCH`` (a class name such as ``Dinov2Model`` or a ``model_type`` such
-as ``dinov2``) builds one with random weights from its default config, changed by keyword overrides. Nothing is
-downloaded: a hub name without a local folder is refused with the command that fetches it.
+as ``dinov2``) builds one with random weights from its default config, changed by keyword overrides.
+``hf:ORG/NAME[@REVISION]`` loads that hub repository's snapshot from the local hub cache (``vitscope.models.hub``);
+a name that is also an existing folder is the folder. Nothing is downloaded unless ``download=True``
+(``--download``): a name that is not cached is refused with the cache folder searched and the command that fetches
+it.
 
 Covered: ViTModel, DeiTModel (CLS and distillation token), Dinov2Model, Dinov2WithRegistersModel, DINOv3ViTModel
 (rotary positions, registers), CLIPVisionModel, SiglipVisionModel and Siglip2VisionModel (images are patchified
@@ -21,6 +24,7 @@ probabilities are recomputed (softmax of scale q k^T plus the mask) only when as
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.attention import AttentionEvent, make_normalizer
-from vitscope.models import hf_attention
+from vitscope.models import hf_attention, hub
 from vitscope.models.layout import TokenLayout
 from vitscope.models.padded import Group, PaddedLayouts, row_major_coords
 
@@ -63,6 +67,7 @@ FAMILIES = {
 }
 COMPOSITE = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "siglip2": "siglip2_vision_model"}
 BY_CLASS = {family.cls: model_type for model_type, family in FAMILIES.items()}
+HUB_NAME = re.compile(r"^[\w.-]+/[\w.-]+(@[\w./-]+)?$")  # ORG/NAME[@REVISION] of the Hugging Face hub
 
 
 def _transformers():
@@ -82,10 +87,16 @@ def _family(model_type: str, where: str) -> Family:
     return FAMILIES[model_type]
 
 
-def load_hf(name: str, img_size: int | None = None, **overrides: Any) -> HFVisionTransformer:
-    """The model of ``hf:name``: a local ``save_pretrained`` folder, or an architecture with random weights."""
+def load_hf(name: str, img_size: int | None = None, download: bool = False, **overrides: Any) -> HFVisionTransformer:
+    """The model of ``hf:name``: a local ``save_pretrained`` folder; else a hub name ``ORG/NAME[@REVISION]`` from
+    the hub cache (``models.hub``; fetched only with ``download``); else an architecture with random weights."""
     transformers = _transformers()
     folder = Path(name).expanduser()
+    source = None
+    if not folder.is_dir() and HUB_NAME.match(name) and BY_CLASS.get(name, name) not in FAMILIES:
+        repo_id, revision = hub.split_revision(name)  # a folder of that path, when one exists, wins
+        folder = hub.hub_folder(f"hf:{name}", repo_id, revision, download=download)
+        source = hub.folder_weights(folder, repo_id)
     if folder.is_dir():
         if not (folder / "config.json").is_file():
             raise ValueError(f"hf:{name} has no config.json; point hf: at a folder written by save_pretrained")
@@ -119,12 +130,8 @@ def load_hf(name: str, img_size: int | None = None, **overrides: Any) -> HFVisio
                 what = "is a file, not a folder" if folder.exists() else "does not exist"
                 raise ValueError(f"hf:{name} {what}; give hf: the folder written by save_pretrained (holding "
                                  "config.json and the weights)")
-            if "/" in name:
-                target = name.rsplit("/", 1)[-1]
-                raise ValueError(f"hf:{name} is not a local folder and vitscope downloads nothing; fetch it with "
-                                 f"`hf download {name} --local-dir {target}` and use --model hf:{target}")
-            raise ValueError(f"hf:{name} is neither a local folder nor an architecture; use a save_pretrained folder "
-                             f"or one of {', '.join(BY_CLASS)}")
+            raise ValueError(f"hf:{name} is neither a local folder, a hub name (ORG/NAME[@REVISION]) nor an "
+                             f"architecture; use a save_pretrained folder, a hub name or one of {', '.join(BY_CLASS)}")
         family = _family(model_type, f"hf:{name}")
         cls = getattr(transformers, family.cls)
         known = set(cls.config_class().to_dict())
@@ -139,7 +146,10 @@ def load_hf(name: str, img_size: int | None = None, **overrides: Any) -> HFVisio
     line = f"vitscope: loaded hf:{name}: origin {origin}, {sum(1 for _ in model.state_dict())} keys matched"
     if dropped:
         line += f"; dropped {len(dropped)} keys of the folder not in {family.cls} (e.g. {dropped[0]})"
-    adapter.vitscope_load = {"file": name, "origin": origin, "dropped": dropped[:20], "pos_interp": None}
+    adapter.vitscope_load = {"file": str(source.file) if source else name, "origin": origin, "dropped": dropped[:20],
+                             "pos_interp": None, "source": source.to_dict() if source else None}
+    if source is not None:
+        line += f"; {source.note()}"
     print(line, file=sys.stderr)
     return adapter
 

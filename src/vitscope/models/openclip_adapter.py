@@ -3,7 +3,8 @@
 ``open_clip:ARCH`` builds the visual tower of an OpenCLIP architecture (``open_clip.list_models()``) with random
 weights, keyword overrides changing its ``vision_cfg`` (``layers``, ``width``, ``image_size`` ...);
 ``open_clip:ARCH@FILE`` loads its tensors from a local checkpoint (a full CLIP state dict, whose ``visual.`` keys
-are taken, or the tower's own), strictly. Nothing is downloaded.
+are taken, or the tower's own), strictly; ``open_clip:ARCH/TAG`` loads the file OpenCLIP's pretrained registry names
+for the tag from the local caches (``vitscope.models.hub``). Nothing is downloaded unless ``download=True``.
 
 Towers built on a timm trunk (the SigLIP configs) are that timm model, which vitscope reads directly. OpenCLIP's own
 ``VisionTransformer`` (CLS first, then patches; ``ln_post`` its final norm) uses ``nn.MultiheadAttention``: its
@@ -36,8 +37,9 @@ def _open_clip():
     return open_clip
 
 
-def load_open_clip(spec: str, img_size: int | None = None, **overrides: Any) -> nn.Module:
-    """The visual tower of ``open_clip:ARCH[@FILE]`` (``spec`` without the prefix)."""
+def load_open_clip(spec: str, img_size: int | None = None, download: bool = False, **overrides: Any) -> nn.Module:
+    """The visual tower of ``open_clip:ARCH[@FILE]`` or ``open_clip:ARCH/TAG`` (``spec`` without the prefix; the
+    tag's file from the local caches, ``vitscope.models.hub``, fetched only with ``download``)."""
     open_clip = _open_clip()
     from open_clip.model import _build_vision_tower
 
@@ -45,9 +47,21 @@ def load_open_clip(spec: str, img_size: int | None = None, **overrides: Any) -> 
     if at and not file.strip():
         raise ValueError(f"open_clip:{spec} names no file after '@'; give open_clip:{arch}@FILE (a local checkpoint) "
                          f"or open_clip:{arch} for random weights")
+    arch, _, tag = arch.partition("/")
     config = open_clip.get_model_config(arch)
     if config is None:
         raise ValueError(f"open_clip:{arch} is not an OpenCLIP architecture; see open_clip.list_models()")
+    source, notes = None, ""
+    if tag:
+        from vitscope.models.hub import open_clip_pretrained
+
+        if file:
+            raise ValueError(f"open_clip:{spec} names both a tag and a file; drop one")
+        source, tag_cfg = open_clip_pretrained(arch, tag, download=download)
+        file = str(source.file)
+        if bool(tag_cfg.get("quick_gelu", False)) != bool(config.get("quick_gelu", False)):
+            notes = (f"; the tag was trained with quick_gelu={bool(tag_cfg.get('quick_gelu'))} but {arch} has "
+                     f"quick_gelu={bool(config.get('quick_gelu'))} (as OpenCLIP warns; use the -quickgelu arch)")
     vision_cfg = {**config["vision_cfg"], **overrides}
     if img_size is not None:
         vision_cfg["image_size"] = img_size
@@ -62,8 +76,11 @@ def load_open_clip(spec: str, img_size: int | None = None, **overrides: Any) -> 
                          "reads ViTs only); pick a ViT architecture such as open_clip:ViT-B-32")
     model = trunk if trunk is not None else OpenCLIPVisionTransformer(visual)
     note = "; the tower's timm trunk is used (projection head dropped)" if trunk is not None else ""
-    model.vitscope_load = {"file": file or None, "origin": origin, "matched": matched, "pos_interp": None}
-    print(f"vitscope: loaded open_clip:{spec}: origin {origin}, {matched} keys matched{note}", file=sys.stderr)
+    model.vitscope_load = {"file": file or None, "origin": origin, "matched": matched, "pos_interp": None,
+                           "source": source.to_dict() if source else None}
+    cached = f"; {source.note()}" if source else ""
+    print(f"vitscope: loaded open_clip:{spec}: origin {origin}, {matched} keys matched{note}{cached}{notes}",
+          file=sys.stderr)
     return model.eval()
 
 

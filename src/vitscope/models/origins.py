@@ -54,6 +54,7 @@ class LoadReport:
     dropped: list[str] = field(default_factory=list)
     pos_interp: str | None = None  # 'original' or 'timm' when the table was resampled, else None
     notes: list[str] = field(default_factory=list)
+    source: dict | None = None  # a file found by name: hub.CachedFile.to_dict() (repo, revision, sha256)
 
     def line(self) -> str:
         dropped = "; dropped " + ", ".join(self.dropped) if self.dropped else ""
@@ -64,7 +65,7 @@ class LoadReport:
 
     def to_dict(self) -> dict:
         return {"file": str(self.file), "origin": self.origin, "matched": self.matched, "dropped": self.dropped,
-                "pos_interp": self.pos_interp, "notes": self.notes}
+                "pos_interp": self.pos_interp, "notes": self.notes, "source": self.source}
 
 
 def strip_training_prefixes(state: dict[str, Tensor]) -> dict[str, Tensor]:

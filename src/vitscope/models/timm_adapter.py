@@ -23,6 +23,7 @@ from torch import nn
 from vitscope.attention import Attention
 from vitscope.models import origins
 from vitscope.models.checkpoint import convert_or_refuse, read_state_dict
+from vitscope.models.hub import CachedFile
 from vitscope.models.origins import LoadReport
 from vitscope.models.resize import check_img_size
 from vitscope.models.sites import is_timm_vit_attention
@@ -34,10 +35,9 @@ KNOWN_PARTS = {"qkv", "q_norm", "k_norm", "attn_drop", "norm", "gate", "proj", "
 def create_timm(name: str, *, attention: str | None = None, num_registers: int = 0, **overrides: Any) -> nn.Module:
     """A timm model ``name`` with random weights (``pretrained`` is never fetched), built with vitscope's
     attention (``attention``: a normaliser spec) and ``num_registers`` registers when asked."""
-    if overrides.pop("pretrained", False):
-        raise ValueError(
-            f"timm:{name} pretrained weights are not fetched; download them yourself and pass --weights PATH"
-        )
+    if overrides.pop("pretrained", False):  # vitscope.models.load resolves pretrained weights from the caches
+        raise ValueError(f"create_timm builds timm:{name} with random weights; load pretrained weights with "
+                         f"vitscope.models.load('timm:{name}', pretrained=True)")
     if attention is not None or num_registers:
         probe = _build(name, overrides, device="meta")
         if attention is not None:
@@ -114,12 +114,14 @@ def _check_registers(model: nn.Module, count: int) -> None:
                          "registers to models built with no_embed_class (DeiT-III, DINOv2) or to vitscope presets")
 
 
-def load_timm_weights(model: nn.Module, path: str | Path, pos_interp: str | None = None) -> LoadReport:
+def load_timm_weights(model: nn.Module, path: str | Path, pos_interp: str | None = None,
+                      source: CachedFile | None = None) -> LoadReport:
     """Load timm or original-repository weights (``vitscope.models.origins``: origin from the keys, positions
     interpolated as the origin's code does unless ``pos_interp`` says 'timm' or 'original', refusals), then the
     architecture's checkpoint_filter_fn. Registers added by vitscope (``reg_token``) and a learned normaliser's
-    parameters may be absent from the file and keep their initialisation. One line on stderr says what was loaded;
-    the report is also kept as ``model.vitscope_load``."""
+    parameters may be absent from the file and keep their initialisation. One line on stderr says what was loaded
+    (and, for a file found by name, ``source``: its cache, revision and sha256); the report is also kept as
+    ``model.vitscope_load``."""
     convert = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
     added = int(getattr(model, "vitscope_added_registers", 0))
     new = {"reg_token"} if added else set()
@@ -130,6 +132,9 @@ def load_timm_weights(model: nn.Module, path: str | Path, pos_interp: str | None
         state = convert_or_refuse(state, model, convert, path, may_lack=new, may_have=origins.known_head,
                                   model_name=origins.model_name(model), fix=origins.fix(report))
     origins.finish(model, state, report, new)
+    if source is not None:
+        report.source = source.to_dict()
+        report.notes.append(source.note())
     model.vitscope_load = report.to_dict()
     origins.announce(report)
     return report

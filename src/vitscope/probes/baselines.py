@@ -14,9 +14,8 @@ def random_twin(model: nn.Module, seed: int = 0) -> nn.Module:
     scheme (``reset_parameters`` of leaves, then ``init_weights`` for timm or ``_init_weights`` for vitscope).
     Forward hooks are copied with the model, so a documented modification such as a planted outlier stays."""
     twin = copy.deepcopy(model)
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
+    with torch.random.fork_rng():  # the caller's CPU and CUDA generators come back untouched
+        torch.manual_seed(seed)
         for module in twin.modules():
             if hasattr(module, "reset_parameters") and module is not twin:
                 module.reset_parameters()
@@ -30,8 +29,6 @@ def random_twin(model: nn.Module, seed: int = 0) -> nn.Module:
                 twin.apply(init)
             else:
                 init()
-    finally:
-        torch.random.set_rng_state(generator_state)
     return twin.eval()
 
 

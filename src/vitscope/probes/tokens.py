@@ -23,6 +23,7 @@ correctness, distance or squared error summed over each image's tokens), so that
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from torch import Tensor, nn
 from vitscope.analyze.inputs import model_batches
 from vitscope.data import ImageDataset
 from vitscope.metrics.locality import grid_distances
+from vitscope.metrics.units import per_image
 from vitscope.models.sites import token_blocks
 from vitscope.probes.baselines import best_constant_distance, majority_top1, mean_predictor_mse, random_twin
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
@@ -42,6 +44,47 @@ from vitscope.probes.stage_features import extract_stage_features, is_hierarchic
 PROBES = ("position", "pixels", "pixels-mlp", "class")
 DEFAULT_PROBES = ("position", "pixels", "class")
 PatchMask = Tensor | Mapping[int, Tensor | None]  # (N, patches) bool, or one per token layer (None: absent there)
+
+
+@dataclass(frozen=True)
+class TokenProbeSettings:
+    """How ``probe_tokens`` probes: which ``probes``; at most ``max_tokens`` tokens per group and split;
+    ``held_fraction`` of the images held out (``class_balanced``: the same count of every class on both sides);
+    ``norm``: intermediate layers read after the final norm; ``baseline``: also a randomly initialised copy;
+    ``label``: the model's name in the rows; ``fit_options`` go to ``fit_classifier`` (lrs, weight_decays, epochs,
+    batch_size); the rest is how features are extracted (``batch_size``, ``device``, ``img_size``, ``cache``,
+    ``progress``) and the ``seed`` of every split and fit."""
+
+    probes: Sequence[str] = DEFAULT_PROBES
+    max_tokens: int = 2048
+    held_fraction: float = 0.5
+    norm: bool = True
+    baseline: bool = True
+    label: str = "model"
+    batch_size: int = 64
+    device: torch.device | str = "cpu"
+    img_size: int | None = None
+    cache: Any = True
+    seed: int = 0
+    progress: bool = True
+    fit_options: Mapping[str, Any] = field(default_factory=dict)
+    class_balanced: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = set(self.probes) - set(PROBES)
+        if unknown:
+            raise ValueError(f"unknown token probes {sorted(unknown)}; use {', '.join(PROBES)}")
+
+
+@dataclass(frozen=True)
+class Score:
+    """One probe outcome on one group: ``metric``, its ``value``, the held-out count ``n``, and for patch groups
+    the per-image ``units`` that image-clustered comparisons resample (None otherwise)."""
+
+    metric: str
+    value: float
+    n: int
+    units: dict[str, list] | None = None
 
 
 def patch_pixels(model: nn.Module, dataset: ImageDataset, grid: tuple[int, int], patch: int, batch_size: int,
@@ -89,11 +132,11 @@ class _Prober:
     """Runs the probes of one model over its features; fit/held-out images and pixel targets are shared."""
 
     def __init__(self, labels: Tensor, pixels: Tensor | None, grid: tuple[int, int], fit: Tensor, held: Tensor,
-                 max_tokens: int, probes: Sequence[str], seed: int, device: torch.device | str,
-                 fit_options: Mapping[str, Any]):
+                 settings: TokenProbeSettings):
         self.labels, self.pixels, self.grid, self.fit, self.held = labels, pixels, grid, fit, held
-        self.max_tokens, self.probes, self.seed, self.device = max_tokens, probes, seed, device
-        self.options = {"seed": seed, "device": device, **fit_options}
+        self.max_tokens, self.probes, self.seed = settings.max_tokens, settings.probes, settings.seed
+        self.device = settings.device
+        self.options = {"seed": settings.seed, "device": settings.device, **settings.fit_options}
         self.distances = grid_distances(grid)
 
     def samples(self, masks: dict[str, Tensor]) -> dict[str, dict[str, tuple[Tensor, Tensor]]]:
@@ -104,8 +147,8 @@ class _Prober:
         return {name: {"fit": _sample(m, self.fit, size, generator), "held": _sample(m, self.held, size, generator)}
                 for name, m in masks.items()}
 
-    def local(self, tokens: Tensor, picks: dict[str, tuple[Tensor, Tensor]]) -> list[tuple]:
-        """Position and pixel metrics of one patch group: (metric, value, held-out count, units) tuples."""
+    def local(self, tokens: Tensor, picks: dict[str, tuple[Tensor, Tensor]]) -> list[Score]:
+        """Position and pixel metrics of one patch group (with per-image units, but for the MLP's MSE)."""
         rows = []
         (fi, fp), (hi, hp) = picks["fit"], picks["held"]
         if len(fi) < 2 or len(hi) < 1:
@@ -116,49 +159,46 @@ class _Prober:
             predicted = clf.predict(x_held).cpu()
             for metric, per_token in (("position_top1", (predicted == hp).double()),
                                       ("position_distance", self.distances[predicted, hp].double())):
-                rows.append((metric, float(per_token.mean()), len(hi), per_image(per_token, hi)))
+                rows.append(Score(metric, float(per_token.mean()), len(hi), per_image(per_token, hi)))
         if "pixels" in self.probes and self.pixels is not None:
             reg = fit_regressor(x_fit, self.pixels[fi, fp], seed=self.seed, device=self.device, groups=fi)
             error = ((reg.predict(x_held).cpu().double() - self.pixels[hi, hp].double()) ** 2).mean(1)
-            rows.append(("pixels_mse", float(error.mean()), len(hi), per_image(error, hi)))
+            rows.append(Score("pixels_mse", float(error.mean()), len(hi), per_image(error, hi)))
         if "pixels-mlp" in self.probes and self.pixels is not None:
             mlp = fit_mlp_regressor(x_fit, self.pixels[fi, fp], seed=self.seed, device=self.device)
-            rows.append(("pixels_mlp_mse", mlp.mse(x_held, self.pixels[hi, hp]), len(hi)))
+            rows.append(Score("pixels_mlp_mse", mlp.mse(x_held, self.pixels[hi, hp]), len(hi)))
         return rows
 
-    def global_(self, x: Tensor, images: tuple[Tensor, Tensor]) -> list[tuple[str, float, int]]:
+    def global_(self, x: Tensor, images: tuple[Tensor, Tensor]) -> list[Score]:
         """Image-class top-1 from one token per image: ``x`` (N, D); ``images`` the fit and held-out rows."""
         if "class" not in self.probes:
             return []
         fit, held = images
         num_classes = int(self.labels.max()) + 1
         clf = fit_classifier(x[fit].float(), self.labels[fit], num_classes, **self.options)
-        return [("class_top1", clf.top1(x[held].float(), self.labels[held]), len(held))]
+        return [Score("class_top1", clf.top1(x[held].float(), self.labels[held]), len(held))]
 
-    def chance(self, picks: dict[str, tuple[Tensor, Tensor]] | None, images: tuple[Tensor, Tensor]
-               ) -> list[tuple[str, float, int]]:
+    def chance(self, picks: dict[str, tuple[Tensor, Tensor]] | None, images: tuple[Tensor, Tensor]) -> list[Score]:
+        """The trivial predictors' scores: the best constant position, the mean patch, the majority class."""
         rows = []
         if picks is not None:
             (fi, fp), (hi, hp) = picks["fit"], picks["held"]
             if "position" in self.probes and len(hi) and len(fi):
-                rows.append(("position_top1", majority_top1(hp, hp), len(hi)))  # the best constant guess
-                rows.append(("position_distance", best_constant_distance(hp, hp, self.distances), len(hi)))
+                rows.append(Score("position_top1", majority_top1(hp, hp), len(hi)))  # the best constant guess
+                rows.append(Score("position_distance", best_constant_distance(hp, hp, self.distances), len(hi)))
             if self.pixels is not None and len(hi) and len(fi):
                 trivial = mean_predictor_mse(self.pixels[fi, fp], self.pixels[hi, hp])
-                rows += [(f"{name.replace('-', '_')}_mse", trivial, len(hi)) for name in ("pixels", "pixels-mlp")
+                rows += [Score(f"{name.replace('-', '_')}_mse", trivial, len(hi)) for name in ("pixels", "pixels-mlp")
                          if name in self.probes]
         if "class" in self.probes:
-            rows.append(("class_top1", majority_top1(self.labels[images[0]], self.labels[images[1]]),
-                         len(images[1])))
+            rows.append(Score("class_top1", majority_top1(self.labels[images[0]], self.labels[images[1]]),
+                              len(images[1])))
         return rows
 
 
-def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence[int | str] = "0,last", *,
-                 probes: Sequence[str] = DEFAULT_PROBES, patch_groups: Mapping[str, PatchMask] | None = None,
-                 max_tokens: int = 2048, held_fraction: float = 0.5, norm: bool = True, baseline: bool = True,
-                 label: str = "model", batch_size: int = 64, device: torch.device | str = "cpu",
-                 img_size: int | None = None, cache: Any = True, seed: int = 0, progress: bool = True,
-                 fit_options: Mapping[str, Any] | None = None, class_balanced: bool = True) -> ProbeResult:
+def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence[int | str] = "0,last",
+                 settings: TokenProbeSettings | None = None, *, patch_groups: Mapping[str, PatchMask] | None = None,
+                 **options: Any) -> ProbeResult:
     """Probe single tokens of ``model`` on ``dataset`` at token ``layers`` (0 = embedding, l = block l).
 
     Hierarchical models (Swin, PVT-v2) are probed on each layer's own stage grid (position over that grid, pixels
@@ -167,12 +207,18 @@ def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence
     ``patch_groups`` maps a group name to a patch mask (N, patches) over ``dataset`` (or one per layer), e.g.
     high-norm tokens and matched normal ones; the ``patch`` group (every patch token) is always probed.
     ``baseline`` adds the same probes on a randomly initialised copy; chance rows are always added.
-    ``fit_options`` go to ``fit_classifier`` (lrs, weight_decays, epochs, batch_size). With ``class_balanced``
-    both halves keep the same number of images of every class (the smallest class's count).
+    ``settings`` (``TokenProbeSettings``) say how; keyword ``options`` override its fields one by one
+    (``probe_tokens(model, data, "0", probes=("position",), baseline=False)``).
     """
-    unknown = set(probes) - set(PROBES)
-    if unknown:
-        raise ValueError(f"unknown token probes {sorted(unknown)}; use {', '.join(PROBES)}")
+    names = {f.name for f in fields(TokenProbeSettings)}
+    if set(options) - names:
+        raise TypeError(f"probe_tokens got unknown options {sorted(set(options) - names)}; use {sorted(names)}")
+    if options.get("fit_options") is None:
+        options.pop("fit_options", None)
+    settings = replace(settings or TokenProbeSettings(), **options)
+    probes, held_fraction, norm = settings.probes, settings.held_fraction, settings.norm
+    label, batch_size, device, img_size = settings.label, settings.batch_size, settings.device, settings.img_size
+    seed, class_balanced, fit_options = settings.seed, settings.class_balanced, settings.fit_options
     hierarchical = is_hierarchical(model)
     wanted = parse_layers(layers, len(token_blocks(model)) if hierarchical else depth_of(model))
     extract = extract_stage_features if hierarchical else extract_features
@@ -180,12 +226,12 @@ def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence
     fit, held = stratified_split(dataset.labels, held_fraction, seed)
     if class_balanced:
         fit, held = balanced(fit, dataset.labels, seed), balanced(held, dataset.labels, seed + 1)
-    models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, seed))] if baseline else [])
+    models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, seed))] if settings.baseline else [])
     rows: list[dict[str, Any]] = []
     pixels: dict[tuple[tuple[int, int], int], Tensor | None] = {}  # (grid, patch) -> targets, shared by models
     for name, backbone in models:
         features = extract(backbone, dataset, wanted, norm=norm, batch_size=batch_size, device=device,
-                           img_size=img_size, cache=cache, progress=progress)
+                           img_size=img_size, cache=settings.cache, progress=settings.progress)
         probers: dict[tuple[tuple[int, int], int], _Prober] = {}
         for layer in wanted:
             geometry = (features[layer].grid, features[layer].patch_size)  # one per stage in hierarchical models
@@ -193,16 +239,15 @@ def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence
                 pixels[geometry] = patch_pixels(backbone, dataset, *geometry, batch_size, img_size) \
                     if {"pixels", "pixels-mlp"} & set(probes) else None
             if geometry not in probers:
-                probers[geometry] = _Prober(dataset.labels, pixels[geometry], geometry[0], fit, held, max_tokens,
-                                            probes, seed, device, fit_options or {})
+                probers[geometry] = _Prober(dataset.labels, pixels[geometry], geometry[0], fit, held, settings)
             found = _probe_layer(probers[geometry], features[layer], name, patch_groups or {},
                                  include_chance=name == label)
             rows += [r | {"stage": stages[layer]} for r in found] if hierarchical else found
-    settings = {"model": label, "layers": wanted, "probes": list(probes), "max_tokens": max_tokens,
-                "held_fraction": held_fraction, "class_balanced": class_balanced, "norm": norm, "seed": seed,
-                "fit_images": len(fit), "held_images": len(held), "fit_options": dict(fit_options or {}),
-                "groups": sorted({r["group"] for r in rows})}
-    return ProbeResult("tokens", rows, settings)
+    described = {"model": label, "layers": wanted, "probes": list(probes), "max_tokens": settings.max_tokens,
+                 "held_fraction": held_fraction, "class_balanced": class_balanced, "norm": norm, "seed": seed,
+                 "fit_images": len(fit), "held_images": len(held), "fit_options": dict(fit_options),
+                 "groups": sorted({r["group"] for r in rows})}
+    return ProbeResult("tokens", rows, described)
 
 
 def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_groups: Mapping[str, PatchMask],
@@ -227,10 +272,10 @@ def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_grou
     singles["patch-mean"] = features.patch_mean()
     out = []
 
-    def add(model: str, group: str, triples: list[tuple]) -> None:
-        for metric, value, n, *units in triples:
-            out.append(row(model=model, layer=layer, layer_kind="token", group=group, metric=metric, value=value,
-                           n=n) | ({"units": units[0]} if units else {}))
+    def add(model: str, group: str, scores: list[Score]) -> None:
+        for score in scores:
+            out.append(row(model=model, layer=layer, layer_kind="token", group=group, metric=score.metric,
+                           value=score.value, n=score.n) | ({"units": score.units} if score.units is not None else {}))
 
     for group, pick in picks.items():
         patch_images = (pick["fit"][0], pick["held"][0])
@@ -258,19 +303,11 @@ def _common_images(prober: _Prober, picks: dict[str, dict[str, tuple[Tensor, Ten
 
 
 def _class_on_tokens(prober: _Prober, tokens: tuple[Tensor, Tensor], images: tuple[Tensor, Tensor]
-                     ) -> list[tuple[str, float, int]]:
+                     ) -> list[Score]:
     """Image class from single patch tokens of a group (``tokens`` fit/held (M, D); ``images`` their images)."""
     if "class" not in prober.probes or len(tokens[0]) < 2 or not len(tokens[1]):
         return []
     num_classes = int(prober.labels.max()) + 1
     clf = fit_classifier(tokens[0].float(), prober.labels[images[0]], num_classes, groups=images[0], **prober.options)
     correct = (clf.predict(tokens[1].float()).cpu() == prober.labels[images[1]]).double()
-    return [("class_top1", float(correct.mean()), len(images[1]), per_image(correct, images[1]))]
-
-
-def per_image(values: Tensor, images: Tensor) -> dict[str, list]:
-    """Per-token ``values`` (M,) summed per image (``images`` (M,) dataset indices): the ``units`` of a row."""
-    names, index = torch.as_tensor(images).long().unique(return_inverse=True)
-    sums = torch.zeros(len(names), dtype=torch.float64).index_add_(0, index, values.double().cpu())
-    counts = torch.bincount(index, minlength=len(names))
-    return {"images": names.tolist(), "sums": sums.tolist(), "counts": counts.tolist()}
+    return [Score("class_top1", float(correct.mean()), len(images[1]), per_image(correct, images[1]))]

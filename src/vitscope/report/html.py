@@ -1,20 +1,19 @@
-"""Pieces of a self-contained HTML report: a style sheet, tables of flat rows, embedded PNG figures."""
+"""Pieces of a self-contained HTML report: tables of flat rows, embedded PNG figures, the link back to the
+index, and the study page itself (rendered from ``templates/study.html``, style sheet ``templates/report.css``)."""
 
 from __future__ import annotations
 
 import base64
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-STYLE = """body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
-th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;margin:1em 0}
-.note{background:#fff8e1;border-left:4px solid #f0b400;padding:.6em 1em}code{background:#f3f3f3;padding:0 3px}
-.reproduced{color:#1b7f2a;font-weight:600}.not{color:#b3261e;font-weight:600}.untested{color:#666}
-.opening{font-size:15px;line-height:1.45;border-left:4px solid #3b6ea8;padding:.4em 1em;background:#f2f6fb}
-.back{font-size:13px}"""
+from markupsafe import Markup
+
+from vitscope.report.render import render
+
 INDEX_LINK = '<p class="back"><a href="../index.html">&larr; all studies (index.html)</a></p>'
 
 
@@ -56,6 +55,7 @@ def image(path: Path, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def page(title: str, sections: list[str]) -> bytes:
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>").encode()
+def page(title: str, sections: Sequence[Markup | str]) -> bytes:
+    """A study's report page (``templates/study.html``): ``title`` escaped, then the sections in order. A section
+    the caller built as HTML is passed through ``render.trusted`` (marked safe); plain text is escaped."""
+    return render("study.html", title=title, sections=sections)

@@ -1,7 +1,8 @@
 """Models that a study measures instead of training its own: ``--model LABEL=SPEC[@WEIGHTS]`` (repeatable).
 
-``SPEC`` is anything ``vitscope.models.load`` takes (a preset, ``timm:NAME``, a run folder or weights
-file); ``@WEIGHTS`` names a local weights file for it (the last ``@`` splits). ``LABEL`` names the model in
+``SPEC`` is anything ``vitscope.models.load`` takes (a preset, ``timm:NAME[.TAG]``, ``hf:ORG/NAME[@REV]``, a run
+folder or weights file); ``@WEIGHTS`` names a local weights file for it (the last ``@`` splits; in an ``hf:`` spec,
+which takes no weights file, ``@`` is the hub revision). ``LABEL`` names the model in
 results and reports (letters, digits and ``._+-``). Shared by every study that takes ``--model``.
 """
 
@@ -49,6 +50,8 @@ def parse_model_entry(text: str, flag: str = "--model") -> ModelEntry:
     if not sep or not label.strip() or not rest.strip():
         raise ValueError(f"{flag} {text!r} needs the form LABEL=SPEC[@WEIGHTS], e.g. "
                          f"{flag} deit3=timm:deit3_small_patch16_224@deit3_small.safetensors or {flag} mine=runs/x")
+    if rest.strip().startswith("hf:"):  # hf: takes no weights file; its '@' is the hub revision (hf:ORG/NAME@REV)
+        return ModelEntry(label.strip(), rest.strip())
     spec, at, weights = rest.strip().rpartition("@")
     if not at:
         spec, weights = weights, None

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from vitscope.data import augment
@@ -103,5 +104,6 @@ class Protocol:
 
 
 def soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy against soft targets (B, K)."""
-    return torch.sum(-targets * torch.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+    """Mean cross-entropy against soft targets (B, K) (class probabilities, e.g. smoothed or CutMix-mixed labels),
+    computed in float32: ``F.cross_entropy`` with probability targets."""
+    return F.cross_entropy(logits.float(), targets.float())

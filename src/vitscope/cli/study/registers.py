@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vitscope.cli.common import add_shared, output_dir
+from vitscope.cli.common import add_shared, output_dir, positive_int
 from vitscope.run_folder import writer_lock
+
+if TYPE_CHECKING:
+    from vitscope.studies.models import ModelEntry
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -25,6 +30,10 @@ def add_parser(studies) -> None:
                           "paper: timm models with your weights (--weights-dir); none: only what you name")
     reg.add_argument("--model", action="append", default=[], metavar="LABEL=SPEC[@WEIGHTS]",
                      help="measure this model too (repeatable): a run folder, checkpoint, preset or timm:NAME")
+    reg.add_argument("--img-size", type=positive_int, default=None, metavar="N",
+                     help="input side in pixels for every --model (its position table resampled; a multiple of its "
+                          "patch size), e.g. 224 for DINOv2's patch-14 models, whose own default is 518 "
+                          "(default: each model's own size)")
     reg.add_argument("--weights-dir", default=None, help="folder of <timm name>.safetensors for --preset paper")
     reg.add_argument("--registers", default=None, help="register counts to train, e.g. 0,1,4,16 (none: '')")
     reg.add_argument("--train-model", default=None, metavar="PRESET",
@@ -72,6 +81,13 @@ def _plant(text: str | None) -> dict | str | None:
     return {"model": label, "layer": int(layer) - 1, "count": 2, "scale": 20.0}
 
 
+def sized_entries(entries: list[ModelEntry], img_size: int | None) -> list[ModelEntry]:
+    """``entries`` (``ModelEntry``) loaded and measured at ``img_size`` pixels when it is given, else unchanged."""
+    if img_size is None:
+        return entries
+    return [dataclasses.replace(e, options={**e.options, "img_size": img_size}) for e in entries]
+
+
 def run_registers_study(**options) -> Path:
     from vitscope.report.registers.page import build_report
     from vitscope.studies.registers.study import RegistersStudy, run
@@ -104,7 +120,8 @@ def run_registers(args: argparse.Namespace) -> int:
         registers=None if args.registers is None else _ints(args.registers, "--registers"),
         model=args.train_model, objectives=_names(args.objectives), dino_config=args.dino_config,
         seeds=_ints(args.seeds, "--seeds") if args.seeds else [args.seed],
-        models=parse_model_entries(args.model), weights_dir=args.weights_dir, plant=_plant(args.plant),
+        models=sized_entries(parse_model_entries(args.model), args.img_size), weights_dir=args.weights_dir,
+        plant=_plant(args.plant),
         census=census, probes=probes, epochs=args.epochs, batch_size=args.batch_size,
         train_images=args.train_images, eval_images=args.eval_images, device=args.device, out=args.out,
         launcher=args.launcher)

@@ -13,6 +13,8 @@ point-sampled losses, one set of label points) and each head takes its own AdamW
 if trained alone with the same seed (same initialisation, same batches, same points), but features are read and
 standardised once per layer and step, and the heads of one layer share one matrix product. Depth heads
 normalise their bins on the patch grid upsampled x4 by default (DINOv2's head, ``vitscope.probes.dense.depth_grid``).
+The inputs, statistics, head module and fused multi-head algebra are ``vitscope.probes.dense.modules``; this module
+trains them (batching, the steps, the thread count).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from vitscope.memory import freed_memory_kept
 from vitscope.probes.dense.depth_grid import (
@@ -33,8 +35,10 @@ from vitscope.probes.dense.depth_grid import (
     grid_depth,
     resize_depth,
 )
+from vitscope.probes.dense.modules import DenseHead, HeadInputs, Standardiser, stacked_table
 from vitscope.probes.dense.points import (
     SILOG_LAMBDA,
+    PointBatch,
     PointSampler,
     cells_at,
     depth_at,
@@ -43,113 +47,28 @@ from vitscope.probes.dense.points import (
     point_silog,
     rows_at,
 )
-from vitscope.probes.features import LayerFeatures
 from vitscope.probes.linear import threads_for
 from vitscope.threads import CoreShare
 
 DEPTH_BINS = 256
-BN_EPS = 1e-5
-_STATS_CHUNK = 64  # images per chunk when computing the statistics
+Corners = tuple[Tensor, Tensor]  # PointBatch.corners(grid): (points, 4) cell indices and bilinear weights
 
 
-@dataclass
-class HeadInputs:
-    """One token layer's head inputs: ``patches`` (N, rows * cols, D) in any float dtype (memory-mapped float16
-    when cached), ``grid`` (rows, cols) and ``cls`` (N, D) or None."""
+@dataclass(frozen=True)
+class _Plan:
+    """How ``_train`` runs: the heads' ``with_cls`` settings, the point sampler (None: every pixel), the optimiser
+    and its per-step schedule, the batch-order ``generator``, ``epochs``, ``batch_size``, ``device``, and the loss
+    options (task, ignore index, depth bins, ``grid_bins``, the depth range)."""
 
-    patches: Tensor
-    grid: tuple[int, int]
-    cls: Tensor | None = None
-
-    @classmethod
-    def of(cls, features: LayerFeatures) -> HeadInputs:
-        return cls(features.patches, tuple(features.grid), features.cls.float() if features.has_cls else None)
-
-    @classmethod
-    def from_maps(cls, maps: Tensor) -> HeadInputs:
-        """From (N, D, rows, cols) patch maps (no CLS)."""
-        return cls(maps.flatten(2).transpose(1, 2), tuple(maps.shape[-2:]))
-
-    def __len__(self) -> int:
-        return len(self.patches)
-
-
-def _moments(rows: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-channel mean and biased variance of (N, ..., D) rows, in float64, read in chunks."""
-    total, square, count = 0.0, 0.0, 0
-    for start in range(0, len(rows), _STATS_CHUNK):
-        chunk = rows[start : start + _STATS_CHUNK].double().reshape(-1, rows.shape[-1])
-        total, square, count = total + chunk.sum(0), square + (chunk * chunk).sum(0), count + len(chunk)
-    mean = total / count
-    return mean, (square / count - mean * mean).clamp(min=0)
-
-
-class Standardiser(nn.Module):
-    """(x - mean) / sqrt(var + eps) per channel with the training set's patch (and CLS) statistics."""
-
-    def __init__(self, inputs: HeadInputs):
-        super().__init__()
-        mean, var = _moments(inputs.patches)
-        self.register_buffer("mean", mean.float())
-        self.register_buffer("scale", (var + BN_EPS).rsqrt().float())
-        if inputs.cls is not None:
-            cls_mean, cls_var = _moments(inputs.cls)
-            self.register_buffer("cls_mean", cls_mean.float())
-            self.register_buffer("cls_scale", (cls_var + BN_EPS).rsqrt().float())
-
-    def patches(self, patches: Tensor) -> Tensor:
-        return (patches.to(self.mean.device, torch.float32) - self.mean) * self.scale
-
-    def cls(self, cls: Tensor) -> Tensor:
-        return (cls.to(self.cls_mean.device, torch.float32) - self.cls_mean) * self.cls_scale
-
-
-class DenseHead(nn.Module):
-    """Standardisation, a learned per-channel scale and shift, and one linear map of patch tokens (D) or patch
-    and CLS tokens (2D) to ``outputs``."""
-
-    def __init__(self, standardiser: Standardiser, dim: int, outputs: int, with_cls: bool):
-        super().__init__()
-        if with_cls and not hasattr(standardiser, "cls_mean"):
-            raise ValueError("this model has no CLS token to concatenate; probe without CLS")
-        self.standardiser, self.dim, self.with_cls = standardiser, dim, with_cls
-        channels = 2 * dim if with_cls else dim
-        self.gamma, self.beta = nn.Parameter(torch.ones(channels)), nn.Parameter(torch.zeros(channels))
-        self.linear = nn.Linear(channels, outputs)
-
-    @property
-    def outputs(self) -> int:
-        return self.linear.out_features
-
-    def folded(self) -> tuple[Tensor, Tensor]:
-        """The scale and shift folded into the linear map: weight (C, channels) and bias (C,)."""
-        weight = self.linear.weight
-        return weight * self.gamma, self.linear.bias + weight @ self.beta
-
-    def low_res(self, patches: Tensor, cls: Tensor | None, grid: tuple[int, int]) -> Tensor:
-        """Raw (B, rows * cols, D) patches and (B, D) CLS -> (B, C, rows, cols) logits."""
-        return _stacked_logits([self], self.standardiser.patches(patches),
-                               self.standardiser.cls(cls) if self.with_cls else None, grid)[:, 0]
-
-
-def _stacked_logits(heads: Sequence[DenseHead], patches: Tensor, cls: Tensor | None, grid: tuple[int, int]
-                    ) -> Tensor:
-    """Standardised (B, P, D) patches and (B, D) CLS through heads sharing them: (B, heads, C, rows, cols)."""
-    return _stacked_table(heads, patches, cls).permute(0, 2, 3, 1).unflatten(-1, grid)
-
-
-def _stacked_table(heads: Sequence[DenseHead], patches: Tensor, cls: Tensor | None) -> Tensor:
-    """Channel-last logits of heads sharing standardised inputs: (B, P, heads, C)."""
-    dim = patches.shape[-1]
-    folded = [head.folded() for head in heads]
-    weight = torch.cat([w[:, :dim] for w, _ in folded])
-    bias = torch.cat([b for _, b in folded])
-    logits = (patches @ weight.T + bias).unflatten(-1, (len(heads), -1))  # (B, P, heads, C)
-    extra = [w[:, dim:] @ cls.T if head.with_cls else None for head, (w, _) in zip(heads, folded, strict=True)]
-    if any(e is not None for e in extra):
-        zeros = logits.new_zeros(heads[0].outputs, len(patches))
-        logits = logits + torch.stack([zeros if e is None else e for e in extra], 0).permute(2, 0, 1)[:, None]
-    return logits
+    with_cls: Sequence[bool]
+    sampler: PointSampler | None
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    generator: torch.Generator
+    epochs: int
+    batch_size: int
+    device: torch.device | str
+    loss_options: dict[str, Any]
 
 
 def depth_bins(min_depth: float, max_depth: float, device: torch.device | str = "cpu") -> Tensor:
@@ -218,8 +137,8 @@ def fit_heads(inputs: dict[Hashable, HeadInputs], targets: Sequence[Tensor], tas
                 targets, task, ignore_index, loss_points, torch.Generator().manual_seed(seed + 1))
         # every step allocates the same large temporaries (reuse their pages); other processes may hold cores
         with freed_memory_kept(), CoreShare(device) as cores:
-            _train(heads, inputs, targets, with_cls, sampler, optimizer, schedule, generator, epochs, batch_size,
-                   device, loss_options, cores)
+            _train(heads, inputs, targets, _Plan(with_cls, sampler, optimizer, schedule, generator, epochs,
+                                                 batch_size, device, loss_options), cores)
     return {key: head.eval() for key, head in heads.items()}
 
 
@@ -240,9 +159,12 @@ def _step_work(inputs: dict[Hashable, HeadInputs], targets: Sequence[Tensor],
 
 
 def _train(heads: dict[tuple[Hashable, bool], DenseHead], inputs: dict[Hashable, HeadInputs], targets: Sequence[Tensor],
-           with_cls: Sequence[bool], sampler: PointSampler | None, optimizer: torch.optim.Optimizer, schedule: Any,
-           generator: torch.Generator, epochs: int, batch_size: int, device: torch.device | str,
-           loss_options: dict[str, Any], cores: CoreShare) -> None:
+           plan: _Plan, cores: CoreShare) -> None:
+    """Every epoch, every batch: each head's loss backpropagated, one optimiser and schedule step, a ``cores``
+    tick."""
+    with_cls, sampler, optimizer, schedule = plan.with_cls, plan.sampler, plan.optimizer, plan.schedule
+    generator, epochs, batch_size, device, loss_options = (plan.generator, plan.epochs, plan.batch_size,
+                                                           plan.device, plan.loss_options)
     for _ in range(epochs):
         for batch in size_groups(targets, batch_size, generator):
             indices = batch.tolist()
@@ -272,11 +194,11 @@ def _head_table(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, devic
     standardiser = heads[0].standardiser
     patches = standardiser.patches(inputs.patches[batch].to(device))
     cls = standardiser.cls(inputs.cls[batch].to(device)) if any(h.with_cls for h in heads) else None
-    return _stacked_table(heads, patches, cls)
+    return stacked_table(heads, patches, cls)
 
 
 def _segment_step(groups: list[tuple[Hashable, list[DenseHead]]], inputs: dict[Hashable, HeadInputs],
-                  batch: Tensor, points: Any, corners: tuple[Tensor, Tensor], device: torch.device | str) -> None:
+                  batch: Tensor, points: PointBatch, corners: Corners, device: torch.device | str) -> None:
     """Backpropagate the point-sampled losses of the segmentation heads of every layer (key) at once: their
     logits side by side as channels, read at the points in one ``rows_at`` and scored by one cross-entropy. The
     summed loss is the sum of the per-head ones, so every head gets the gradient it would alone, for a few
@@ -287,8 +209,9 @@ def _segment_step(groups: list[tuple[Hashable, list[DenseHead]]], inputs: dict[H
     point_cross_entropy(sampled.unflatten(-1, (heads, -1)), points).backward()
 
 
-def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, points: Any, corners: Any,
-                full: Tensor | None, device: torch.device | str, options: dict[str, Any]) -> None:
+def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, points: PointBatch | None,
+                corners: Corners | None, full: Tensor | None, device: torch.device | str,
+                options: dict[str, Any]) -> None:
     """Backpropagate the losses of one layer's heads on one batch (gradients accumulate per head)."""
     table = _head_table(heads, inputs, batch, device)  # (B, P, heads, C)
     if options["grid_bins"]:
@@ -310,7 +233,7 @@ def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, point
         loss.backward(retain_graph=h < len(heads) - 1)
 
 
-def _grid_depth_step(heads: int, table: Tensor, points: Any, corners: Any, full: Tensor | None,
+def _grid_depth_step(heads: int, table: Tensor, points: PointBatch | None, corners: Corners | None, full: Tensor | None,
                      options: dict[str, Any]) -> None:
     """Backpropagate the depth losses of ``heads`` heads from channel-last (B, rows, cols, heads * bins) logits:
     depth on the x4 grid, then resized to the label at the points (or at every pixel)."""
@@ -324,7 +247,7 @@ def _grid_depth_step(heads: int, table: Tensor, points: Any, corners: Any, full:
     torch.stack(losses).sum().backward()
 
 
-def _point_loss(logits: Tensor, points: Any, options: dict[str, Any]) -> Tensor:
+def _point_loss(logits: Tensor, points: PointBatch, options: dict[str, Any]) -> Tensor:
     if options["task"] == "segmentation":
         return point_cross_entropy(logits, points)
     return point_silog(depth_last(logits, options["bins"]), points)

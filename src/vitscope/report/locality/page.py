@@ -18,19 +18,14 @@ from safetensors.numpy import load_file
 from vitscope.analyze.locality import DEFINITIONS
 from vitscope.files import atomic_write_bytes
 from vitscope.metrics import early_layers
-from vitscope.report import figures
-from vitscope.report.html import image, index_link, table
+from vitscope.report.figures import locality as figures
+from vitscope.report.html import image, index_link, page, table
 from vitscope.report.openings import locality_opening as opening
+from vitscope.report.render import trusted
 from vitscope.studies.locality.results import PAPER
 from vitscope.studies.locality.verdicts import distinct, judge
 from vitscope.train.protocols import parse_protocol
 
-STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
-th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;margin:1em 0}
-.note{background:#fff8e1;border-left:4px solid #f0b400;padding:.6em 1em}code{background:#f3f3f3;padding:0 3px}
-.reproduced{color:#1b7a1b}.not-reproduced{color:#b00020}.inconclusive{color:#8a6d00}li{margin:.5em 0}
-.opening{font-size:15px;line-height:1.45;border-left:4px solid #3b6ea8;padding:.4em 1em;background:#f2f6fb}"""
 EXAMPLE_IMAGES = 2  # example images per condition in the report
 BAND = "min-max over heads and seeds"  # what the per-layer figures shade
 # settings that act only when the run's protocol has the component (vitscope.train.protocols.Protocol)
@@ -268,6 +263,4 @@ def build_report(out: str | Path) -> Path:
                  "<h2>Definitions</h2>", table([{"quantity": k, "definition": v} for k, v in DEFINITIONS.items()]),
                  "<h2>Settings</h2>", _settings(results),
                  "<h2>Provenance</h2>", table(_provenance(results))]
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>vitscope locality study</title>"
-            f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>")
-    return atomic_write_bytes(out / "report.html", page.encode())
+    return atomic_write_bytes(out / "report.html", page("vitscope locality study", trusted(sections)))

@@ -9,7 +9,7 @@ from typing import Any
 import matplotlib.ticker
 import numpy as np
 
-from vitscope.report.figures import plt, save_figure
+from vitscope.report.figures.common import plt, save_figure
 
 GROUP_COLOURS = {"patch": "C0", "cls": "C3", "register": "C2"}
 

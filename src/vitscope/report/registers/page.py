@@ -10,10 +10,11 @@ from typing import Any
 
 from vitscope.files import atomic_write_bytes
 from vitscope.models import PRESETS
+from vitscope.report.figures.norms import high_norm_maps
 from vitscope.report.html import fmt, image, index_link, page, table
-from vitscope.report.norm_figures import high_norm_maps
 from vitscope.report.openings import registers_opening
 from vitscope.report.registers import figures as rf
+from vitscope.report.render import trusted
 from vitscope.studies.registers.findings import (
     EFFECTS,
     ENRICHMENT,
@@ -366,4 +367,4 @@ def build_report(out: str | Path) -> Path:
                                               else v} for k, v in results["settings"].items()]),
                  "<h2>Provenance</h2>", table([{"field": k, "value": v} for k, v in results["provenance"].items()
                                                if k != "config"])]
-    return atomic_write_bytes(out / "report.html", page("vitscope registers study", sections))
+    return atomic_write_bytes(out / "report.html", page("vitscope registers study", trusted(sections)))

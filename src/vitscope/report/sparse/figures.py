@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from vitscope.probes.pca import rgb_maps
-from vitscope.report.figures import plt, save_figure
+from vitscope.report.figures.common import plt, save_figure
 
 # suffixes that name a variant of a model (same colour, another line style), longest first
 VARIANTS = {" (random init)": "--", " (patches + CLS)": ":", " (patches)": "-"}

@@ -14,6 +14,7 @@ from safetensors.numpy import load_file
 from vitscope.files import atomic_write_bytes
 from vitscope.report.html import image, index_link, page, table
 from vitscope.report.openings import sparse_opening
+from vitscope.report.render import trusted
 from vitscope.report.sparse import figures as sparse_figures
 from vitscope.studies.runner import RunSpec
 from vitscope.studies.sparse.presets import (
@@ -316,4 +317,4 @@ def build_report(out: str | Path) -> Path:
         "<h2>Provenance</h2>",
         table([{"field": k, "value": v} for k, v in results["provenance"].items() if k != "config"]),
     ]
-    return atomic_write_bytes(out / "report.html", page("vitscope sparse-attention study", sections))
+    return atomic_write_bytes(out / "report.html", page("vitscope sparse-attention study", trusted(sections)))

@@ -25,7 +25,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -41,13 +40,15 @@ from vitscope.metrics.high_norm import (
     patch_statistics,
     region_share,
 )
-from vitscope.metrics.norms import Threshold, high_norm_threshold, parse_threshold
+from vitscope.metrics.norms import Threshold, high_norm_threshold, log_histograms, parse_threshold
+from vitscope.metrics.units import per_image_picked
 from vitscope.models.sites import token_blocks
 from vitscope.models.token_map import token_map
+from vitscope.probes.results import row
 from vitscope.record import record_attention, record_tokens
 from vitscope.studies.registers.hier import hierarchical_attention_rows
 
-HISTOGRAM_BINS = 48
+HISTOGRAM_BINS = 48  # log-spaced bins of the norm histograms
 
 
 @dataclass
@@ -85,30 +86,11 @@ class Census:
     high_norm: dict[int, Tensor] = field(default_factory=dict)  # token layer -> (images, patches), first threshold
 
 
-def _row(model: str, layer: int, group: str, metric: str, value: float, n: int, **extra: Any) -> dict[str, Any]:
-    return {"model": model, "layer": layer, "layer_kind": "token", "group": group, "metric": metric,
-            "value": float(value), "n": int(n), **extra}
-
-
-def _per_image(values: Tensor, pick: Tensor) -> dict[str, list]:
-    """Per image with picked patches: the sum of ``values`` (images, patches) over ``pick`` and the count, the
-    ``units`` that image-clustered intervals resample (``vitscope.stats.compare``)."""
-    counts = pick.sum(1)
-    keep = counts > 0
-    sums = (values.double() * pick).sum(1)
-    return {"images": keep.nonzero().flatten().tolist(), "sums": sums[keep].tolist(), "counts": counts[keep].tolist()}
-
-
-def _histograms(norms: dict[str, list[Tensor]], layers: list[int]) -> dict[str, Any]:
-    """Log-spaced bin edges shared by every layer and group, and counts per (group, layer)."""
-    values = torch.cat([t.flatten() for group in norms.values() for t in group if t.numel()])
-    positive = values[values > 0]
-    low, high = (float(positive.min()), float(positive.max())) if positive.numel() else (1e-3, 1.0)
-    edges = np.logspace(math.log10(low), math.log10(high * 1.001 + 1e-12), HISTOGRAM_BINS + 1)
-    counts = {group: {str(layer): np.histogram(t.numpy(), bins=edges)[0].tolist()
-                      for layer, t in zip(layers, tensors, strict=True) if t.numel()}
-              for group, tensors in norms.items()}
-    return {"edges": edges.tolist(), "counts": counts}
+def _row(model: str, layer: int, group: str, metric: str, value: float | Tensor, n: int, layer_kind: str = "token",
+         **extra: Any) -> dict[str, Any]:
+    """A shared-schema row (``probes.results.row``) with the census's extra fields (threshold, stage, units)."""
+    return row(model=model, layer=layer, layer_kind=layer_kind, group=group, metric=metric, value=float(value),
+               n=int(n)) | extra
 
 
 def _detect_index(settings: CensusSettings, layers: list[int]) -> int:
@@ -198,7 +180,7 @@ def _location_rows(label: str, layer: int, high: Tensor, local: tuple[Tensor, Te
             if count:
                 for metric, values in (("patch_intensity", intensity), ("patch_local_variance", variance)):
                     rows.append(_row(label, layer, group, metric, values[pick].mean(), count, **extra)
-                                | {"units": _per_image(values, pick)})
+                                | {"units": per_image_picked(values, pick)})
     if objects is not None:
         share = region_share(high, objects)
         if share["count_high"]:
@@ -246,6 +228,24 @@ def _attention_rows(model: nn.Module, dataset: ImageDataset, settings: CensusSet
     return rows, last[:, 0] if prefix else last.mean(dim=1)
 
 
+@dataclass
+class _Recorded:
+    """What the census recorded of one model, handed from ``run_census`` to the plain or hierarchical census:
+    ``norms`` per token layer (images, tokens), ``local`` patch statistics per grid, ``examples`` (images, 3,
+    side, side) kept for the maps, ``side`` the model's input side in pixels."""
+
+    model: nn.Module
+    dataset: ImageDataset
+    settings: CensusSettings
+    device: torch.device
+    label: str
+    tokens: dict[str, Any]
+    norms: list[Tensor]
+    local: PatchStats
+    examples: Tensor
+    side: int
+
+
 def run_census(model: nn.Module, dataset: ImageDataset, label: str, settings: CensusSettings | None = None,
                device: torch.device | str = "cpu", progress: bool = True) -> Census:
     """Measure ``model`` (plain ViT, Swin or PVT-v2) on ``dataset``; see the module docstring."""
@@ -256,13 +256,13 @@ def run_census(model: nn.Module, dataset: ImageDataset, label: str, settings: Ce
     plain = tokens["kind"] == "plain"
     grids = [tuple(tokens["patches"]["grid"])] if plain else _token_grids(model, dataset, settings, device)
     norms, local, examples = _record(model, dataset, settings, device, plain, grids, progress)
-    side = examples.shape[-1]
-    if plain:
-        return _plain_census(model, dataset, settings, device, label, tokens, norms, local, examples, side)
-    return _hierarchical_census(model, dataset, settings, device, label, tokens, norms, local, examples, side)
+    recorded = _Recorded(model, dataset, settings, device, label, tokens, norms, local, examples, examples.shape[-1])
+    return _plain_census(recorded) if plain else _hierarchical_census(recorded)
 
 
-def _plain_census(model, dataset, settings, device, label, tokens, norms, local, examples, side) -> Census:
+def _plain_census(r: _Recorded) -> Census:
+    model, dataset, settings, device, label = r.model, r.dataset, r.settings, r.device, r.label
+    tokens, norms, local, examples, side = r.tokens, r.norms, r.local, r.examples, r.side
     prefix, grid = tokens["num_prefix_tokens"], tuple(tokens["patches"]["grid"])
     layers = list(range(len(norms)))  # token layers 0..L
     detect = _detect_index(settings, layers)
@@ -296,13 +296,15 @@ def _plain_census(model, dataset, settings, device, label, tokens, norms, local,
         .reshape(shown, *grid).to(torch.uint8).contiguous(),
         "cls_attention_last": cls_rows[:shown].contiguous(),
     }
-    return Census(rows + attention, _histograms(hist_groups, layers),
+    return Census(rows + attention, log_histograms(hist_groups, layers, HISTOGRAM_BINS),
                   [{"spec": t.spec, "value": t.value, "detection_layer": layers[detect]} for t in thresholds],
                   tokens, tensors, {layer: high_norm_mask(n, thresholds[0].value, prefix)
                                     for layer, n in zip(layers, norms, strict=True)})
 
 
-def _hierarchical_census(model, dataset, settings, device, label, tokens, norms, local, examples, side) -> Census:
+def _hierarchical_census(r: _Recorded) -> Census:
+    model, dataset, settings, device, label = r.model, r.dataset, r.settings, r.device, r.label
+    tokens, norms, local, examples, side = r.tokens, r.norms, r.local, r.examples, r.side
     names = [name for name, _ in token_blocks(model)]
     stages = [int(name.split(".")[1]) for name in names]
     rows, thresholds, primary_of, high_norm = [], [], {}, {}
@@ -333,5 +335,5 @@ def _hierarchical_census(model, dataset, settings, device, label, tokens, norms,
     images = _attention_images(model, dataset, settings, device)
     rows += hierarchical_attention_rows(model, images, stages, primary_of, label)
     layers = list(range(1, len(norms) + 1))
-    return Census(rows, _histograms({"patch": norms}, layers), thresholds, tokens, {"images": examples.contiguous()},
-                  high_norm)
+    histograms = log_histograms({"patch": norms}, layers, HISTOGRAM_BINS)
+    return Census(rows, histograms, thresholds, tokens, {"images": examples.contiguous()}, high_norm)

@@ -31,6 +31,15 @@ from vitscope.train.schedules import cosine
 from vitscope.train.supervised import build_model
 
 
+@torch.no_grad()
+def ema_update(teacher: list[Tensor], student: list[Tensor], momentum: float) -> None:
+    """``teacher = momentum * teacher + (1 - momentum) * student`` for every pair, in one fused call
+    (``torch._foreach_lerp_``: teacher moves ``1 - momentum`` of the way to the student)."""
+    if len(teacher) != len(student):
+        raise ValueError(f"teacher has {len(teacher)} parameters and student {len(student)}; they must match")
+    torch._foreach_lerp_(teacher, [p.detach() for p in student], 1.0 - momentum)
+
+
 @dataclass(frozen=True)
 class DinoOptions:
     """``objective_options`` of the DINO objective; defaults are ``main_dino.py``'s ViT-S/16 recipe."""
@@ -171,8 +180,7 @@ class DinoObjective(Objective):
     @torch.no_grad()
     def after_optimizer_step(self, global_step: int, total_steps: int) -> None:
         momentum = cosine(self.options.momentum_teacher, 1.0, global_step / total_steps)
-        for student, teacher in zip(self.student.parameters(), self.teacher.parameters(), strict=True):
-            teacher.mul_(momentum).add_((1 - momentum) * student.detach())
+        ema_update(list(self.teacher.parameters()), list(self.student.parameters()), momentum)
 
     def step_scalars(self) -> dict[str, float]:
         count = max(self._monitor_count, 1)

@@ -1,4 +1,4 @@
-"""Figures from locality statistics (matplotlib, Agg backend, PNG or SVG by file suffix).
+"""Figures from locality statistics (PNG or SVG by file suffix; shared by the locality report and ``analyze``).
 
 Every MAD or entropy axis starts at 0 and shows the uniform-attention reference (entropy 1; MAD of uniform
 attention on the grid, 0.4178 normalised on 8x8), so that values sitting at "no structure" read as such and a
@@ -10,17 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
+import matplotlib.ticker
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-import numpy as np  # noqa: E402
-
-from vitscope.files import atomic_path  # noqa: E402
-from vitscope.metrics.locality import grid_distances  # noqa: E402
-
-REFERENCE_STYLE = {"color": "grey", "ls": "--", "lw": 1}
+from vitscope.metrics.locality import grid_distances
+from vitscope.report.figures.common import REFERENCE_STYLE, axis_top, plt, save_figure
 
 
 def uniform_mad(grid_size: tuple[int, int], unit: str = "normalized", patch_size: int | None = None) -> float:
@@ -33,24 +27,6 @@ def uniform_mad(grid_size: tuple[int, int], unit: str = "normalized", patch_size
     return value * (patch_size or 1) if unit == "pixel" else value
 
 
-def _upper(values: np.ndarray, reference: float | None, floor: float = 0.0) -> float:
-    """Axis top: the data and the reference with a margin (never zoomed onto the data's spread)."""
-    finite = np.asarray(values, dtype=float)
-    finite = finite[np.isfinite(finite)]
-    top = max(floor, float(finite.max(initial=0.0)), reference or 0.0)
-    return top * 1.1 if top > 0 else 1.0
-
-
-def save_figure(fig, path: str | Path) -> Path:
-    """Save ``fig`` atomically and close it."""
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    finally:
-        plt.close(fig)
-    return Path(path)
-
-
 def behaviour_space(panels: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | Path,
                     unit: str = "normalized", uniform: float | None = None) -> Path:
     """MAD (x) against normalised entropy (y): one point per head, coloured by layer, one panel per entry
@@ -59,7 +35,7 @@ def behaviour_space(panels: Mapping[str, tuple[np.ndarray, np.ndarray]], path: s
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False, sharey=True,
                              sharex=True)
     cmap = plt.get_cmap("viridis")
-    right = _upper(np.concatenate([np.ravel(m) for m, _ in panels.values()]), uniform)
+    right = axis_top(np.concatenate([np.ravel(m) for m, _ in panels.values()]), uniform)
     for ax, (title, (mad, ent)) in zip(axes[0], panels.items(), strict=True):
         depth = mad.shape[0]
         for layer in range(depth):
@@ -96,7 +72,7 @@ def per_layer(curves: Mapping[str, np.ndarray], ylabel: str, path: str | Path, r
                         alpha=0.12, label=f"{name}: {band}")
     if reference is not None:
         ax.axhline(reference, **REFERENCE_STYLE, label=f"{reference_label} ({reference:.4g})")
-    ax.set_ylim(0, _upper(np.concatenate([np.ravel(v) for v in curves.values()]), reference))
+    ax.set_ylim(0, axis_top(np.concatenate([np.ravel(v) for v in curves.values()]), reference))
     ax.set_xlabel("layer")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
@@ -114,7 +90,7 @@ def accuracy_vs_locality(points: Sequence[dict], path: str | Path, uniform: floa
     if uniform is not None:
         ax.axvline(uniform, **REFERENCE_STYLE, label=f"uniform attention ({uniform:.4g})")
         ax.legend(fontsize=7, loc="lower left")
-    ax.set_xlim(0, _upper(np.asarray([p["min_early_mad"] for p in points]), uniform))
+    ax.set_xlim(0, axis_top(np.asarray([p["min_early_mad"] for p in points]), uniform))
     for p in points:
         marker = "o" if p["cutmix"] else "s"
         face = "C3" if p["cutmix"] else "white"

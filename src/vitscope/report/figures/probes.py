@@ -9,7 +9,7 @@ from typing import Any
 import matplotlib.ticker
 import numpy as np
 
-from vitscope.report.figures import plt, save_figure
+from vitscope.report.figures.common import plt, save_figure
 
 
 def score_by_layer(rows: Sequence[dict[str, Any]], metric: str, path: str | Path, title: str = "") -> Path:

@@ -3,33 +3,54 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
+import matplotlib.ticker
 import numpy as np
 
-from vitscope.report.figures import plt, save_figure
+from vitscope.report.figures.common import plt, save_figure
+from vitscope.report.registers.figures import GROUP_COLOURS
 
 
 def norm_histograms(norms: list[np.ndarray], names: list[str], threshold: float, spec: str,
-                    path: str | Path, model: str | None = None) -> Path:
-    """One log-scale histogram of token norms per layer (``names``: token layers), the high-norm threshold
-    drawn in red; ``model`` names the model in the heading."""
+                    path: str | Path, model: str | None = None,
+                    prefix: Mapping[str, list[np.ndarray]] | None = None) -> Path:
+    """One log-log histogram of token norms per layer (``names``: token layers), the high-norm threshold drawn in
+    red. ``norms`` holds each layer's patch-token norms (the threshold's candidates); ``prefix`` the other tokens
+    by group (``{"cls": [...], "register": [...]}``, one array per layer), drawn in their own colours so that
+    the CLS token's own bump is not read as a high-norm mode of the patches. x ticks are labelled with values
+    however narrow the range (log axes otherwise label decades only); ``model`` names the model in the heading."""
+    groups = {"patch": norms, **{k: v for k, v in (prefix or {}).items() if v}}
     cols = min(4, len(norms))
     rows = math.ceil(len(norms) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.7 * rows), squeeze=False, layout="constrained")
-    for ax, values, name in zip(axes.ravel(), norms, names, strict=False):
-        values = values[values > 0]
-        bins = np.logspace(np.log10(values.min()), np.log10(values.max() * 1.01), 40)
-        ax.hist(values, bins=bins, color="C0")
-        ax.axvline(threshold, color="red", lw=1)
+    for i, (ax, name) in enumerate(zip(axes.ravel(), names, strict=False)):
+        layer = {group: values[i][values[i] > 0] for group, values in groups.items() if values[i].size}
+        shown = np.concatenate(list(layer.values()))
+        low, high = float(shown.min()) / 1.05, float(shown.max()) * 1.05
+        if np.isfinite(threshold) and threshold > 0:
+            low, high = min(low, threshold / 1.05), max(high, threshold * 1.05)
+        bins = np.geomspace(low, high, 41)
+        for group, values in layer.items():
+            ax.hist(values, bins=bins, histtype="step" if group != "patch" else "stepfilled",
+                    color=GROUP_COLOURS.get(group, "C1"), alpha=1.0 if group != "patch" else 0.6,
+                    label=f"{group} ({values.size})")
+        ax.axvline(threshold, color="red", lw=1, label="threshold")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.set_xlim(low, high)
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(np.geomspace(low * 1.02, high / 1.02, 4)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.tick_params(labelsize=7)
         ax.set_title(name, fontsize=8)
         ax.set_xlabel("token norm", fontsize=7)
+        if i == 0:
+            ax.legend(fontsize=6, loc="upper right")
     for ax in axes.ravel()[len(norms):]:
         ax.axis("off")
-    heading = f"token norms per token layer; red: threshold {spec} = {threshold:.3g}"
+    heading = f"token norms per token layer (count of tokens); red: threshold {spec} = {threshold:.3g}"
     fig.suptitle(f"{model}: {heading}" if model else heading, fontsize=9)
     return save_figure(fig, path)
 

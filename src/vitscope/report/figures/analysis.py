@@ -12,8 +12,8 @@ from vitscope.analyze.inputs import model_batches
 from vitscope.analyze.norms import NormsResult
 from vitscope.data import ImageDataset
 from vitscope.models import token_layout
-from vitscope.report.figures import behaviour_space, per_layer, uniform_mad
-from vitscope.report.norm_figures import high_norm_maps, norm_histograms
+from vitscope.report.figures.locality import behaviour_space, per_layer, uniform_mad
+from vitscope.report.figures.norms import high_norm_maps, norm_histograms
 
 MAX_MAP_IMAGES = 16
 
@@ -41,12 +41,18 @@ def plain_uniform_mad(model: nn.Module, unit: str) -> float | None:
 
 def norm_figures(result: NormsResult, model: nn.Module, dataset: ImageDataset, out: Path,
                  img_size: int | None = None, label: str | None = None) -> dict[str, Path]:
-    """Norm histograms per token layer; for plain ViTs also the high-norm maps of the first images beside
-    those images (each image min-max scaled to [0, 1] for display). ``label`` names the model in titles."""
+    """Norm histograms per token layer (patch, CLS and register tokens in their own colours); for plain ViTs
+    also the high-norm maps of the first images beside those images (each image min-max scaled to [0, 1] for
+    display). ``label`` names the model in titles."""
     layers = [f"layer {i + 1}" for i in range(len(result.norms))]  # token layer l = output of block l
-    files = {"histograms": norm_histograms([n.numpy().ravel() for n in result.norms], layers,
-                                           result.threshold.value, result.threshold.spec,
-                                           out / "norm_histograms.png", model=label)}
+    if result.tokens["kind"] == "plain":  # patches are the threshold's candidates; CLS and registers drawn apart
+        patches = [n[:, result.prefix:].numpy().ravel() for n in result.norms]
+        prefix = {group: [n[:, result.tokens.get(key, [])].numpy().ravel() for n in result.norms]
+                  for group, key in (("cls", "cls"), ("register", "registers")) if result.tokens.get(key)}
+    else:
+        patches, prefix = [n.numpy().ravel() for n in result.norms], {}
+    files = {"histograms": norm_histograms(patches, layers, result.threshold.value, result.threshold.spec,
+                                           out / "norm_histograms.png", model=label, prefix=prefix)}
     if result.tokens["kind"] == "plain":
         shown, maps = norm_map_inputs(result, model, dataset, img_size)
         files["maps"] = high_norm_maps(shown, maps, result.threshold.value, out / "high_norm_maps.png",

@@ -1,0 +1,248 @@
+"""Pretrained weights by name from local caches (vitscope.models.hub), with the network blocked.
+
+Each test writes a Hugging Face hub cache in a temporary folder with the layout huggingface_hub writes
+(models--ORG--NAME/{blobs,refs/main,snapshots/COMMIT/FILE -> ../../blobs/SHA256}) holding a small random model, points
+HF_HUB_CACHE or HF_HOME at it, and checks that the loaded weights are the cached file's.
+"""
+
+import hashlib
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from vitscope.cli import main
+from vitscope.models import create, load, save_model
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+DEIT = {"img_size": 32, "depth": 1, "embed_dim": 32, "num_heads": 2}  # a tiny deit3_small_patch16_224
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Any connection attempt fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args[1:]}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(folder))
+    return folder
+
+
+def write_cached(cache: Path, repo_id: str, files: dict[str, Path], commit: str = COMMIT, ref: str = "main") -> Path:
+    """Files into the hub cache as huggingface_hub stores them; returns the snapshot folder."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir(exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / ref).write_text(commit)
+    for name, source in files.items():
+        blob = repo / "blobs" / hashlib.sha256(source.read_bytes()).hexdigest()
+        shutil.copyfile(source, blob)
+        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
+    return snapshot
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tiny_deit_file(tmp_path: Path, seed: int = 1) -> tuple[Path, dict[str, torch.Tensor]]:
+    torch.manual_seed(seed)
+    model = load("timm:deit3_small_patch16_224", **DEIT)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    path = tmp_path / f"deit{seed}.safetensors"
+    save_file(state, str(path))
+    return path, state
+
+
+def assert_weights(model, state):
+    own = model.state_dict()
+    assert set(state) <= set(own)
+    for key, value in state.items():
+        assert torch.equal(own[key], value), key
+
+
+@pytest.mark.parametrize("how", ["tag", "pretrained", "bin", "hf_home"])
+def test_timm_names_load_the_cached_file_timm_would_read(tmp_path, cache, monkeypatch, capsys, how):
+    from timm.models import get_pretrained_cfg
+
+    file, state = tiny_deit_file(tmp_path)
+    spec = "timm:deit3_small_patch16_224" + ("" if how == "pretrained" else ".fb_in1k")
+    repo_id = get_pretrained_cfg(spec[5:]).hf_hub_id  # where timm.create_model(pretrained=True) looks
+    if how == "bin":  # timm's fallback when the repository has no model.safetensors
+        torch.save(state, tmp_path / "pytorch_model.bin")
+        file = tmp_path / "pytorch_model.bin"
+    if how == "hf_home":
+        monkeypatch.delenv("HF_HUB_CACHE")
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+        cache = tmp_path / "home" / "hub"
+    snapshot = write_cached(cache, repo_id, {"pytorch_model.bin" if how == "bin" else "model.safetensors": file})
+    model = load(spec, pretrained=True if how == "pretrained" else None, **DEIT)
+    assert_weights(model, state)
+    source = model.vitscope_load["source"]
+    assert source["revision"] == COMMIT and source["repo"] == repo_id
+    assert source["sha256"] == sha256(file) and Path(source["file"]).parent == snapshot
+    line = capsys.readouterr().err
+    assert f"from the cache, {repo_id}@{COMMIT[:12]}" in line and sha256(file)[:12] in line
+
+
+def test_a_tag_with_random_weights_and_a_tag_with_a_file_are_told_apart(tmp_path, cache):
+    torch.manual_seed(3)
+    model = load("timm:deit3_small_patch16_224.fb_in1k", pretrained=False, **DEIT)  # nothing read
+    assert "source" not in (getattr(model, "vitscope_load", None) or {})
+    file, _ = tiny_deit_file(tmp_path)
+    with pytest.raises(ValueError, match=r"the tag \.fb_in1k names timm's pretrained weights and weights="):
+        load("timm:deit3_small_patch16_224.fb_in1k", weights=file, **DEIT)
+
+
+def test_hub_names_load_the_cached_snapshot_at_a_revision_and_a_folder_wins(tmp_path, cache, monkeypatch, capsys):
+    from transformers import Dinov2Config, Dinov2Model
+
+    def saved(seed, folder):
+        torch.manual_seed(seed)
+        config = Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, mlp_ratio=2, image_size=28,
+                              patch_size=14)
+        Dinov2Model(config).save_pretrained(folder)
+        return folder
+
+    first, second = saved(1, tmp_path / "v1"), saved(2, tmp_path / "v2")
+    other = "fedcba9876543210fedcba9876543210fedcba98"
+    write_cached(cache, "org/tiny-dinov2", {n: first / n for n in ("config.json", "model.safetensors")})
+    write_cached(cache, "org/tiny-dinov2", {n: second / n for n in ("config.json", "model.safetensors")}, other, "v2")
+    for spec, folder, commit in (("hf:org/tiny-dinov2", first, COMMIT), (f"hf:org/tiny-dinov2@{other}", second, other),
+                                 ("hf:org/tiny-dinov2@v2", second, other)):
+        model = load(spec)
+        assert_weights(model.hf, Dinov2Model.from_pretrained(folder).state_dict())  # transformers' own reading
+        assert model.vitscope_load["source"]["revision"] == commit
+        assert model.vitscope_load["source"]["sha256"] == sha256(folder / "model.safetensors")
+    assert "from the cache, org/tiny-dinov2@" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)  # a folder named like the hub id is the folder, not the cache
+    saved(3, tmp_path / "org" / "tiny-dinov2")
+    model = load("hf:org/tiny-dinov2")
+    assert_weights(model.hf, Dinov2Model.from_pretrained(tmp_path / "org" / "tiny-dinov2").state_dict())
+    assert model.vitscope_load["source"] is None
+
+
+def test_open_clip_tags_load_the_file_of_openclips_registry(tmp_path, cache):
+    from open_clip import pretrained as registry
+
+    tower = {"layers": 1, "width": 64, "head_width": 32, "image_size": 64}
+    torch.manual_seed(4)
+    reference = load("open_clip:ViT-B-32", **tower)
+    state = {f"visual.{k}": v.contiguous() for k, v in reference.visual.state_dict().items()}
+    save_file(state, str(tmp_path / "clip.safetensors"))
+    repo_id = registry.get_pretrained_cfg("ViT-B-32", "laion2b_s34b_b79k")["hf_hub"].strip("/")
+    write_cached(cache, repo_id, {"open_clip_model.safetensors": tmp_path / "clip.safetensors"})
+    model = load("open_clip:ViT-B-32/laion2b_s34b_b79k", **tower)
+    assert_weights(model.visual, {k[len("visual."):]: v for k, v in state.items()})
+    assert model.vitscope_load["source"]["sha256"] == sha256(tmp_path / "clip.safetensors")
+
+
+@pytest.mark.parametrize("spec, searched, fetch", [
+    ("timm:deit3_small_patch16_224.fb_in1k", "models--timm--deit3_small_patch16_224.fb_in1k",
+     "hf download timm/deit3_small_patch16_224.fb_in1k model.safetensors"),
+    ("hf:org/not-cached@v1", "models--org--not-cached", "hf download org/not-cached --revision v1"),
+    ("open_clip:ViT-B-32/laion2b_s34b_b79k", "models--laion--CLIP-ViT-B-32-laion2B-s34B-b79K",
+     "hf download laion/CLIP-ViT-B-32-laion2B-s34B-b79K open_clip_model.safetensors"),
+])
+def test_a_name_not_cached_is_one_line_exit_2_and_nothing_written(tmp_path, cache, capsys, spec, searched, fetch):
+    out = tmp_path / "out"
+    code = main(["probe", "knn", "--model", spec, "--dataset", "synthetic", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert err.count("\n") == 1 and spec in err and str(cache / searched) in err
+    assert f"`{fetch}`" in err and "--download" in err
+
+
+def test_download_is_asked_for_before_anything_is_fetched(tmp_path, cache, monkeypatch):
+    import huggingface_hub
+
+    file, state = tiny_deit_file(tmp_path)
+    fetched = []
+
+    def fake_download(repo_id, filename, revision=None, cache_dir=None, **kwargs):
+        fetched.append((repo_id, filename))
+        snapshot = write_cached(Path(cache_dir), repo_id, {filename: file})
+        return str(snapshot / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    with pytest.raises(ValueError, match="not in the local cache"):
+        load("timm:deit3_small_patch16_224.fb_in1k", **DEIT)
+    assert fetched == []
+    model = load("timm:deit3_small_patch16_224.fb_in1k", download=True, **DEIT)
+    assert fetched == [("timm/deit3_small_patch16_224.fb_in1k", "model.safetensors")]
+    assert_weights(model, state)
+
+
+def test_export_hf_loads_back_to_the_same_tokens(tmp_path):
+    from vitscope.models.hf_export import export_hf
+
+    torch.manual_seed(5)
+    options = {"depth": 2, "embed_dim": 32, "num_heads": 2}
+    model = load("timm:vit_small_patch14_reg4_dinov2", img_size=28, **options).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))  # LayerScale, registers and tokens all matter
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "w.safetensors"))
+    # the file's 2x2 table is resampled to a 3x3 grid on load, and the exported config holds that grid
+    resized = load("timm:vit_small_patch14_reg4_dinov2", weights=tmp_path / "w.safetensors", img_size=42,
+                   **options).eval()
+    assert export_hf(resized, tmp_path / "hf") == {"class": "Dinov2WithRegistersModel", "image_size": 42}
+    twin = load(f"hf:{tmp_path / 'hf'}").eval()
+    images = torch.randn(2, 3, 42, 42)
+    with torch.no_grad():
+        want, got = resized.forward_features(images), twin.forward_features(images)
+    torch.testing.assert_close(got["cls"], want[:, 0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got["registers"], want[:, 1:5], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got["patches"], want[:, 5:], atol=1e-5, rtol=0)
+
+
+def test_export_hf_cli_and_its_refusals_write_nothing(tmp_path, capsys):
+    torch.manual_seed(6)
+    model = create("vit-micro", depth=2, num_registers=2).eval()
+    with torch.no_grad():
+        model.reg_token.normal_()
+        model.cls_token.normal_()
+    save_model(model, tmp_path / "m.safetensors")
+    out = tmp_path / "hf"
+    assert main(["export", "--model", str(tmp_path / "m.safetensors"), "--format", "hf", "--out", str(out)]) == 0
+    assert f"load it with --model hf:{out}" in capsys.readouterr().out
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want, got = model.forward_features(images), load(f"hf:{out}").eval().forward_features(images)
+    for key in ("cls", "registers", "patches"):
+        torch.testing.assert_close(got[key], want[key], atol=1e-5, rtol=0)
+    capsys.readouterr()
+    save_model(create("vit-micro", depth=1, attention="entmax15"), tmp_path / "entmax.safetensors")
+    for spec, why in (("timm:pvt_v2_b0", "not a plain ViT"), (str(tmp_path / "entmax.safetensors"), "runs softmax"),
+                      (str(tmp_path / "m.safetensors"), "is not an empty folder")):
+        refused = out if "empty" in why else tmp_path / "refused"
+        assert main(["export", "--model", spec, "--format", "hf", "--out", str(refused)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err
+        assert refused == out or not refused.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entmax.safetensors", "hf", "m.safetensors"]
+
+
+def test_a_study_model_entry_keeps_the_hub_revision_of_an_hf_name():
+    from vitscope.studies.models import parse_model_entry
+
+    entry = parse_model_entry("small=hf:facebook/dinov2-small@v2")
+    assert (entry.spec, entry.weights) == ("hf:facebook/dinov2-small@v2", None)
+    entry = parse_model_entry("deit=timm:deit3_small_patch16_224@w.safetensors")
+    assert (entry.spec, entry.weights) == ("timm:deit3_small_patch16_224", "w.safetensors")
