@@ -35,7 +35,10 @@ def test_voc_xml_boxes_are_scaled_padded_and_labelled_by_the_largest(tmp_path):
     assert data.classes[data.labels[1]] == "person"
     boxes = data.extras["boxes"]
     assert boxes.shape == (2, 2, 4)
-    torch.testing.assert_close(boxes[0, 0], torch.tensor([0.0, 0.0, 20.0, 40.0]))  # x * 2, y * 4
+    # the 40 x 20 images are viewed as timm evaluates them: shorter side 20 -> 80 (x 4), centre 80 of 160 (x - 40)
+    assert all(math.isnan(v) for v in boxes[0, 0].tolist())  # cat, x 0..10 -> 0..40: cut away by the crop
+    torch.testing.assert_close(boxes[0, 1], torch.tensor([0.0, 0.0, 80.0, 80.0]))  # dog, x 10..40, y 0..20
+    torch.testing.assert_close(boxes[1, 0], torch.tensor([40.0, 40.0, 80.0, 80.0]))  # person, x 20..40, y 10..20
     assert all(math.isnan(v) for v in boxes[1, 1].tolist())
 
 

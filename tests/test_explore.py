@@ -156,7 +156,9 @@ def test_cli_writes_one_offline_page(tmp_path, capsys):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing fetched from the network
     assert "https://" not in html and "http://" not in html
     meta, _ = page_payload(html)
-    assert [m["label"] for m in meta["models"]] == ["vit-micro +entmax15", "softmax"]
+    # presets carry random weights, and the page says so (as analyze figures do)
+    assert [m["label"] for m in meta["models"]] == ["vit-micro +entmax15 (random weights)", "softmax (random weights)"]
+    assert "vit-micro +entmax15 (random weights) vs softmax (random weights)" in html
     assert [layer["number"] for layer in meta["models"][0]["layers"]] == [1, 4]
     assert meta["models"][0]["layers"][0]["heads"] == [1] and len(meta["images"]) == 3
 

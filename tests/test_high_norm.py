@@ -112,3 +112,37 @@ def test_findings_from_rows_with_known_answers():
     assert verdicts["attention"] == "not reproduced" and verdicts["registers"] == "not testable"
     few = [dict(r, n=8) if r["metric"] == "patch_local_variance" else r for r in rows]  # 8 < 16 held out per group
     assert {f["finding"]: f["verdict"] for f in findings(few, models)}["background"] == "inconclusive"
+
+
+def test_separate_mode_needs_a_small_population_far_above_the_median():
+    from vitscope.metrics.high_norm import separate_mode
+
+    rng = np.random.default_rng(0)
+    tail = torch.tensor(rng.lognormal(3.0, 0.3, 5000))  # one distribution: its upper tail is no mode
+    one = separate_mode(tail)
+    assert not one.separate and one.ratio < 2.0
+    assert "no separate high-norm mode" in one.describe()
+    outliers = tail.clone()
+    outliers[:100] = 20.0 * float(tail.median())  # 2 % of tokens at 20x the median: a population of their own
+    two = separate_mode(outliers)
+    assert two.separate and two.fraction == pytest.approx(0.02) and two.ratio >= 2.0
+    assert two.describe().startswith("a separate high-norm mode")
+
+
+def test_analyze_norms_says_what_the_threshold_means_and_tests_for_a_separate_mode(tmp_path, capsys):
+    """percentile:98 marks 2 % by construction, and a random vit-micro has no separate mode: the output says both
+    rather than reading '2.02 % high-norm tokens' as a finding."""
+    import json
+
+    from vitscope.cli import main
+
+    common = ["analyze", "norms", "--model", "vit-micro", "--num-images", "8", "--batch-size", "8", "--device", "cpu"]
+    assert main([*common, "--out", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "98th percentile" in out and "marks 2% of them by construction" in out
+    assert "layer 4: no separate high-norm mode" in out
+    saved = json.loads((tmp_path / "p" / "norms.json").read_text())
+    assert saved["separate_mode"]["separate"] is False and "by construction" in saved["threshold"]["meaning"]
+    assert main([*common, "--threshold", "auto", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "always splits in two" in out and "no separate high-norm mode" in out

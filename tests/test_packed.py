@@ -198,3 +198,16 @@ def test_pack_refuses_what_it_cannot_pack(tmp_path):
     with pytest.raises(ValueError, match="one architecture"):
         PackedViT([create("vit-micro"), create("vit-micro", depth=2)])
     assert auto_pack_size(cfg(tmp_path, "a", "baseline", 0), runs=3, device=torch.device("cpu")) == 3
+
+
+def test_a_partial_last_batch_is_reported_not_hidden(tmp_path, capsys):
+    """40 images in batches of 16: each epoch trains on 32 (2 full batches), solo and packed alike; the summary
+    says so beside the 40, and one line on stderr says it once per run or pack."""
+    changes = {"dataset_options": {"num_images": 40, "num_classes": 4}, "epochs": 1, "warmup_epochs": 0.5}
+    solo = train(cfg(tmp_path, "solo", "baseline", 0, **changes))
+    err = capsys.readouterr().err
+    assert err.count("each epoch trains on 32 of the 40 training images (2 full batches of 16)") == 1
+    packed = train_packed([cfg(tmp_path, "pack", "baseline", s, **changes) for s in (0, 1)])
+    assert capsys.readouterr().err.count("each epoch trains on 32 of the 40") == 1
+    for summary in (solo, *packed):
+        assert (summary["train_images"], summary["train_images_per_epoch"], summary["steps"]) == (40, 32, 2)

@@ -88,3 +88,45 @@ def test_sliding_window_probe_on_synthetic_scenes():
                          baseline=False, cache=False, progress=False)
     assert 0 <= result.value(4, metric="miou", with_cls=False) <= 100
     assert "sliding window" in result.settings["geometry"]
+
+
+def _depth_set(split: str, maps: list[torch.Tensor]) -> DenseDataset:
+    return DenseDataset("planted", split, "depth", [torch.zeros(3, *m.shape, dtype=torch.uint8) for m in maps], maps)
+
+
+def test_the_trivial_depth_floor_averages_the_pixels_the_scores_count():
+    """A constant 5 m scene with one 60 m pixel (beyond the 10 m maximum), one inf and one 0.0005 m label: the
+    scores leave those out, so the mean training depth is 5 m and the constant predictor's RMSE is 0 (it was 19.0,
+    or NaN with the inf)."""
+    train = [torch.full((32, 32), 5.0) for _ in range(4)]
+    train[0][3, 4], train[1][7, 7], train[2][0, 0] = 60.0, float("inf"), 5e-4
+    held = [torch.full((32, 32), 5.0) for _ in range(2)]
+    torch.manual_seed(0)
+    result = dense_probe(create("vit-micro"), _depth_set("train", train), _depth_set("eval", held), "0",
+                         with_cls=(False,), epochs=1, baseline=False, cache=False, progress=False)
+    assert result.value(0, metric="rmse", model="chance") == pytest.approx(0.0, abs=1e-6)
+    assert result.value(0, metric="abs_rel", model="chance") == pytest.approx(0.0, abs=1e-6)
+
+
+def test_training_losses_and_points_use_the_scores_validity_mask():
+    from vitscope.metrics.dense import depth_valid
+    from vitscope.probes.dense.points import PointSampler
+    from vitscope.probes.dense.probe import silog_loss
+
+    target = torch.rand(16, 16, generator=torch.Generator().manual_seed(0)) * 4 + 1
+    target[0, :4] = torch.tensor([60.0, float("inf"), 5e-4, 0.0])
+    pred = torch.rand(16, 16, generator=torch.Generator().manual_seed(1)) * 4 + 1
+    valid = depth_valid(target, 1e-3, 10.0)
+    assert int(valid.sum()) == 16 * 16 - 4
+
+    def reference(keep):  # sqrt(mean g^2 - 0.85 (mean g)^2) over the kept pixels, g = log pred - log target
+        g = pred[keep].double().log() - target[keep].double().log()
+        return float(((g * g).mean() - 0.85 * g.mean() ** 2).sqrt())
+
+    assert float(silog_loss(pred, target)) == pytest.approx(reference(valid), rel=1e-5)  # NYU's (1e-3, 10] m
+    points = PointSampler([target], "depth", None, 2000, torch.Generator().manual_seed(2)).batch([0])
+    assert bool(depth_valid(points.values, 1e-3, 10.0).all())
+    wider = depth_valid(target, 1e-3, 100.0)  # a dataset's own range: the 60 m pixel counts
+    assert float(silog_loss(pred, target, 1e-3, 100.0)) == pytest.approx(reference(wider), rel=1e-5)
+    far = PointSampler([target], "depth", None, 4000, torch.Generator().manual_seed(2), (1e-3, 100.0)).batch([0])
+    assert bool((far.values == 60.0).any()) and bool(depth_valid(far.values, 1e-3, 100.0).all())

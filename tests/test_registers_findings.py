@@ -55,7 +55,7 @@ def test_a_clear_difference_on_many_images_is_reproduced_with_an_image_interval(
         probe_row("vit", "high-norm", "class_top1", high_cls), probe_row("vit", "normal", "class_top1", normal_cls)]
     found = by_finding(rows)["global"]
     assert found["verdict"] == "reproduced" and found["agrees"] == "agrees"
-    assert "cluster bootstrap over images" in found["evidence"] and "40 vs 40 images" in found["evidence"]
+    assert "cluster-robust t over images" in found["evidence"] and "40 vs 40 images" in found["evidence"]
     result, _ = group_comparison(rows, "vit", 4, "class_top1")
     # whole images right or wrong: the image interval is wider than one that treats the 160 tokens as independent
     naive = 1.96 * np.sqrt(sum(np.var(np.ravel(g)) / 160 for g in (high_cls, normal_cls)))

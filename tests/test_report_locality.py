@@ -85,6 +85,7 @@ def record(condition, seed, mad, entropy, accuracy, study):
             "entropy": np.full((layers, heads), entropy).tolist(), "skipped": np.zeros((layers, heads)).tolist(),
             "num_images": 32, "num_prefix_tokens": 1, "grid_size": [8, 8], "patch_size": 4,
             "eval_subset": {"method": "class-stratified", "count": 32, "of": 1024, "seed": 0, "indices_sha1": "x"},
+            "train_images": 500, "train_images_per_epoch": 384,  # --train-images 500, batch 128
             "train_config": study.train_config(condition, seed, "cpu").to_dict()}
 
 
@@ -127,6 +128,8 @@ def test_report_of_a_null_result_says_so(tmp_path):
     assert "<td>seed</td><td>per run: 0, 1</td>" in text and "None" not in text
     assert "<td>baseline+cutmix seed 1</td>" in text  # every run's settings
     assert "32 of 1024 (class-stratified, seed 0)" in text
+    # the partial last batch is left out of each epoch: the report says how many images an epoch used
+    assert "500 training images of which each epoch trains on 384 (full batches; the 116 left over" in text
 
 
 def test_report_of_a_reproduced_effect(tmp_path):
@@ -174,3 +177,32 @@ def test_attention_maps_share_one_colour_scale_with_a_bar(captured, tmp_path):
     assert len(maps) == 4 and {im.get_clim() for im in maps} == {(0.0, 0.5)}
     assert any(ax.get_label() == "<colorbar>" for ax in fig.axes) and fig._suptitle.get_text().startswith("baseline")
     assert not math.isnan(maps[0].get_array().max())
+
+
+def test_every_time_estimate_names_its_machine():
+    """'about 4 hours for the 24 runs' held only on a GPU (about 26 hours per run on this project's CPU): each
+    paper-scale cost in the reports, and each time in the CLI's --help, says which machine it is for."""
+    import re
+
+    from vitscope.cli import build_parser
+    from vitscope.report.openings import PAPER_SCALE
+
+    machine = re.compile(r"GPU|CPU|cores?\b|H200|A100|V100")
+    duration = re.compile(r"\b(hours?|minutes?|min|days?|weeks?)\b")
+    for study, (_, cost) in PAPER_SCALE.items():
+        assert machine.search(cost), f"{study}: {cost}"
+    assert "H200" in PAPER_SCALE["locality"][1] and "26 hours per run" in PAPER_SCALE["locality"][1]
+    timed = [text for text in _help_texts(build_parser()) if duration.search(text)]
+    assert timed and all(machine.search(text) for text in timed), timed
+
+
+def _help_texts(parser):
+    """Every option's and subcommand's help text, through every level of subcommands."""
+    import argparse
+
+    for action in parser._actions:
+        yield action.help or ""
+        if isinstance(action, argparse._SubParsersAction):
+            yield from (choice.help or "" for choice in action._choices_actions)
+            for sub in action.choices.values():
+                yield from _help_texts(sub)

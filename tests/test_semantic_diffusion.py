@@ -126,3 +126,23 @@ def test_probe_on_a_model_has_model_random_and_chance_rows(tmp_path):
     no_masks.extras.clear()
     with pytest.raises(ValueError, match="masks or boxes"):
         semantic_diffusion(create("vit-micro"), no_masks, "last", baseline=False, cache=False, progress=False)
+
+
+def test_the_sweep_holds_out_whole_images_so_image_identity_scores_chance():
+    """Tokens that carry only their image's identity (no class signal): a sweep that split one image's tokens
+    between its fit and validation parts would read the class off the memorised identity (0.7-1.0); holding out
+    whole images leaves it at chance (1 / classes)."""
+    images, classes, patches, dim = 160, 8, 16, 64
+    g = torch.Generator().manual_seed(0)
+    labels = torch.arange(images) % classes
+    identity = torch.randn(images, 1, dim, generator=g) * 3.0
+    tokens = torch.cat([torch.zeros(images, 1, dim), identity + 0.1 * torch.randn(images, patches, dim, generator=g)],
+                       1)
+    feats = LayerFeatures(layer=1, tokens=tokens, num_prefix_tokens=1, num_registers=0, grid=(4, 4), patch_size=4)
+    background = torch.ones(images, patches, dtype=torch.bool)
+    scores = diffusion_scores(feats, labels, background,
+                              fit_options={"lrs": (0.03, 0.3), "weight_decays": (0.0,), "epochs": 40})
+    sweep = scores["fit"]["sweep"]
+    assert scores["fit"]["val_split"] == "groups" and len(sweep) == 2
+    assert max(point["val_top1"] for point in sweep) < 2.5 / classes  # chance 1/8, validation on 16 images
+    assert scores["top1"] < 2.5 / classes  # held-out images: identity says nothing of the class

@@ -98,11 +98,56 @@ def test_clusters_widen_the_interval_on_correlated_tokens():
     ids = np.repeat(np.arange(images), per_image)
     naive = compare(a, b, sign=1, threshold=0.1)
     clustered = compare(a, b, sign=1, threshold=0.1, clusters=(ids, np.repeat(np.arange(images), per_image)))
-    assert clustered.method.startswith("cluster bootstrap") and clustered.n_a == images
+    assert clustered.method.startswith("cluster-robust t") and clustered.n_a == images
     assert (clustered.high - clustered.low) > 1.5 * (naive.high - naive.low)
     again = compare(a, b, sign=1, threshold=0.1, clusters=(ids, ids))
     assert (again.low, again.high) == (compare(a, b, sign=1, threshold=0.1, clusters=(ids, ids)).low,
                                        compare(a, b, sign=1, threshold=0.1, clusters=(ids, ids)).high)
+
+
+def _clustered_trial(rng, images, shared):
+    """Tokens of ``images`` images per side, 1-19 tokens each, image effects N(0, 1) and token noise N(0, 0.5),
+    no true difference; ``shared``: both sides' tokens come from the same images (high-norm and normal tokens of one
+    image), whose effects are correlated across sides."""
+    counts_a, counts_b = rng.integers(1, 20, images), rng.integers(1, 20, images)
+    effect_a = rng.normal(0, 1, images)
+    effect_b = 0.5 * effect_a + rng.normal(0, 1, images) if shared else rng.normal(0, 1, images)
+    ids_a = np.repeat(np.arange(images), counts_a)
+    ids_b = np.repeat(np.arange(images), counts_b) + (0 if shared else images)
+    a = np.repeat(effect_a, counts_a) + rng.normal(0, 0.5, ids_a.size)
+    b = np.repeat(effect_b, counts_b) + rng.normal(0, 0.5, ids_b.size)
+    return compare(a, b, sign=1, threshold=1.0, clusters=(ids_a, ids_b))
+
+
+@pytest.mark.parametrize(("images", "shared"), [(2, False), (3, False), (10, False), (3, True)])
+def test_image_clustered_intervals_cover_95_percent_from_two_images_per_side(images, shared):
+    """The image-resampling percentile bootstrap covered 0.75-0.92 at 3-30 images per side; the cluster-robust t
+    interval holds its nominal 95 % (within simulation error: 400 trials, standard error 0.011)."""
+    rng = np.random.default_rng(100 + images + shared)
+    trials = 400
+    results = [_clustered_trial(rng, images, shared) for _ in range(trials)]
+    coverage = sum(r.low <= 0 <= r.high for r in results) / trials
+    assert 0.925 <= coverage <= 0.98
+    assert all(r.n_a == r.n_b == images for r in results)
+
+
+def test_cluster_robust_interval_of_equal_images_is_the_t_interval_of_image_means():
+    """One sample (paired) of G equal-sized images: the interval is the t-interval of the G image means, df G - 1;
+    two disjoint sides of equal-sized images: the pooled t-interval, df G_a + G_b - 2."""
+    rng = np.random.default_rng(5)
+    per_image, images = 4, 5
+    diffs = np.repeat(rng.normal(0.3, 1, images), per_image) + rng.normal(0, 0.2, images * per_image)
+    ids = np.repeat(np.arange(images), per_image)
+    paired = compare(diffs, np.zeros_like(diffs), sign=1, threshold=0.1, paired=True, clusters=ids)
+    means = diffs.reshape(images, per_image).mean(1)
+    half = t_quantile(0.975, images - 1) * means.std(ddof=1) / math.sqrt(images)
+    assert (paired.low, paired.high) == pytest.approx((means.mean() - half, means.mean() + half))
+    a, b = diffs[:8], diffs[8:]  # images 0-1 against images 2-4
+    two = compare(a, b, sign=1, threshold=0.1, clusters=(ids[:8], ids[8:]))
+    ma, mb = a.reshape(2, per_image).mean(1), b.reshape(3, per_image).mean(1)
+    half = t_quantile(0.975, 25 / 11) * math.sqrt(ma.var(ddof=1) / 2 + mb.var(ddof=1) / 3)
+    assert (two.low, two.high) == pytest.approx((ma.mean() - mb.mean() - half, ma.mean() - mb.mean() + half))
+    assert "df 2.3" in two.method
 
 
 def test_one_image_is_inconclusive():

@@ -109,10 +109,17 @@ def test_imagenet_layout_labels_and_boxes(tmp_path):
         image.rename(root / "val" / WNIDS[label] / image.name)
     regrouped = open_streamed("imagenet", root, "eval")
     assert sorted(regrouped.labels.tolist()) == sorted(val.labels.tolist())
-    # in memory: the same listing, decoded and resized, with boxes scaled to the new size
+    # in memory: the same listing and views (shorter side 22 / 0.875 = 25, centre crop), boxes moved with them
     memory = load_dataset("imagenet", make_imagenet(tmp_path / "again"), "eval", image_size=22)
     assert isinstance(memory, ImageDataset) and memory.images.shape == (4, 3, 22, 22)
-    assert memory.extras["boxes"][1, 1].tolist() == pytest.approx([0.5, 22 * 2 / 36, 20, 22 * 30 / 36])
+    assert torch.equal(memory.images, open_streamed("imagenet", tmp_path / "again", "eval", image_size=22)
+                       .images_at(torch.arange(4)))
+    mask = torch.zeros(3, 36, 44, dtype=torch.uint8)  # box [1, 2, 40, 30] of image 1 (36 x 44) drawn, then viewed
+    mask[:, 2:30, 1:40] = 255
+    seen = eval_view(mask, 22, 0.875)[0] > 127
+    rows, cols = seen.any(1).nonzero(), seen.any(0).nonzero()
+    drawn = [int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1]
+    assert memory.extras["boxes"][1, 1].tolist() == pytest.approx(drawn, abs=1)
 
 
 def test_bad_layouts_name_the_path_and_the_fix(tmp_path):

@@ -96,6 +96,15 @@ def test_bad_study_options():
         LocalityStudy(preset="huge")
 
 
+def test_img_size_views_the_images_at_that_size_and_only_when_asked():
+    asked = LocalityStudy(dataset="cifar10", data_dir="x", img_size=48).train_config("baseline", 0, "cpu")
+    assert asked.dataset_options == {"image_size": 48}
+    native = LocalityStudy(dataset="cifar10", data_dir="x").train_config("baseline", 0, "cpu")
+    assert native.dataset_options == {}  # a study that asks nothing trains on the images' own pixels, as before
+    scenes = LocalityStudy(img_size=40).train_config("baseline", 0, "cpu")
+    assert scenes.dataset_options == {"num_images": 4096, "num_classes": 8, "image_size": 40}
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
 def test_report_renders_in_headless_chromium(finished_study, tmp_path):
     report = finished_study / "report.html"
@@ -141,3 +150,44 @@ def test_submitit_launcher_runs_each_condition_as_a_job(tmp_path):
     payload = run(tiny_study(tmp_path / "jobs", seeds=[0], launcher="submitit-local"))
     assert sorted(r["condition"] for r in payload["runs"]) == ["baseline", "baseline+cutmix"]
     assert list((tmp_path / "jobs" / "submitit").glob("*_log.out"))
+
+
+def _multipliers(cfg, steps_per_epoch):
+    from vitscope.train.schedules import lr_multiplier
+
+    return [lr_multiplier(s, cfg, steps_per_epoch) for s in range(cfg.epochs * steps_per_epoch)]
+
+
+def test_a_run_shorter_than_the_presets_warmup_still_reaches_the_peak_learning_rate(capsys):
+    """--epochs 1 with the demo preset's 2 warmup epochs never reached lr (the multiplier stopped at 0.5) and said
+    nothing; the warmup now scales with the run (2 of 10 epochs -> 0.2 of 1) and one line says so."""
+    study = LocalityStudy(preset="demo", epochs=1, out="unused")
+    cfg = study.train_config("baseline", 0, "cpu")
+    assert cfg.warmup_epochs == pytest.approx(0.2)
+    multipliers = _multipliers(cfg, 390)
+    assert max(multipliers) == pytest.approx(1.0) and multipliers[-1] < 0.01  # peak reached, then decayed
+    note = study.schedule_note()
+    assert "--epochs 1" in note and "2 warmup epochs" in note and "0.2 epochs" in note
+
+
+def test_a_run_whose_warmup_fits_keeps_its_schedule_exactly():
+    """The long demo run (--epochs 50, CIFAR-10: 390 steps per epoch) resumes with this code: 2 warmup epochs
+    (780 steps), linear to lr, then half-cosine to min_lr, step for step as before."""
+    import math
+
+    study = LocalityStudy(preset="demo", epochs=50, out="unused")
+    cfg = study.train_config("baseline", 0, "cpu")
+    assert cfg.warmup_epochs == 2 and study.schedule_note() is None
+    warm, total, floor = 780, 50 * 390, 1e-5 / 2e-3
+    expected = [(s + 1) / warm if s < warm else floor + (1 - floor) * 0.5 * (
+        1 + math.cos(math.pi * ((s - warm) / (total - warm)))) for s in range(total)]
+    assert _multipliers(cfg, 390) == expected
+
+
+def test_the_engine_names_a_warmup_that_does_not_fit():
+    from vitscope.train import TrainConfig
+    from vitscope.train.schedules import warmup_note
+
+    assert warmup_note(TrainConfig(epochs=3, warmup_epochs=2)) is None
+    note = warmup_note(TrainConfig(epochs=1, warmup_epochs=2, lr=0.002))
+    assert "warmup_epochs=2" in note and "epochs=1" in note and "lr=0.002" in note and "\n" not in note

@@ -7,8 +7,10 @@ and its 95 % interval:
 * seeds, unpaired: Welch's t-interval (Welch-Satterthwaite degrees of freedom), whose coverage holds at 2-10 seeds
   per side where a percentile bootstrap's does not;
 * seeds, paired (``paired=True``, the same seeds or images on both sides): the t-interval of the differences;
-* per-unit values with ``clusters`` (tokens and the image each came from): a percentile bootstrap that resamples
-  images, never tokens (2000 draws, seeded, deterministic), since tokens of one image are not independent.
+* per-unit values with ``clusters`` (tokens and the image each came from): a cluster-robust t interval over
+  images, never tokens, since tokens of one image are not independent (``cluster_robust_se``: the bias-reduced
+  CR2 variance with Satterthwaite degrees of freedom, about G - 1 for G images). Its coverage holds from 2 images
+  per side; an image-resampling percentile bootstrap's did not (0.75 at 3 images per side, 0.92 at 30).
 
 The rule, with ``sign`` the paper's direction (+1 or -1) and ``threshold`` half the paper's effect (a magnitude):
 
@@ -36,8 +38,6 @@ import numpy as np
 LEVEL = 0.95
 POWER = 0.80
 MIN_PER_SIDE = 2
-BOOTSTRAP_DRAWS = 2000
-BOOTSTRAP_SEED = 0
 MAX_SEEDS = 1000
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
 
@@ -270,8 +270,8 @@ def _compare_paired(a: Any, b: Any, *, sign: int, threshold: float) -> Compariso
 
 
 def _compare_clustered(a: Any, b: Any, *, sign: int, threshold: float, paired: bool, clusters: Any) -> Comparison:
-    """Percentile bootstrap over images: each draw takes images with replacement, and every unit of a drawn image
-    on both sides; the difference of the drawn units' means."""
+    """The difference of the units' means with a cluster-robust t interval over images (``cluster_robust_se``):
+    images, not units, are the independent draws, and an image may hold units of both sides."""
     xa, xb = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
     if paired:
         ca = cb = np.asarray(clusters).ravel()
@@ -296,28 +296,57 @@ def _compare_clustered(a: Any, b: Any, *, sign: int, threshold: float, paired: b
     n_a, n_b = np.unique(ia).size, (np.unique(ib).size if not paired else np.unique(ia).size)
     difference = float(xa.mean() - (xb.mean() if not paired else 0.0)) if xa.size and (paired or xb.size) \
         else math.nan
-    method = "cluster bootstrap over images" + (" (paired)" if paired else "")
+    method = "cluster-robust t over images" + (" (paired)" if paired else "")
     if min(n_a, n_b) < MIN_PER_SIDE:
         return _result(difference, math.nan, math.nan, method, n_a, n_b, sign=sign, threshold=threshold,
                        min_detectable=math.nan, seeds_needed=None, notes=notes, unit="images", verdict=(
                            "inconclusive", f"needs >= {MIN_PER_SIDE} images per side (has {n_a} vs {n_b})"))
     sums_a = np.bincount(ia, weights=xa, minlength=images.size)
-    counts_a = np.bincount(ia, minlength=images.size)
+    counts_a = np.bincount(ia, minlength=images.size).astype(float)
     sums_b = np.bincount(ib, weights=xb, minlength=images.size)
-    counts_b = np.bincount(ib, minlength=images.size)
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    weights = rng.multinomial(images.size, np.full(images.size, 1 / images.size), size=BOOTSTRAP_DRAWS)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        draws = (weights @ sums_a) / (weights @ counts_a)
-        if not paired:
-            draws = draws - (weights @ sums_b) / (weights @ counts_b)
-    draws = draws[np.isfinite(draws)]
-    low, high = np.percentile(draws, [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2])
-    se = float(draws.std(ddof=1))
-    if se == 0:
+    counts_b = np.bincount(ib, minlength=images.size).astype(float)
+    se, df = cluster_robust_se(sums_a, counts_a, sums_b, counts_b)
+    if not se > 0:
         return _result(difference, math.nan, math.nan, method, n_a, n_b, sign=sign, threshold=threshold,
                        min_detectable=math.nan, seeds_needed=None, notes=notes, unit="images", verdict=(
                            "inconclusive", "no spread between images to build an interval from"))
-    detect = (t_quantile((1 + LEVEL) / 2, math.inf) + t_quantile(POWER, math.inf)) * se
-    return _result(difference, low, high, method, n_a, n_b, sign=sign, threshold=threshold, min_detectable=detect,
-                   seeds_needed=None, notes=notes, unit="images")
+    half = t_quantile((1 + LEVEL) / 2, df) * se
+    detect = (t_quantile((1 + LEVEL) / 2, df) + t_quantile(POWER, df)) * se
+    return _result(difference, difference - half, difference + half, f"{method}, df {df:.1f}", n_a, n_b,
+                   sign=sign, threshold=threshold, min_detectable=detect, seeds_needed=None, notes=notes,
+                   unit="images")
+
+
+def cluster_robust_se(sums_a: np.ndarray, counts_a: np.ndarray, sums_b: np.ndarray, counts_b: np.ndarray
+                      ) -> tuple[float, float]:
+    """Standard error and degrees of freedom of ``mean_a - mean_b`` (each the mean over its units) from per-image
+    sums and unit counts (G,) of both sides (zeros where an image has no unit on a side; ``counts_b`` all zero for
+    a one-sample mean): the CR2 (bias-reduced, Bell and McCaffrey 2002) cluster-robust variance of the difference
+    of two group means, with its Satterthwaite degrees of freedom under equal-variance errors (Imbens and Kolesár
+    2016). For one sample of G equal-sized images this is the t-interval of the G image means (df G - 1); for two
+    disjoint sides of equal-sized images, Welch's standard error of the image means (df G_a + G_b - 2 when
+    G_a = G_b)."""
+    n_a, n_b = counts_a.sum(), counts_b.sum()
+    mean_a = sums_a.sum() / n_a
+    mean_b = sums_b.sum() / n_b if n_b else 0.0
+    # each image's share of a side, and its CR2 factor 1 / sqrt(1 - share) (the leverage of its units' mean)
+    share_a = counts_a / n_a
+    share_b = counts_b / n_b if n_b else np.zeros_like(counts_b)
+    with np.errstate(divide="ignore"):
+        fa = np.where(counts_a > 0, 1 / np.sqrt(np.clip(1 - share_a, 0, None)), 0.0)
+        fb = np.where(counts_b > 0, 1 / np.sqrt(np.clip(1 - share_b, 0, None)), 0.0)
+    if not (np.isfinite(fa).all() and np.isfinite(fb).all()):
+        return math.nan, math.nan  # one image holds all of a side's units
+    score = fa * (sums_a - mean_a * counts_a) / n_a - (fb * (sums_b - mean_b * counts_b) / n_b if n_b else 0.0)
+    variance = float((score ** 2).sum())
+    # Satterthwaite: B = Q'(I - H)Q, G x G, with Q's columns the images' CR2 contrast vectors; df = tr(B)^2/tr(B^2)
+    diag = counts_a * fa ** 2 / n_a ** 2 + (counts_b * fb ** 2 / n_b ** 2 if n_b else 0.0)
+    p = counts_a * fa / n_a
+    w = counts_b * fb / n_b if n_b else np.zeros_like(counts_b)
+    pp, ww, pw = p @ p, w @ w, p @ w
+    trace = diag.sum() - pp / n_a - (ww / n_b if n_b else 0.0)
+    square = (diag ** 2).sum() + pp ** 2 / n_a ** 2 - 2 * (diag * p ** 2).sum() / n_a
+    if n_b:
+        square += ww ** 2 / n_b ** 2 - 2 * (diag * w ** 2).sum() / n_b + 2 * pw ** 2 / (n_a * n_b)
+    df = trace ** 2 / square if square > 0 else math.nan
+    return math.sqrt(variance), df

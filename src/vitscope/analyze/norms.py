@@ -1,4 +1,10 @@
-"""Token norms over a dataset and high-norm token detection, streamed (norms only, never the tokens)."""
+"""Token norms over a dataset and high-norm token detection, streamed (norms only, never the tokens).
+
+A high-norm fraction alone is no finding: ``percentile:98`` marks 2 % of patch tokens in any model, and ``auto``
+splits any sample in two. Every result therefore carries the registers study's test of a *separate* high-norm
+mode on the detection layer (``vitscope.metrics.high_norm.separate_mode``), and ``threshold_meaning`` says what
+the threshold marks.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from tqdm.auto import tqdm
 from vitscope.analyze.inputs import model_batches
 from vitscope.data import ImageDataset
 from vitscope.files import write_csv, write_json
+from vitscope.metrics.high_norm import ModeCheck, separate_mode
 from vitscope.metrics.norms import Threshold, high_norm_threshold, parse_threshold
 from vitscope.models.token_map import token_map
 from vitscope.record import record_tokens
@@ -23,7 +30,20 @@ DEFINITIONS = {
     "percentile:Q": "Q-th percentile of the patch-token norms of the data",
     "absolute:T": "fixed threshold T",
     "auto": "largest gap of a two-component (Otsu) split of the log norms",
+    "separate mode": "the auto split leaves at most 10% of patches above a threshold at least 2x the median patch "
+                     "norm (vitscope.metrics.high_norm): high-norm tokens as a population of their own, not a tail",
 }
+
+
+def threshold_meaning(spec: str) -> str:
+    """What a threshold spec marks, in words: a percentile marks its share by construction."""
+    kind, value = parse_threshold(spec)
+    if kind == "percentile":
+        return (f"the {value:g}th percentile of the detection layer's patch-token norms, which marks "
+                f"{100 - value:g}% of them by construction")
+    if kind == "absolute":
+        return f"a fixed norm of {value:g}"
+    return "the auto (Otsu) split of the detection layer's log patch-token norms, which always splits in two"
 
 
 @dataclass
@@ -35,6 +55,7 @@ class NormsResult:
     tokens: dict[str, Any]
     threshold: Threshold
     detect_layer: int  # 0-based index into ``norms``
+    mode: ModeCheck | None = None  # the separate-high-norm-mode test on the detection layer's patch tokens
 
     @property
     def prefix(self) -> int:
@@ -81,7 +102,9 @@ def measure_norms(model: nn.Module, dataset: ImageDataset, *, threshold: str = "
                          f"{len(norms)} blocks; use 1..{len(norms)} or 'last'")
     layer = detect_layer % len(norms)
     prefix = tokens.get("num_prefix_tokens", 0)
-    return NormsResult(norms, rec.names, tokens, high_norm_threshold(norms[layer][:, prefix:], threshold), layer)
+    patches = norms[layer][:, prefix:]
+    return NormsResult(norms, rec.names, tokens, high_norm_threshold(patches, threshold), layer,
+                       separate_mode(patches))
 
 
 def write_norms(out: str | Path, result: NormsResult, provenance: dict[str, Any], max_maps: int = 16
@@ -92,7 +115,8 @@ def write_norms(out: str | Path, result: NormsResult, provenance: dict[str, Any]
     payload: dict[str, Any] = {
         "schema_version": provenance["schema_version"], "tokens": result.tokens,
         "threshold": {"spec": result.threshold.spec, "value": result.threshold.value,
-                      "detection_layer": result.detect_layer + 1},
+                      "detection_layer": result.detect_layer + 1, "meaning": threshold_meaning(result.threshold.spec)},
+        "separate_mode": result.mode.as_dict() | {"description": result.mode.describe()} if result.mode else None,
         "layers": summary, "definitions": DEFINITIONS, "provenance": provenance,
     }
     if result.tokens["kind"] == "plain":

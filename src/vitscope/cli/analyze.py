@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vitscope.cli.common import add_common, add_model_changes, prepare_analysis, print_files
+from vitscope.cli.common import add_common, add_dataset_options, add_model_changes, prepare_analysis, print_files
 
 
 def register(commands) -> None:
@@ -35,9 +35,7 @@ def register(commands) -> None:
                  "--out": f"output folder (default: ./vitscope-{sub.prog.split()[-1]})"}
         for action in sub._actions:
             action.help = next((helps[o] for o in action.option_strings if o in helps), action.help)
-        sub.add_argument("--set", dest="assignments", action="extend", nargs="+", default=[],
-                         metavar="dataset_options.KEY=VALUE",
-                         help="a synthetic-scene option, as in `vitscope train` (several pairs may follow one --set)")
+        add_dataset_options(sub)
 
 
 def run_config(model: str) -> dict[str, Any] | None:
@@ -52,12 +50,13 @@ def resolve_data(args: argparse.Namespace) -> str:
     """Fill ``args.dataset``, ``data_dir`` and ``dataset_options``: the run's own data (from its config) when
     ``--model`` is a run folder and ``--dataset`` is not given, else the named dataset (default synthetic);
     ``--set dataset_options.KEY=VALUE`` then overrides. Returns one line that says which data is used."""
-    from vitscope.train.config import apply_overrides
+    from vitscope.train.config import apply_overrides, check_dataset_options
 
     wrong = [a for a in args.assignments if not a.strip().startswith("dataset_options.")]
     if wrong:
-        raise ValueError(f"--set {wrong[0]!r}: analyze takes only dataset_options.KEY=VALUE (the synthetic scenes' "
-                         "options, e.g. --set dataset_options.cue=texture)")
+        raise ValueError(f"--set {wrong[0]!r}: vitscope {args.command} takes only dataset_options.KEY=VALUE (e.g. "
+                         "--set dataset_options.image_size=224, or a synthetic scenes' option such as "
+                         "dataset_options.cue=texture)")
     config = run_config(args.model) if args.dataset is None else None
     source = "the run's config"
     if config is None:
@@ -67,6 +66,7 @@ def resolve_data(args: argparse.Namespace) -> str:
     args.data_dir = args.data_dir if args.data_dir is not None else config.get("data_dir")
     options = apply_overrides({"dataset_options": dict(config.get("dataset_options") or {})}, args.assignments)
     args.dataset_options = options["dataset_options"]
+    check_dataset_options(args.dataset, args.dataset_options)
     shown = ", ".join(f"{k}={v}" for k, v in sorted(args.dataset_options.items()))
     where = f" from {args.data_dir}" if args.data_dir else ""
     return (f"data: {args.dataset}{where}, eval split" + (f", options {shown}" if shown else "")
@@ -106,7 +106,7 @@ def detect_layer_index(spec: str) -> int:
 
 def run_norms(args: argparse.Namespace) -> int:
     from vitscope.analyze.inputs import model_label
-    from vitscope.analyze.norms import measure_norms, write_norms
+    from vitscope.analyze.norms import measure_norms, threshold_meaning, write_norms
     from vitscope.metrics.norms import parse_threshold
     from vitscope.report.figures.analysis import norm_figures
 
@@ -119,7 +119,8 @@ def run_norms(args: argparse.Namespace) -> int:
     label = model_label(args.model, args.weights, args.pretrained)
     files = write_norms(out, result, meta) | norm_figures(result, model, dataset, out, args.img_size, label=label)
     top = result.summary()[result.detect_layer]
-    print(f"threshold {result.threshold.spec} = {result.threshold.value:.4g}; high-norm patch tokens at layer "
-          f"{result.detect_layer + 1}: {top['high_norm_fraction']:.2%}")
+    print(f"threshold {result.threshold.spec} = {result.threshold.value:.4g} ({threshold_meaning(args.threshold)}); "
+          f"patch tokens above it at layer {result.detect_layer + 1}: {top['high_norm_fraction']:.2%}")
+    print(f"layer {result.detect_layer + 1}: {result.mode.describe()}")
     print_files(files)
     return 0

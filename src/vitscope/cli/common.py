@@ -210,18 +210,38 @@ def check_launcher_flag(args: argparse.Namespace) -> None:
         require_slurm()
 
 
+DATA_DIR_HELP = ("dataset folder or archive; --dataset imagefolder reads PATH/{train,val,test}/<class>/<image>, or "
+                 "PATH/<class>/<image> and a flat PATH/<image> (one class): those two are one evaluation set (every "
+                 "image analysed; training and fitted probes refuse them, having no held-out split)")
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     """The options of every command that reads a model and a dataset (model, data and the shared options)."""
     add_model_source(parser, default="vit-micro")
     parser.add_argument("--dataset", default="synthetic",
                         help="dataset name (default: synthetic, built-in scenes that need no directory)")
-    parser.add_argument("--data-dir", default=None, help="dataset folder or archive")
+    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--num-images", type=positive_int, default=None,
                         help="use a seeded class-stratified sample of N images (seed: --seed)")
     parser.add_argument("--download", action="store_true",
                         help="fetch what is not on disk: cifar10/cifar100 into --data-dir, and the weights a model "
                              "name asks for into the Hugging Face (or torch) cache; without it nothing is fetched")
     add_shared(parser, device="auto", batch_size=128, seed=0, out=None)
+
+
+IMG_SIZE_HELP = ("input side S in pixels, a multiple of the patch size: the model's position embedding is resampled "
+                 "to S, and images are resized on the shorter side and centre-cropped to S x S (the model's crop_pct "
+                 "where its pretrained config has one: shorter side S / crop_pct), never stretched; images already "
+                 "S x S keep their pixels (default: the model's own input size)")
+DATA_OPTIONS_HELP = ("a dataset option (several pairs may follow one --set): dataset_options.image_size=S views every "
+                     "image at S x S before the model's own resize; the synthetic scenes also take num_images, "
+                     "num_classes, seed, cue, ... as in `vitscope train`")
+
+
+def add_dataset_options(parser: argparse.ArgumentParser) -> None:
+    """``--set dataset_options.KEY=VALUE`` (read by ``vitscope.cli.analyze.resolve_data``)."""
+    parser.add_argument("--set", dest="assignments", action="extend", nargs="+", default=[],
+                        metavar="dataset_options.KEY=VALUE", help=DATA_OPTIONS_HELP)
 
 
 def add_model_source(parser: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -239,8 +259,8 @@ def add_model_source(parser: argparse.ArgumentParser, default: str | None = None
 
 def add_model_changes(parser: argparse.ArgumentParser) -> None:
     """Options that modify a loaded model: input size, normaliser, registers."""
-    parser.add_argument("--img-size", type=positive_int, default=None,
-                        help="input side in pixels, a multiple of the patch size (positional embedding resampled)")
+    parser.add_argument("--img-size", type=positive_int, default=None, metavar="S",
+                        help=IMG_SIZE_HELP)
     parser.add_argument("--attention", default=None, help="swap the normaliser: softmax, sparsemax, entmax15, "
                                                           "entmax:ALPHA, entmax:learned[:ALPHA]")
     parser.add_argument("--num-registers", type=int, default=0, help="add R >= 0 register tokens to a plain ViT")
@@ -253,6 +273,7 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     """Device, dataset, model, output folder and the provenance of a command that measures a model."""
     import torch
 
+    from vitscope.analyze.inputs import model_crop_pct, model_side
     from vitscope.data import load_dataset
     from vitscope.models import load
     from vitscope.provenance import provenance, resolve_device
@@ -262,8 +283,11 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
                  img_size=args.img_size, pos_interp=args.pos_interp, pretrained=args.pretrained,
                  download=args.download)
-    dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download,
-                           **getattr(args, "dataset_options", {}))
+    options = dict(getattr(args, "dataset_options", {}))
+    if args.dataset != "synthetic":  # images of mixed sizes are viewed at the model's input side, as it sees them
+        options = {"mixed_size": model_side(model, args.img_size), "crop_pct": model_crop_pct(model, args.dataset),
+                   **options}
+    dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download, **options)
     dataset = dataset.subset(args.num_images, seed=args.seed)
     out = output_dir(args.out or default_out)  # after the model and data load: bad weights leave no folder
     config = {k: v for k, v in vars(args).items()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
-from vitscope.cli.common import add_common, add_model_changes, prepare_analysis
+from vitscope.cli.common import add_common, add_dataset_options, add_model_changes, prepare_analysis
 
 
 def register(commands) -> None:
@@ -16,7 +17,11 @@ def register(commands) -> None:
                     "per-head MAD and entropy, token norms and high-norm tokens; --compare shows models side by side.")
     add_common(explore)
     add_model_changes(explore)
-    explore.set_defaults(num_images=16)
+    add_dataset_options(explore)
+    explore.set_defaults(num_images=16, dataset=None)  # None: a run folder's own dataset, else synthetic
+    for action in explore._actions:
+        if "--dataset" in action.option_strings:
+            action.help = "dataset name (default: a run folder's own dataset and options, else synthetic)"
     explore.add_argument("--compare", nargs="+", default=[], metavar="[LABEL=]SPEC[@WEIGHTS]",
                          help="more models side by side with --model (layers matched by relative depth)")
     explore.add_argument("--layers", default="all", help="attention layers to keep, 1-based: e.g. 1,2,12 (default all)")
@@ -59,8 +64,25 @@ def _label(spec: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "._+-" else "-" for ch in name)
 
 
+LARGE_GRID = 1024  # patches per image above which the page's every-layer maps are slow to build on a CPU
+
+
+def warn_large_grid(model, img_size: int | None) -> None:
+    """One note on stderr when the model's input holds more than ``LARGE_GRID`` patches (e.g. DINOv2 at its
+    518 px default: 1,369), naming the flag that makes the page quicker."""
+    from vitscope.analyze.inputs import model_side
+    from vitscope.models import token_layout
+
+    patches = token_layout(model).num_patches
+    if patches > LARGE_GRID:
+        side = model_side(model, img_size)
+        print(f"note: {patches:,} patches per image at {side} px; every layer's maps go into the page, which is slow "
+              "on a CPU; --img-size 224 (or --layers, --num-images) makes it quicker", file=sys.stderr)
+
+
 def run_explore(args: argparse.Namespace) -> int:
-    from vitscope.cli.analyze import detect_layer_index
+    from vitscope.analyze.inputs import has_random_weights
+    from vitscope.cli.analyze import detect_layer_index, resolve_data
     from vitscope.explorer import explore
     from vitscope.metrics.norms import parse_threshold
     from vitscope.models import attention_sites
@@ -72,7 +94,9 @@ def run_explore(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-mb {args.max_mb} must be > 0, e.g. --max-mb 24")
     entries = compare_entries(args.compare)
     started = time.perf_counter()
+    print(resolve_data(args))
     device, dataset, model, out, _ = prepare_analysis(args, "vitscope-explore")
+    warn_large_grid(model, args.img_size)
     depth = len(attention_sites(model))
     if layers is not None and max(layers) >= depth:
         raise ValueError(f"--layers {args.layers}: {args.model} has {depth} attention layers; use numbers 1..{depth}")
@@ -85,6 +109,9 @@ def run_explore(args: argparse.Namespace) -> int:
     labels = [_label(args.model) + "".join(f" +{c}" for c in changes)] + [entry.label for entry in entries]
     if len(set(labels)) < len(labels):
         labels = [f"{i + 1}:{label}" for i, label in enumerate(labels)]
+    randoms = [has_random_weights(args.model, args.weights, args.pretrained)]
+    randoms += [has_random_weights(e.spec, e.weights) for e in entries]
+    labels = [label + (" (random weights)" if random else "") for label, random in zip(labels, randoms, strict=True)]
     page = explore(models, dataset, labels=labels, layers=layers, heads=heads, threshold=args.threshold,
                    detect_layer=detect, max_bytes=int(args.max_mb * 1e6), batch_size=args.batch_size, device=device,
                    title=f"vitscope explorer: {' vs '.join(labels)} on {args.dataset}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from vitscope.cli.common import (
     add_common,
     add_model_changes,
+    check_output_dir,
     output_dir,
     positive_float,
     positive_int,
@@ -99,10 +100,15 @@ def register(commands) -> None:
     knn.set_defaults(handler=run_image)
 
 
-def _load(args: argparse.Namespace, split: str, count: int | None):
+def _load(args: argparse.Namespace, split: str, count: int | None, model):
+    """``split`` of the dataset, images of mixed sizes viewed at ``model``'s input side (as it sees them)."""
+    from vitscope.analyze.inputs import model_crop_pct, model_side
     from vitscope.data import load_dataset
 
-    return load_dataset(args.dataset, args.data_dir, split, download=args.download).subset(count, seed=args.seed)
+    view = ({} if args.dataset == "synthetic" else
+            {"mixed_size": model_side(model, args.img_size), "crop_pct": model_crop_pct(model, args.dataset)})
+    dataset = load_dataset(args.dataset, args.data_dir, split, download=args.download, **view)
+    return dataset.subset(count, seed=args.seed)
 
 
 def _prepare(args: argparse.Namespace):
@@ -116,7 +122,7 @@ def _prepare(args: argparse.Namespace):
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
                  img_size=args.img_size, pos_interp=args.pos_interp, pretrained=args.pretrained,
                  download=args.download)
-    out = output_dir(args.out or f"vitscope-probe-{args.probe}")  # after the model loads: bad weights, no folder
+    out = check_output_dir(args.out or f"vitscope-probe-{args.probe}")  # made once the data loads: refused, no folder
     args.model_load = getattr(model, "vitscope_load", None)  # origin, keys, drops, position interpolation: provenance
     return out, device, model, args.label or args.model
 
@@ -159,7 +165,7 @@ def _finish(args: argparse.Namespace, result, out: Path, device, subsets: dict, 
             f"{args.model} has random weights itself (drawn under --seed {args.seed}); its '(random init)' row is a "
             "second, independent random draw of the same architecture, so the two rows differ only by the draw")
         print(f"note: {result.settings['random_weights']}")
-    files = result.write(out, _provenance(args, device, subsets))
+    files = result.write(output_dir(out), _provenance(args, device, subsets))
     for metric in metrics:
         if any(r["metric"] == metric for r in result.rows):
             files[metric] = score_by_layer(result.rows, metric, out / f"{metric}_by_layer.png",
@@ -178,7 +184,7 @@ def run_image(args: argparse.Namespace) -> int:
     from vitscope.probes import knn_probe, linear_probe
 
     out, device, model, label = _prepare(args)
-    train, held = _load(args, "train", args.train_images), _load(args, "eval", args.num_images)
+    train, held = _load(args, "train", args.train_images, model), _load(args, "eval", args.num_images, model)
     common = {"pool": args.pool, "baseline": args.baseline, "label": label, "norm": args.norm,
               "batch_size": args.batch_size, "device": device, "img_size": args.img_size, "cache": args.cache,
               "seed": args.seed}
@@ -198,7 +204,7 @@ def run_tokens(args: argparse.Namespace) -> int:
 
     probes = [p.strip() for p in args.probes.split(",") if p.strip()]
     out, device, model, label = _prepare(args)
-    dataset = _load(args, "eval", args.num_images)
+    dataset = _load(args, "eval", args.num_images, model)
     result = _cached(args, model, [dataset], lambda: probe_tokens(
         model, dataset, args.layers, probes=probes, max_tokens=args.max_tokens, norm=args.norm,
         baseline=args.baseline, label=label, batch_size=args.batch_size, device=device, img_size=args.img_size,
@@ -208,16 +214,17 @@ def run_tokens(args: argparse.Namespace) -> int:
 
 
 def run_pib(args: argparse.Namespace) -> int:
+    from vitscope.analyze.inputs import model_side
     from vitscope.data.boxes import BOX_DATASETS, load_box_dataset
     from vitscope.probes.pib import pib_probe
 
     out, device, model, label = _prepare(args)
     if args.dataset in BOX_DATASETS:
-        side = getattr(getattr(model, "cfg", None), "img_size", None) or args.img_size or 224
+        side = model_side(model, args.img_size) or 224
         dataset = load_box_dataset(args.dataset, args.data_dir, "eval", image_size=side)
         dataset = dataset.subset(args.num_images, seed=args.seed)
     else:
-        dataset = _load(args, "eval", args.num_images)
+        dataset = _load(args, "eval", args.num_images, model)
     result = _cached(args, model, [dataset], lambda: pib_probe(
         model, dataset, args.layers, score=args.score, norm=args.norm, baseline=args.baseline, label=label,
         batch_size=args.batch_size, device=device, img_size=args.img_size, cache=args.cache, seed=args.seed))
@@ -230,13 +237,14 @@ def run_pca(args: argparse.Namespace) -> int:
     from vitscope.report.figures.probes import pca_grid
 
     out, device, model, label = _prepare(args)
-    dataset = _load(args, "eval", args.num_images)
+    dataset = _load(args, "eval", args.num_images, model)
     layer = args.layers.split(",")[-1]
     result = pca_maps(model, dataset, layer, joint=args.joint, foreground=args.foreground, count=args.count,
                       norm=args.norm, batch_size=args.batch_size, device=device, img_size=args.img_size,
                       cache=args.cache)
     titles = [dataset.classes[int(y)] for y in dataset.labels[: len(result.maps)]]
-    files = {"figure": pca_grid(result.images.numpy(), result.maps.numpy(), out / "pca_maps.png", titles)}
+    files = {"figure": pca_grid(result.images.numpy(), result.maps.numpy(), output_dir(out) / "pca_maps.png",
+                                titles)}
     payload = {"schema_version": 1, "kind": "pca", "settings": {"model": label, **result.settings},
                "explained_variance": result.explained.tolist(),
                "provenance": _provenance(args, device, {"eval": dataset.selection})}

@@ -7,8 +7,10 @@ Layouts (folders):
   ``val/<name>.xml`` beside it or ``bbox_val/<name>.xml`` (as ``ILSVRC2012_bbox_val`` unpacks); the label is the
   largest box's synset among the sorted synsets of the annotations.
 XML boxes are 1-based inclusive pixel indices (xmin..xmax); they become pixel edges x0 = xmin - 1, x1 = xmax.
-Images are resized to ``image_size`` x ``image_size`` (bilinear, antialiased) and their boxes scaled with them;
-``extras["boxes"]`` is (N, K, 4) with NaN rows padding images that have fewer than K boxes.
+Images become their evaluation view at ``image_size`` (``vitscope.data.pixels.eval_view``: shorter side resized
+to ``image_size / crop_pct``, centre crop, never stretched) and their boxes move with them (a box cut away
+entirely becomes a NaN row); ``extras["boxes"]`` is (N, K, 4) with NaN rows padding images that have fewer than
+K boxes.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from vitscope.data.dataset import ImageDataset
 from vitscope.data.dense import IMAGENET_MEAN, IMAGENET_STD
 from vitscope.data.dense_layouts import VOC_CLASSES, read_rgb
+from vitscope.data.pixels import DEFAULT_CROP_PCT, eval_view, view_boxes
 
 BOX_DATASETS = ("voc", "imagenet")
 
@@ -46,7 +48,7 @@ def read_xml_boxes(path: Path) -> tuple[list[str], torch.Tensor]:
 
 
 def _dataset(name: str, split: str, items: list[tuple[Path, Path]], classes: list[str], root: Path,
-             image_size: int, limit: int | None) -> ImageDataset:
+             image_size: int, limit: int | None, crop_pct: float = DEFAULT_CROP_PCT) -> ImageDataset:
     images, labels, boxes = [], [], []
     for image_path, xml_path in items[:limit]:
         names, found = read_xml_boxes(xml_path)
@@ -57,10 +59,10 @@ def _dataset(name: str, split: str, items: list[tuple[Path, Path]], classes: lis
         if largest not in classes:
             raise ValueError(f"{xml_path}: object class {largest!r} is not one of the dataset's classes")
         labels.append(classes.index(largest))
-        scale = torch.tensor([image_size / width, image_size / height] * 2)
-        boxes.append(found * scale)
-        images.append(F.interpolate(image[None].float(), size=(image_size, image_size), mode="bilinear",
-                                    align_corners=False, antialias=True).round().clamp(0, 255).to(torch.uint8)[0])
+        moved = view_boxes(found, (height, width), image_size, crop_pct)
+        moved[(moved[:, 2] <= moved[:, 0]) | (moved[:, 3] <= moved[:, 1])] = float("nan")  # cut away by the crop
+        boxes.append(moved)
+        images.append(eval_view(image, image_size, crop_pct))
     most = max((len(b) for b in boxes), default=1)
     padded = torch.full((len(boxes), most, 4), float("nan"))
     for i, b in enumerate(boxes):

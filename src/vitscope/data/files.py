@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import os
 import tarfile
 import zipfile
@@ -18,13 +17,13 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
-import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
+from vitscope.data.folder_layout import IMAGE_SUFFIXES, SPLIT_FOLDERS
+from vitscope.data.pixels import DEFAULT_CROP_PCT, decode_rgb, eval_view
+
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
-SPLIT_FOLDERS = {"train", "test", "val", "eval", "validation"}
+__all__ = ["ARCHIVE_SUFFIXES", "IMAGE_SUFFIXES", "SPLIT_FOLDERS", "FileTree", "decode_images", "fingerprint"]
 
 
 # what tarfile, gzip and zipfile raise on a truncated or damaged archive
@@ -96,6 +95,7 @@ class FileTree:
         prefix = ""
         while True:
             below = [f[len(prefix):] for f in self._files if f.startswith(prefix)]
+            below = [f for f in below if not f.startswith(".")]  # hidden entries (.DS_Store) are no content
             tops = {f.split("/", 1)[0] for f in below}
             top = next(iter(tops)) if len(tops) == 1 else None
             if top is None or top in SPLIT_FOLDERS or not all("/" in f for f in below):
@@ -144,29 +144,30 @@ class FileTree:
         return ", ".join(shown) or "(empty)"
 
 
-def decode_images(tree: FileTree, paths: list[str], size: int | None = None) -> torch.Tensor:
-    """Decode ``paths`` to a uint8 RGB tensor (N, 3, H, W); all images must share one size (or be resized
-    to ``size`` x ``size``). An unreadable image raises a ValueError naming it."""
+def decode_images(tree: FileTree, paths: list[str], size: int | None = None, *,
+                  crop_pct: float = DEFAULT_CROP_PCT, mixed_size: int | None = None) -> torch.Tensor:
+    """Decode ``paths`` to a uint8 RGB tensor (N, 3, H, W) with ``vitscope.data.pixels.decode_rgb``.
+
+    With ``size`` every image becomes its evaluation view ``eval_view(image, size, crop_pct)`` (shorter side
+    resized, centre crop; never stretched). Without it images keep their own pixels when they share one size;
+    images of different sizes are viewed at ``mixed_size``, or, without one, refused with a ValueError naming
+    the sizes and the fix. An unreadable image raises a ValueError naming it."""
     blobs = list(tree.read_many(paths))
 
     def decode(item: tuple[str, bytes]) -> torch.Tensor:
         path, data = item
-        try:
-            with Image.open(io.BytesIO(data)) as handle:
-                image = torch.from_numpy(np.asarray(handle.convert("RGB")).copy()).permute(2, 0, 1)
-        except (UnidentifiedImageError, OSError, ValueError) as err:
-            where = PurePosixPath(tree.root) / tree.prefix / path  # inside an archive: the archive's path first
-            reason = "not a readable image file" if isinstance(err, UnidentifiedImageError) else str(err)
-            raise ValueError(f"cannot decode image {where}: {reason}; re-create or remove this file") from None
-        if size is not None and image.shape[-2:] != (size, size):
-            from torchvision.transforms.v2.functional import resize
-
-            image = resize(image, [size, size], antialias=True)
-        return image
+        image = decode_rgb(data, str(PurePosixPath(tree.root) / tree.prefix / path))  # in an archive: its path first
+        return image if size is None else eval_view(image, size, crop_pct)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         images = list(pool.map(decode, blobs))
-    shapes = {tuple(im.shape) for im in images}
-    if len(shapes) > 1:
-        raise ValueError(f"images have different sizes {sorted(shapes)[:3]}; pass an image size to resize them")
-    return torch.stack(images) if images else torch.zeros(0, 3, size or 0, size or 0, dtype=torch.uint8)
+    shapes = sorted({tuple(im.shape[-2:]) for im in images})
+    if len(shapes) > 1 and mixed_size is not None:
+        images = [eval_view(image, mixed_size, crop_pct) for image in images]
+    elif len(shapes) > 1:
+        sizes = ", ".join(f"{h}x{w}" for h, w in shapes[:3]) + (", ..." if len(shapes) > 3 else "")
+        raise ValueError(f"images in {tree.root} have different sizes ({sizes}); pass an image size S to view them "
+                         "all at S x S (shorter side resized, centre crop): --img-size S, or "
+                         "dataset_options.image_size in a training config")
+    side = size or mixed_size or 0
+    return torch.stack(images) if images else torch.zeros(0, 3, side, side, dtype=torch.uint8)

@@ -5,7 +5,8 @@ Supported layouts (a folder, or a .zip / .tar / .tar.gz holding one):
 * ``cifar10`` / ``cifar100``: torchvision's pickles (``cifar-10-batches-py``, ``cifar-100-python``) or an
   image-folder tree ``train/<class>/*.jpg`` and ``test/<class>/*.jpg``;
 * ``tiny-imagenet``: the official ``tiny-imagenet-200`` layout (boxes kept in ``extras["boxes"]``);
-* ``imagefolder``: any ``<split>/<class>/*`` tree (``train``; ``test`` or ``val`` for eval);
+* ``imagefolder``: ``<split>/<class>/*`` (``train``; ``test`` or ``val`` for eval), or ``<class>/*`` and a flat
+  folder of images, which are evaluation sets only (``vitscope.data.folder_layout``);
 * ``imagenet``: ImageNet's folder layout (``vitscope.data.imagenet``) and ``shards``: WebDataset tar shards
   (``vitscope.data.shards``), decoded here when they fit in memory (``image_size`` resizes them) and otherwise
   streamed (``vitscope.data.choice``, ``vitscope.data.stream_sources``);
@@ -14,6 +15,11 @@ Supported layouts (a folder, or a .zip / .tar / .tar.gz holding one):
 Decoded images are cached as uint8 tensors (safetensors) in ``$VITSCOPE_CACHE/datasets`` (default
 ``~/.cache/vitscope``), keyed by the path, size and modification time of every file of the tree (or of the
 archive), so no image is decoded twice and an edited tree is decoded afresh.
+
+Images keep their own pixels unless a size is asked for (``image_size``) or they differ in size and the caller
+names the size they are brought to (``mixed_size``, e.g. the model's input side); then each image becomes its
+evaluation view (``vitscope.data.pixels.eval_view``: shorter side resized, centre crop, never stretched), the
+same pixels the streamed datasets give.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from vitscope.data.dataset import ImageDataset
-from vitscope.data.files import IMAGE_SUFFIXES, FileTree, decode_images, fingerprint
+from vitscope.data.files import FileTree, decode_images, fingerprint
+from vitscope.data.folder_layout import list_image_folder
+from vitscope.data.pixels import check_crop_pct, default_crop_pct, eval_view
 from vitscope.data.stream_sources import open_streamed
 from vitscope.data.synthetic import synthetic_scenes
 from vitscope.files import atomic_path, cache_root
@@ -45,7 +53,6 @@ _STATS = {
 _IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 _CLASS_COUNTS = {"cifar10": 10, "cifar100": 100, "tiny-imagenet": 200}
 _CACHE_VERSION = 2
-_FOLDER_HELP = "expected <root>/train/<class>/<image> and <root>/test/<class>/<image> (or val/)"
 
 
 def dataset_stats(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -64,30 +71,21 @@ def cache_dir() -> Path:
     return cache_root() / "datasets"
 
 
-def _cache_path(name: str, split: str, root: Path, image_size: int | None) -> Path:
-    """The decoded copy of ``split``, keyed by every file below ``root`` (or the archive's size and mtime):
-    a changed, added or removed file gives a new key, so a stale copy is never read."""
-    key = json.dumps([_CACHE_VERSION, name, split, fingerprint(root), image_size])
+def _cache_path(name: str, split: str, digest: str, view: list) -> Path:
+    """The decoded copy of ``split``, keyed by ``digest`` (``fingerprint`` of every file below the root, or the
+    archive's size and mtime: a changed, added or removed file gives a new key, so a stale copy is never read)
+    and ``view``: ``[None]`` for images at their own size, ``[size, crop_pct]`` or ``["mixed", size, crop_pct]``
+    for evaluation views."""
+    key = json.dumps([_CACHE_VERSION, name, split, digest, *view])
     return cache_dir() / f"{name}-{split}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.safetensors"
 
 
-def _image_folder(tree: FileTree, split_dir: str, size: int | None):
-    entries = [f for f in tree.files(split_dir + "/") if Path(f).suffix.lower() in IMAGE_SUFFIXES]
-    entries = [f for f in entries if f.count("/") >= 2]
-    classes = sorted({f.split("/")[1] for f in entries})
-    if not classes:
-        where = f"{tree.root}/{tree.prefix}{split_dir}"
-        raise ValueError(f"no images under {where}; {_FOLDER_HELP}; found: {tree.describe()}")
-    index = {c: i for i, c in enumerate(classes)}
-    labels = torch.tensor([index[f.split("/")[1]] for f in entries])
-    return decode_images(tree, entries, size), labels, classes, {}
-
-
-def _eval_dir(tree: FileTree) -> str:
-    for candidate in ("test", "val", "eval"):
-        if tree.exists(candidate + "/"):
-            return candidate
-    raise ValueError(f"no test/ or val/ folder in {tree.root}; {_FOLDER_HELP}; found: {tree.describe()}")
+def _image_folder(tree: FileTree, split: str, view: dict[str, Any]):
+    """Images, labels, classes and extras of ``split`` of an image-folder tree (``list_image_folder``)."""
+    where = f"{tree.root}/{tree.prefix}".rstrip("/")
+    name = Path(tree.prefix.rstrip("/")).name or tree.root.name.split(".")[0]
+    listing = list_image_folder(tree.files(), split, where, name)
+    return decode_images(tree, listing.paths, **view), torch.tensor(listing.labels), listing.classes, {}
 
 
 def _cifar_pickles(tree: FileTree, name: str, split: str):
@@ -106,7 +104,7 @@ def _cifar_pickles(tree: FileTree, name: str, split: str):
     return torch.from_numpy(data.copy()), labels, classes, {}
 
 
-def _tiny_imagenet(tree: FileTree, split: str, size: int | None):
+def _tiny_imagenet(tree: FileTree, split: str, view: dict[str, Any]):
     base = "tiny-imagenet-200/" if tree.exists("tiny-imagenet-200/") else ""
     if not tree.exists(base + "wnids.txt"):
         raise ValueError(f"no wnids.txt in {tree.root}; expected the tiny-imagenet-200 layout "
@@ -128,20 +126,24 @@ def _tiny_imagenet(tree: FileTree, split: str, size: int | None):
             paths.append(f"{base}val/images/{fname}")
             labels.append(index[wnid])
             boxes.append([float(v) for v in box])
-    images = decode_images(tree, paths, size)
+    if view["size"] is not None:
+        raise ValueError("tiny-imagenet keeps its 64 x 64 images in memory (its boxes are in those pixels); drop "
+                         "the image size, models are fed resized views of them")
+    images = decode_images(tree, paths)
     return images, torch.tensor(labels), wnids, {"boxes": torch.tensor(boxes, dtype=torch.float32)}
 
 
-def _read(name: str, tree: FileTree, split: str, size: int | None):
+def _read(name: str, tree: FileTree, split: str, view: dict[str, Any]):
     if name in ("cifar10", "cifar100"):
         pickled = "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
         marker = "test_batch" if name == "cifar10" else "meta"
         if tree.exists(pickled + "/") or tree.exists(marker):
-            return _cifar_pickles(tree, name, split)
-        return _image_folder(tree, "train" if split == "train" else _eval_dir(tree), size)
+            images, labels, classes, extras = _cifar_pickles(tree, name, split)
+            size = view["size"]
+            return (images if size is None else eval_view(images, size, view["crop_pct"])), labels, classes, extras
     if name == "tiny-imagenet":
-        return _tiny_imagenet(tree, split, size)
-    return _image_folder(tree, "train" if split == "train" else _eval_dir(tree), size)
+        return _tiny_imagenet(tree, split, view)
+    return _image_folder(tree, split, view)
 
 
 def _download(name: str, root: Path) -> None:
@@ -174,12 +176,46 @@ def _cached_synthetic(split: str, options: tuple) -> ImageDataset:
     return synthetic_scenes(split, **dict(options))
 
 
+def _cached_decode(name: str, root: Path, split: str, view: dict[str, Any]):
+    """(tensors, classes) of ``split``, from the decode cache or decoded now and stored. Without a fixed size a
+    tree whose images share one size is stored at that size, whatever ``mixed_size`` says (one copy for every
+    model), and a tree of mixed sizes under its views at ``mixed_size``."""
+    digest = fingerprint(root)
+    if view["size"] is not None:
+        keys = [[view["size"], view["crop_pct"]]]
+    else:
+        keys = [[None]] + ([["mixed", view["mixed_size"], view["crop_pct"]]] if view["mixed_size"] else [])
+    for key in keys:
+        cached = _cache_path(name, split, digest, key)
+        if cached.is_file():
+            with safe_open(str(cached), framework="pt") as handle:
+                tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+                return tensors, json.loads(handle.metadata()["classes"])
+    images, labels, classes, extras = _read(name, FileTree(root), split, view)
+    expected = _CLASS_COUNTS.get(name)
+    if expected is not None and len(classes) != expected:
+        raise ValueError(f"{root} has {len(classes)} classes but {name} has {expected}; "
+                         f"check the folder, or use --dataset imagefolder for other class sets")
+    tensors = {"images": images.contiguous(), "labels": labels.long(), **extras}
+    # a mixed tree comes back at mixed_size; one of a single other size kept its pixels (a tree natively at
+    # mixed_size is stored under the mixed key: the same pixels, decoded once more for another model size)
+    viewed = view["mixed_size"] is not None and tuple(images.shape[-2:]) == (view["mixed_size"],) * 2
+    key = keys[-1] if view["size"] is not None or viewed else keys[0]
+    with atomic_path(_cache_path(name, split, digest, key)) as tmp:
+        save_file(tensors, str(tmp), metadata={"classes": json.dumps(classes)})
+    return tensors, classes
+
+
 def load_dataset(name: str, root: str | Path | None = None, split: str = "train", *, image_size: int | None = None,
-                 download: bool = False, **options: Any) -> ImageDataset:
+                 crop_pct: float | None = None, mixed_size: int | None = None, download: bool = False,
+                 **options: Any) -> ImageDataset:
     """The labelled ``split`` ('train' or 'eval'; 'test' and 'val' accepted) of dataset ``name``.
 
-    ``image_size`` resizes decoded images (needed when an image folder mixes sizes); ``options`` go to
-    the synthetic generator (``num_images``, ``image_size``, ``num_classes``, ``seed``).
+    Images keep their own pixels, except: ``image_size`` gives every image its evaluation view at that side
+    (shorter side resized to ``image_size / crop_pct``, centre crop; ``vitscope.data.pixels.eval_view``), and
+    ``mixed_size`` does the same only when the images differ in size (a folder of photos; callers pass the
+    model's input side). ``crop_pct`` defaults to the dataset's (0.875 for ImageNet's layouts, else 1).
+    ``options`` go to the synthetic generator (``num_images``, ``image_size``, ``num_classes``, ``seed``).
     """
     split = canonical_split(split)
     if download and name not in ("cifar10", "cifar100"):
@@ -201,23 +237,13 @@ def load_dataset(name: str, root: str | Path | None = None, split: str = "train"
         raise FileNotFoundError(
             f"data directory {root} does not exist; pass --data-dir with the {name} folder or archive"
         )
+    crop_pct = check_crop_pct(default_crop_pct(name) if crop_pct is None else crop_pct)
     if name in ("imagenet", "shards"):
-        listing = open_streamed(name, root, split, image_size=image_size, stats=dataset_stats(name))
-        return listing.materialize(image_size)
-    cached = _cache_path(name, split, root, image_size)
+        listing = open_streamed(name, root, split, image_size=image_size, stats=dataset_stats(name),
+                                crop_pct=crop_pct)
+        return listing.materialize(image_size, mixed_size=mixed_size)
+    view = {"size": image_size, "crop_pct": crop_pct, "mixed_size": mixed_size}
+    tensors, classes = _cached_decode(name, root, split, view)
     mean, std = _STATS.get(name, _IMAGENET_STATS)
-    if cached.is_file():
-        with safe_open(str(cached), framework="pt") as handle:
-            tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
-            classes = json.loads(handle.metadata()["classes"])
-    else:
-        images, labels, classes, extras = _read(name, FileTree(root), split, image_size)
-        expected = _CLASS_COUNTS.get(name)
-        if expected is not None and len(classes) != expected:
-            raise ValueError(f"{root} has {len(classes)} classes but {name} has {expected}; "
-                             f"check the folder, or use --dataset imagefolder for other class sets")
-        tensors = {"images": images.contiguous(), "labels": labels.long(), **extras}
-        with atomic_path(cached) as tmp:
-            save_file(tensors, str(tmp), metadata={"classes": json.dumps(classes)})
     extras = {k: v for k, v in tensors.items() if k not in ("images", "labels")}
     return ImageDataset(name, split, tensors["images"], tensors["labels"], classes, mean, std, str(root), extras)

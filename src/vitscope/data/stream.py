@@ -9,23 +9,26 @@ run visits images in the order an in-memory run would, and resumes mid-epoch at 
 from __future__ import annotations
 
 import hashlib
-import io
 import math
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from PIL import Image
 from torch import Tensor
-from torchvision.io import ImageReadMode, decode_image
-from torchvision.transforms.v2.functional import center_crop, resize
 
 from vitscope.data.dataset import ImageDataset, stratified_indices
+from vitscope.data.pixels import (
+    DEFAULT_CROP_PCT,
+    check_crop_pct,
+    decode_rgb,
+    eval_view,
+    image_header_size,
+    view_boxes,
+)
 
-EVAL_CROP_FRACTION = 0.875  # evaluation views: shorter side resized to size / 0.875, then a centre crop (224 of 256)
+__all__ = ["FileReader", "ImageReader", "StreamedDataset", "decode_rgb", "eval_view", "image_header_size"]
 
 
 class ImageReader(Protocol):
@@ -54,48 +57,14 @@ class FileReader:
             raise ValueError(f"cannot read image {path}: {err}; check the file exists and is readable") from None
 
 
-def decode_rgb(data: bytes, where: str) -> Tensor:
-    """Encoded JPEG / PNG / WebP / GIF bytes -> uint8 RGB (3, H, W) with torchvision's decoders (EXIF
-    orientation applied); an undecodable file raises a ValueError naming ``where``."""
-    try:
-        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        with warnings.catch_warnings():  # torchvision 0.29 points to TorchCodec; its decoders work as before
-            warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)
-            return decode_image(buffer, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-    except (RuntimeError, ValueError) as err:
-        raise ValueError(f"cannot decode image {where}: {err}; re-create or remove this file") from None
-
-
-def image_header_size(data: bytes, where: str = "(bytes)") -> tuple[int, int]:
-    """(height, width) of encoded image bytes, read from the header only; a file that is no image raises a
-    ValueError naming ``where``."""
-    try:
-        with Image.open(io.BytesIO(data)) as handle:
-            return handle.height, handle.width
-    except (OSError, ValueError):  # PIL's UnidentifiedImageError names only its in-memory buffer
-        raise ValueError(f"cannot decode image {where}: not a readable image file; re-create or remove this "
-                         "file") from None
-
-
-def eval_view(image: Tensor, size: int) -> Tensor:
-    """uint8 (3, H, W) -> (3, size, size): an image of that size as it is (as the in-memory path evaluates it),
-    any other with its shorter side resized to ``size / 0.875`` (antialiased) and a centre crop (the usual
-    ImageNet evaluation transform, e.g. 256 -> 224)."""
-    if tuple(image.shape[-2:]) == (size, size):
-        return image
-    short = round(size / EVAL_CROP_FRACTION)
-    if min(image.shape[-2:]) != short:
-        image = resize(image, [short], antialias=True)
-    return center_crop(image, [size, size])
-
-
 @dataclass
 class StreamedDataset:
     """A labelled image set decoded on demand.
 
     ``labels`` int64 (N,); ``reader`` the encoded images, addressed through ``items`` (N,) (the positions of
     this set's images in the reader, so subsets share the reader); ``image_size`` the side in pixels of the
-    evaluation views (``images_at``) and of supervised training inputs; ``extras`` per-image targets such as
+    evaluation views (``images_at``) and of supervised training inputs, ``crop_pct`` the fraction of the resized
+    shorter side those views keep (``vitscope.data.pixels.eval_view``); ``extras`` per-image targets such as
     ``boxes`` (N, K, 4) in the original image's pixels x0, y0, x1, y1 (NaN rows pad). The rest as
     ``ImageDataset``.
     """
@@ -112,6 +81,7 @@ class StreamedDataset:
     extras: dict[str, Tensor] = field(default_factory=dict)
     selection: dict[str, Any] | None = None
     items: Tensor | None = None
+    crop_pct: float = DEFAULT_CROP_PCT
 
     def __post_init__(self) -> None:
         if self.items is None:
@@ -120,6 +90,7 @@ class StreamedDataset:
             raise ValueError(f"{len(self.items)} images but {len(self.labels)} labels")
         if self.image_size < 1:
             raise ValueError(f"image_size={self.image_size} must be >= 1 (pixels)")
+        check_crop_pct(self.crop_pct)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -140,7 +111,8 @@ class StreamedDataset:
         """Evaluation views uint8 (B, 3, image_size, image_size) of images ``rows`` (decoded in threads)."""
         index = torch.arange(len(self))[rows] if isinstance(rows, slice) else rows
         with ThreadPoolExecutor(max_workers=4) as pool:
-            views = list(pool.map(lambda i: eval_view(self.decode(int(i)), self.image_size), index.tolist()))
+            views = list(pool.map(lambda i: eval_view(self.decode(int(i)), self.image_size, self.crop_pct),
+                                  index.tolist()))
         return torch.stack(views) if views else torch.zeros(0, 3, self.image_size, self.image_size,
                                                             dtype=torch.uint8)
 
@@ -167,26 +139,30 @@ class StreamedDataset:
         pixels = [math.prod(image_header_size(*self.read(int(i)))) for i in picks]
         return int(len(self) * 3 * sum(pixels) / max(len(pixels), 1))
 
-    def materialize(self, size: int | None) -> ImageDataset:
-        """The whole set decoded into memory (an ``ImageDataset``), every image resized to ``size`` x ``size``
-        (boxes scaled with it); without ``size`` all images must share one size."""
-        def load(i: int) -> tuple[Tensor, tuple[int, int]]:
-            image = self.decode(i)
-            original = (image.shape[-2], image.shape[-1])
-            return (image if size is None else resize(image, [size, size], antialias=True)), original
+    def materialize(self, size: int | None, *, mixed_size: int | None = None) -> ImageDataset:
+        """The whole set decoded into memory (an ``ImageDataset``): with ``size`` every image is its evaluation view
+        (``eval_view(image, size, crop_pct)``, the pixels ``images_at`` gives) and its boxes follow it; without
+        it images keep their pixels when they share one size, are viewed at ``mixed_size`` when they differ, and
+        are refused without one."""
+        decoded = [None] * len(self)
+
+        def load(i: int) -> None:
+            decoded[i] = self.decode(i)
 
         with ThreadPoolExecutor(max_workers=4) as pool:
-            decoded = list(pool.map(load, range(len(self))))
-        images = [image for image, _ in decoded]
-        originals = [original for _, original in decoded]
-        shapes = {tuple(im.shape) for im in images}
-        if len(shapes) > 1:
-            raise ValueError(f"{self.name} images have different sizes {sorted(shapes)[:3]}; set an image size "
-                             "to resize them, e.g. --set dataset_options.image_size=224")
+            list(pool.map(load, range(len(self))))
+        originals = [(int(im.shape[-2]), int(im.shape[-1])) for im in decoded]
+        side = size if size is not None else (mixed_size if len(set(originals)) > 1 else None)
+        if side is None and len(set(originals)) > 1:
+            shown = ", ".join(f"{h}x{w}" for h, w in sorted(set(originals))[:3])
+            raise ValueError(f"{self.name} images have different sizes ({shown}, ...); pass an image size S to view "
+                             "them at S x S (shorter side resized, centre crop): --img-size S, or "
+                             "dataset_options.image_size in a training config")
+        images = decoded if side is None else [eval_view(im, side, self.crop_pct) for im in decoded]
         extras = dict(self.extras)
-        if "boxes" in extras and size is not None:
-            scale = torch.tensor([[size / w, size / h, size / w, size / h] for h, w in originals])
-            extras["boxes"] = extras["boxes"] * scale[:, None, :]
-        stacked = torch.stack(images) if images else torch.zeros(0, 3, size or 0, size or 0, dtype=torch.uint8)
+        if "boxes" in extras and side is not None:
+            extras["boxes"] = torch.stack([view_boxes(b, hw, side, self.crop_pct)
+                                           for b, hw in zip(extras["boxes"], originals, strict=True)])
+        stacked = torch.stack(images) if images else torch.zeros(0, 3, side or 0, side or 0, dtype=torch.uint8)
         return ImageDataset(self.name, self.split, stacked, self.labels, self.classes, self.mean, self.std,
                             self.root, extras, self.selection)

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import torch
 
-from vitscope.data.files import SPLIT_FOLDERS, is_archive
-from vitscope.data.imagenet import class_folders, imagenet_listing
+from vitscope.data.files import FileTree, is_archive
+from vitscope.data.folder_layout import list_image_folder
+from vitscope.data.imagenet import imagenet_listing
+from vitscope.data.pixels import check_crop_pct, default_crop_pct
 from vitscope.data.shards import shard_listing
 from vitscope.data.stream import FileReader, StreamedDataset
 
@@ -19,33 +21,23 @@ IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 STREAMABLE = ("imagenet", "imagefolder", "cifar10", "cifar100", "shards")
 DEFAULT_STREAM_SIZE = 224
-_FOLDER_HELP = "expected <root>/train/<class>/<image> and <root>/val/<class>/<image> (or test/)"
-
-
-def _descend(root: Path) -> Path:
-    """Look into a folder whose only entry is a folder (not a split folder), as the in-memory loader does."""
-    while True:
-        entries = [p for p in root.iterdir() if not p.name.startswith(".")]
-        if len(entries) != 1 or not entries[0].is_dir() or entries[0].name in SPLIT_FOLDERS:
-            return root
-        root = entries[0]
 
 
 def _folder_listing(root: Path, split: str) -> tuple[Path, list[str], list[int], list[str], dict]:
-    names = ("train",) if split == "train" else ("test", "val", "eval")
-    for name in names:
-        if (root / name).is_dir():
-            paths, labels, classes = class_folders(root / name)
-            if not paths:
-                raise ValueError(f"no images under {root / name}/<class>/; {_FOLDER_HELP}")
-            return root, paths, labels, classes, {}
-    raise ValueError(f"no {' or '.join(n + '/' for n in names)} folder in {root}; {_FOLDER_HELP}")
+    """An image-folder tree's ``split`` as the in-memory loader lists it (``list_image_folder``, after looking
+    into a single top folder)."""
+    tree = FileTree(root)
+    base = root / tree.prefix
+    listing = list_image_folder(tree.files(), split, str(base).rstrip("/"), base.name)
+    return base, listing.paths, listing.labels, listing.classes, {}
 
 
 def open_streamed(name: str, root: str | Path | None, split: str, *, image_size: int | None = None,
-                  stats: tuple[tuple[float, ...], tuple[float, ...]] = IMAGENET_STATS) -> StreamedDataset:
+                  stats: tuple[tuple[float, ...], tuple[float, ...]] = IMAGENET_STATS,
+                  crop_pct: float | None = None) -> StreamedDataset:
     """A ``StreamedDataset`` of ``split`` ('train' or 'eval') of an unpacked folder ``root``; ``image_size`` is
-    the side of evaluation views and supervised inputs (default 224), ``stats`` the normalisation (mean, std)."""
+    the side of evaluation views and supervised inputs (default 224), ``crop_pct`` the views' crop fraction
+    (default: 0.875 for ImageNet's layouts, else 1), ``stats`` the normalisation (mean, std)."""
     if name not in STREAMABLE:
         raise ValueError(f"dataset {name} cannot stream; stream: true works for {', '.join(STREAMABLE)} "
                          "(unpacked folders); use stream: false or auto")
@@ -65,7 +57,8 @@ def open_streamed(name: str, root: str | Path | None, split: str, *, image_size:
         extras: dict = {}
     else:
         base, paths, labels, classes, extras = (imagenet_listing(root, split) if name == "imagenet"
-                                                else _folder_listing(_descend(root), split))
+                                                else _folder_listing(root, split))
         reader = FileReader(base, tuple(paths))
+    crop_pct = check_crop_pct(default_crop_pct(name) if crop_pct is None else crop_pct)
     return StreamedDataset(name, split, reader, torch.tensor(labels, dtype=torch.long), classes, mean, std, size,
-                           str(root), extras)
+                           str(root), extras, crop_pct=crop_pct)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
-from torchvision.transforms.v2.functional import resize
 
 from vitscope.data.augment import image_uniforms
 from vitscope.data.multicrop import MultiCropSpec, cut_views, view_uniforms
+from vitscope.data.pixels import DEFAULT_CROP_PCT, eval_view
 from vitscope.data.stream import StreamedDataset
 
 Crops = Tensor | list[Tensor]
@@ -41,15 +41,16 @@ class MultiCropCutter:
 
 @dataclass(frozen=True)
 class PadCropCutter:
-    """The supervised protocols' random crop of one image: resized to ``size`` x ``size`` (antialiased) when it
-    is not, zero-padded by ``padding`` and cut back at an offset drawn per image -> uint8 (3, size, size)."""
+    """The supervised protocols' random crop of one image: its evaluation view at ``size`` (``eval_view`` with
+    ``crop_pct``: the pixels an in-memory set decoded at ``image_size`` holds), zero-padded by ``padding`` and cut
+    back at an offset drawn per image -> uint8 (3, size, size)."""
 
     size: int
     padding: int
+    crop_pct: float = DEFAULT_CROP_PCT
 
     def __call__(self, image: Tensor, seed: int, epoch: int, index: int) -> Tensor:
-        if tuple(image.shape[-2:]) != (self.size, self.size):
-            image = resize(image, [self.size, self.size], antialias=True)
+        image = eval_view(image, self.size, self.crop_pct)
         if self.padding <= 0:
             return image
         u = image_uniforms(seed, epoch, torch.tensor([index]), 2)[0]

@@ -5,7 +5,10 @@
     page.save("explorer.html")
 
 ``images`` are the pictures as they look: uint8 (images, 3, H, W) or floats in [0, 1], or an ``ImageDataset``
-(then the model's input size and the dataset's normalisation are used, as ``vitscope analyze`` does).
+(then the model's input size and the dataset's normalisation are used, as ``vitscope analyze`` does). Each model
+sees the evaluation view of the pictures at its input side (``vitscope.data.pixels.eval_view``: shorter side
+resized, centre crop); when that view cuts part of a picture (not square, or the model's ``crop_pct`` < 1), the
+page shows the first model's view, so the maps lie over what the model saw.
 """
 
 from __future__ import annotations
@@ -16,11 +19,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitscope.analyze.inputs import model_input
+from vitscope.analyze.inputs import model_crop_pct, model_input
 from vitscope.data import ImageDataset, normalize
+from vitscope.data.pixels import eval_view
 from vitscope.explorer.measure import ModelRecord, matched_layers, record_model
 from vitscope.explorer.page import render_page
 from vitscope.explorer.payload import build_payload
@@ -67,19 +70,28 @@ def _pictures(images: Tensor) -> Tensor:
 
 def model_inputs(model: nn.Module, pictures: Tensor, dataset: ImageDataset | None = None,
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> Tensor:
-    """Normalised inputs (images, 3, S, S) of ``model`` from uint8 ``pictures``: resized (bilinear, antialiased) to
-    the model's input side and normalised with ``mean``/``std``, else the dataset's, else the model's pretrained
-    ones, else ImageNet's."""
+    """Normalised inputs (images, 3, S, S) of ``model`` from uint8 ``pictures``: their evaluation view at the model's
+    input side S (``eval_view`` with the model's ``crop_pct``, as ``vitscope analyze`` feeds it), normalised with
+    ``mean``/``std``, else the dataset's, else the model's pretrained ones, else ImageNet's."""
     pretrained = getattr(model, "pretrained_cfg", None) or {}
     stats = dataset if dataset is not None else SimpleNamespace(
         mean=tuple(mean or pretrained.get("mean", IMAGENET_MEAN)),
         std=tuple(std or pretrained.get("std", IMAGENET_STD)), image_size=pictures.shape[-1])
     side, m, s = model_input(model, stats)
     m, s = (tuple(mean), tuple(std)) if mean is not None and std is not None else (m, s)
-    x = pictures.float() / 255.0
-    if x.shape[-2:] != (side, side):
-        x = F.interpolate(x, size=(side, side), mode="bilinear", align_corners=False, antialias=True)
-    return normalize(x, m, s)
+    return normalize(eval_view(pictures, side, model_crop_pct(model, getattr(dataset, "name", None))), m, s)
+
+
+def shown_pictures(model: nn.Module, pictures: Tensor, dataset: ImageDataset | None = None) -> Tensor:
+    """uint8 ``pictures`` as the page shows them: as they are when ``model``'s view only resizes them (square
+    pictures at crop_pct 1, or already at its side), else its view (the part of each picture it sees)."""
+    stats = dataset if dataset is not None else SimpleNamespace(image_size=pictures.shape[-1], mean=(0,), std=(1,))
+    side = model_input(model, stats)[0]
+    crop = model_crop_pct(model, getattr(dataset, "name", None))
+    height, width = pictures.shape[-2:]
+    if height == width and (crop == 1 or height == side):
+        return pictures
+    return eval_view(pictures, side, crop)
 
 
 def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDataset, *,
@@ -104,6 +116,7 @@ def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDatas
     if dataset is not None and captions is None:
         captions = [dataset.classes[int(y)] if dataset.classes else str(int(y)) for y in dataset.labels]
     captions = list(captions) if captions is not None else [f"image {i + 1}" for i in range(len(pictures))]
+    pictures = shown_pictures(models[0], pictures, dataset)
     sites = attention_sites(models[0])
     reference_depth = len(sites)
     if layers is not None and not all(-reference_depth <= int(i) < reference_depth for i in layers):

@@ -10,12 +10,64 @@ Definitions (docs/definitions.md, high-norm tokens):
   variance (variance of the channel-mean intensity over the patch's pixels).
 * Attention mass on a token set: the sum of a query row's probabilities over the set's keys; its share is
   the set's fraction of all keys (what uniform attention would give).
+* A *separate high-norm mode* (the registers study's test of whether high-norm tokens exist at all, rather than
+  the upper tail of one distribution): the ``auto`` (Otsu) split of the patch-token norms leaves at most
+  ``MAX_FRACTION`` of patches above a threshold at least ``MIN_RATIO`` times the median patch norm
+  (``separate_mode``). A percentile threshold marks its share of tokens whatever the norms look like, so a
+  high-norm fraction is a finding only beside this test.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
+
+from vitscope.metrics.norms import high_norm_threshold
+
+MAX_FRACTION = 0.10  # at most this share of patches above the auto split ...
+MIN_RATIO = 2.0  # ... whose threshold is at least this many times the median patch norm
+
+
+def is_separate_mode(fraction: float, threshold: float, median: float) -> bool:
+    """The test on an ``auto`` split already measured: ``fraction`` of patches above ``threshold`` (a norm), against
+    the ``median`` patch norm."""
+    return bool(median) and 0 < fraction <= MAX_FRACTION and threshold >= MIN_RATIO * median
+
+
+@dataclass(frozen=True)
+class ModeCheck:
+    """The ``auto`` split of one layer's patch-token norms: its ``threshold`` (a norm), the ``fraction`` of
+    patches above it, the ``median`` norm, ``ratio`` = threshold / median, and ``separate``: the test's answer."""
+
+    threshold: float
+    fraction: float
+    median: float
+    ratio: float
+    separate: bool
+
+    def describe(self) -> str:
+        """One sentence: whether the layer has a separate high-norm mode, and the numbers that say so."""
+        numbers = (f"the auto split puts {self.fraction:.1%} of patches above {self.ratio:.2g}x the median norm; "
+                   f"a separate mode needs <= {MAX_FRACTION:.0%} above >= {MIN_RATIO:g}x")
+        if self.separate:
+            return f"a separate high-norm mode ({numbers})"
+        return f"no separate high-norm mode: the flagged tokens are the tail of one distribution ({numbers})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"max_fraction": MAX_FRACTION, "min_ratio": MIN_RATIO}
+
+
+def separate_mode(patch_norms: Tensor) -> ModeCheck:
+    """The separate-high-norm-mode test (module docstring) on one layer's patch-token norms (any shape)."""
+    norms = patch_norms.flatten().float()
+    threshold = high_norm_threshold(norms, "auto").value
+    fraction = float((norms > threshold).float().mean())
+    median = float(norms.median())
+    ratio = threshold / median if median > 0 else float("inf")
+    return ModeCheck(threshold, fraction, median, ratio, is_separate_mode(fraction, threshold, median))
 
 
 def high_norm_mask(norms: Tensor, threshold: float, prefix: int = 0) -> Tensor:

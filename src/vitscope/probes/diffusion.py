@@ -5,6 +5,7 @@ Per token layer (0 = embedding, l = block l):
 * ``diffusion_top1`` (group ``background``): top-1 on held-out images of a logistic regression from one
   *background* patch token to its image's class, fitted on background tokens of the other images (images
   split in halves, seeded and stratified by class; at most ``max_tokens`` tokens per half, drawn at random);
+  its learning-rate / weight-decay sweep also holds out whole images of the fit half, never single tokens;
 * ``diffusion_cosine`` (group ``background``): the mean, over images with background, of the mean cosine
   similarity between the image's background patch tokens and its CLS token.
 
@@ -60,9 +61,10 @@ def diffusion_scores(features: LayerFeatures, labels: Tensor, background: Tensor
 
     ``labels`` (N,) image classes; ``background`` (N, patches) bool. Returns ``top1`` (held-out class top-1
     from single background tokens, None when a half has fewer than 2 tokens), ``chance`` (majority class on
-    the same held-out tokens), ``hits`` (0/1 per held-out token), ``cosine`` (mean background-patch/CLS
-    cosine over images with background, None without CLS), ``cosines`` (per image, NaN without background)
-    and the counts ``fit_tokens``, ``held_tokens``, ``cosine_images``."""
+    the same held-out tokens), ``hits`` (0/1 per held-out token), ``fit`` (the classifier's settings: the chosen
+    learning rate and weight decay and its ``sweep``, scored on fit-half images held out whole), ``cosine``
+    (mean background-patch/CLS cosine over images with background, None without CLS), ``cosines`` (per image,
+    NaN without background) and the counts ``fit_tokens``, ``held_tokens``, ``cosine_images``."""
     labels = torch.as_tensor(labels).long().cpu()
     background = torch.as_tensor(background).bool().cpu()
     patches = features.patches
@@ -78,7 +80,8 @@ def diffusion_scores(features: LayerFeatures, labels: Tensor, background: Tensor
     if len(fi) >= 2 and len(hi) >= 1:
         num_classes = int(labels.max()) + 1
         clf = fit_classifier(patches[fi, fp].float(), labels[fi], num_classes, seed=seed, device=device,
-                             **dict(fit_options or {}))
+                             groups=fi, **dict(fit_options or {}))  # the sweep holds out whole images
+        out["fit"] = clf.settings
         hits = (clf.predict(patches[hi, hp].float()).cpu() == labels[hi]).int()
         out["top1"], out["hits"] = float(hits.float().mean()), hits.tolist()
         out["chance"] = majority_top1(labels[fi], labels[hi])

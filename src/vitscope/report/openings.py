@@ -17,18 +17,22 @@ from typing import Any
 from vitscope.studies.sparse.presets import COMMAND_LINES as SPARSE_COMMANDS
 from vitscope.studies.sparse.presets import PAPER_GPU_HOURS
 
-# The paper-scale command of each study and our estimate of its time on one GPU (not measurements: the
-# locality figure is docs/locality-study.md's estimate, the registers census one forward pass per model).
+# The paper-scale command of each study and our estimate of its time, each naming the machine it holds for (not
+# measurements: the locality figures are docs/locality-study.md's estimates, the H200 one from the training engine's
+# 20,000 images/s target and the CPU one from the measured step time; the registers census is one forward pass per
+# model). Every estimate names its machine (tests/test_report_locality.py checks it).
 PAPER_SCALE = {
     "locality": ("vitscope study locality --preset paper --dataset cifar100 --data-dir DATA/cifar100_jpg.tar.gz "
                  "--conditions ablation --seeds 0,1,2 --pack auto --out locality-paper",
-                 "about 4 hours for the 24 runs (8 conditions x 3 seeds, about 10 minutes per run; an estimate)"),
+                 "about 4 hours for the 24 runs (8 conditions x 3 seeds) on one H200 GPU, about 10 minutes per run; "
+                 "on this project's 2-core CPU machine about 26 hours per run; estimates"),
     "sparse": (SPARSE_COMMANDS["torchrun"].replace(" --gpus-per-run 8", ""),
                f"about {PAPER_GPU_HOURS['per_run_a100']} A100 GPU-hours per run, "
-               f"{PAPER_GPU_HOURS['runs_default']} runs per condition (an estimate; weeks on one GPU)"),
+               f"{PAPER_GPU_HOURS['runs_default']} runs per condition (an estimate; weeks on one A100 GPU)"),
     "registers": ("vitscope study registers --preset paper --weights-dir WEIGHTS --dataset imagefolder "
                   "--data-dir /data/imagenet-val --eval-images 5000 --out registers-paper",
-                  "about 1 hour for the census of the 14 pretrained models on 5,000 images (an estimate)"),
+                  "about 1 hour on one GPU (H200 or A100 class) for the census of the 14 pretrained models on 5,000 "
+                  "images (an estimate)"),
 }
 UNJUDGED = ("no claim", "no paper claim", "not judged")  # rows shown in a report but not claims of the paper
 VERDICT_CLASS = {"reproduced": "reproduced", "not reproduced": "not", "inconclusive": "untested", "mixed": "untested",
@@ -113,7 +117,7 @@ def _claims_list(found: list[dict[str, Any]]) -> str:
 
 def opening(study: str, results: dict[str, Any], scale: str, cannot: str) -> str:
     """One paragraph in plain words: what ``scale`` can test and what it ``cannot``, the claims tested and their
-    verdicts, and the paper-scale command with its estimated time on one GPU."""
+    verdicts, and the paper-scale command with its estimated time on the machine it names."""
     found = headlines(study, results)
     command, cost = PAPER_SCALE[study]
     tested = f" It tested {len(found)} claim{'s' if len(found) != 1 else ''} and found {_claims_list(found)}." \

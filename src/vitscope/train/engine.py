@@ -48,7 +48,7 @@ from vitscope.train.loop import (
     write_run_config,
 )
 from vitscope.train.objective import Objective
-from vitscope.train.schedules import epoch_order, lr_multiplier, step_seed
+from vitscope.train.schedules import epoch_note, epoch_order, lr_multiplier, step_seed, warmup_note
 
 __all__ = ["EpochHook", "TrainingDiverged", "TrainingInterrupted", "clip_gradients", "flatten_scalars",
            "hook_scalars", "prepare_run", "resolve_hook", "run"]
@@ -101,6 +101,9 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     optimizer = create_optimizer_v2(model, opt="adamw", lr=base_lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = len(train_set) // cfg.batch_size
     total_steps = cfg.epochs * steps_per_epoch
+    for note in (warmup_note(cfg), epoch_note(len(train_set), cfg.batch_size)):
+        if ctx.is_main and note:
+            print(note, file=sys.stderr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg, steps_per_epoch))
     for group in optimizer.param_groups:  # kept in the optimizer's state, so it survives load_state_dict
         group["scheduled_decay"] = group["weight_decay"] > 0
@@ -187,7 +190,8 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
                     ctx.barrier()
                 if stop.signal is not None:
                     raise stop.interrupted(global_step, f"continue with: vitscope train --resume {run_dir}")
-    counts = {"num_classes": train_set.num_classes, "train_images": len(train_set), "eval_images": len(eval_set)}
+    counts = {"num_classes": train_set.num_classes, "train_images": len(train_set),
+              "train_images_per_epoch": steps_per_epoch * cfg.batch_size, "eval_images": len(eval_set)}
     return finish_run(run_dir, cfg, objective.exported, global_step=global_step,
                       evaluation=last_eval or objective.evaluate(ctx, cfg.epochs - 1), counts=counts,
                       device=ctx.device, started=started, subsets=subsets, extra=objective.summary(),

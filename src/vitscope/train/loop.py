@@ -258,8 +258,8 @@ def finish_run(run_dir: Path, cfg: TrainConfig, model: VisionTransformer, *, glo
                evaluation: dict[str, float], counts: dict[str, int], device: torch.device, started: dt.datetime,
                subsets: dict[str, Any], extra: dict[str, Any] | None = None, is_main: bool = True
                ) -> dict[str, Any]:
-    """The run's summary (``counts``: num_classes, train_images, eval_images); the main rank writes the
-    final model.safetensors and summary.json."""
+    """The run's summary (``counts``: num_classes, train_images, train_images_per_epoch, eval_images); the main
+    rank writes the final model.safetensors and summary.json."""
     # the augmentation protocol is the supervised objective's; DINO brings its own multi-crop augmentation
     protocol = {"protocol": cfg.protocol} if cfg.objective == "supervised" else {}
     summary = {"run_dir": str(run_dir), "objective": cfg.objective, **protocol, "epochs": cfg.epochs,

@@ -80,7 +80,7 @@ class SupervisedObjective(Objective):
         return self.model
 
     def worker_cutter(self, train_set: StreamedDataset) -> PadCropCutter:
-        return PadCropCutter(train_set.image_size, self.cfg.crop_padding)
+        return PadCropCutter(train_set.image_size, self.cfg.crop_padding, train_set.crop_pct)
 
     def loss(self, model: nn.Module, images: Tensor, labels: Tensor, indices: Tensor, epoch: int,
              generator: torch.Generator) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitscope.cli.common import add_shared, output_dir, parse_seeds
+from vitscope.cli.common import add_shared, output_dir, parse_seeds, positive_int
 from vitscope.run_folder import writer_lock
 
 
@@ -22,6 +22,9 @@ def add_parser(studies) -> None:
                      help="train on a seeded class-stratified sample of N training images")
     loc.add_argument("--eval-images", type=int, default=None,
                      help="analyse a seeded class-stratified sample of N evaluation images")
+    loc.add_argument("--img-size", type=positive_int, default=None, metavar="S",
+                     help="train and measure at S px: every image viewed at S x S (shorter side resized, centre "
+                          "crop) and the model built for S (default: the dataset's own size, e.g. CIFAR's 32)")
     loc.add_argument("--launcher", default="local", choices=["local", "slurm"],
                      help="slurm: one submitit job per (condition, seed); needs the 'slurm' extra")
     loc.add_argument("--pack", default="1",
@@ -48,7 +51,7 @@ def run_locality(args: argparse.Namespace) -> int:
                                 seeds=seeds, preset=args.preset,
                                 epochs=args.epochs, batch_size=args.batch_size, train_images=args.train_images,
                                 eval_images=args.eval_images, device=args.device, out=args.out,
-                                launcher=args.launcher, pack=args.pack)
+                                launcher=args.launcher, pack=args.pack, img_size=args.img_size)
     print(f"report: {report}")
     return 0
 

@@ -33,7 +33,8 @@ def add_parser(studies) -> None:
     reg.add_argument("--img-size", type=positive_int, default=None, metavar="N",
                      help="input side in pixels for every --model (its position table resampled; a multiple of its "
                           "patch size), e.g. 224 for DINOv2's patch-14 models, whose own default is 518 "
-                          "(default: each model's own size)")
+                          "(default: each model's own size); photos of mixed sizes are viewed at N first (default "
+                          "224; shorter side resized, centre crop), each model then at its own side")
     reg.add_argument("--weights-dir", default=None, help="folder of <timm name>.safetensors for --preset paper")
     reg.add_argument("--registers", default=None, help="register counts to train, e.g. 0,1,4,16 (none: '')")
     reg.add_argument("--train-model", default=None, metavar="PRESET",
@@ -108,7 +109,7 @@ def run_registers(args: argparse.Namespace) -> int:
     detect = args.detect_layer if args.detect_layer == "last" else int(args.detect_layer) \
         if args.detect_layer.isdigit() else args.detect_layer
     census = CensusSettings(thresholds=[t for t in args.thresholds.split(",") if t.strip()], detect_layer=detect,
-                            **({"batch_size": args.batch_size} if args.batch_size else {}))
+                            img_size=args.img_size, **({"batch_size": args.batch_size} if args.batch_size else {}))
     probes = None
     if args.no_probes or args.probe_layers:
         from vitscope.studies.registers.presets import DEMO_PROBES

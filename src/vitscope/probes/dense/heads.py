@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitscope.memory import freed_memory_kept
+from vitscope.metrics.dense import depth_valid
 from vitscope.probes.dense.depth_grid import (
     DEFAULT_BIN_RESOLUTION,
     DEPTH_UPSAMPLE,
@@ -75,9 +76,10 @@ def depth_bins(min_depth: float, max_depth: float, device: torch.device | str = 
     return torch.linspace(min_depth, max_depth, DEPTH_BINS, device=device)
 
 
-def silog_loss(pred: Tensor, target: Tensor) -> Tensor:
-    """Scale-invariant log loss sqrt(mean g² - λ (mean g)²), g = log pred - log target, on pixels with target > 0."""
-    valid = (target > 0) & target.isfinite()
+def silog_loss(pred: Tensor, target: Tensor, min_depth: float = 1e-3, max_depth: float = 10.0) -> Tensor:
+    """Scale-invariant log loss sqrt(mean g² - λ (mean g)²), g = log pred - log target, on the pixels the scores
+    count (``depth_valid``: finite, ``min_depth`` < target <= ``max_depth``, metres)."""
+    valid = depth_valid(target, min_depth, max_depth)
     if not valid.any():
         return pred.sum() * 0.0
     g = pred[valid].clamp(min=1e-6).log() - target[valid].log()
@@ -128,13 +130,14 @@ def fit_heads(inputs: dict[Hashable, HeadInputs], targets: Sequence[Tensor], tas
     if loss_points is not None and loss_points >= max(t.numel() for t in targets):
         loss_points = None  # as many points as pixels: the exact full-resolution loss is no more work
     loss_options = {"task": task, "ignore_index": ignore_index, "bins": depth_bins(min_depth, max_depth, device),
-                    "grid_bins": grid_bins}
+                    "grid_bins": grid_bins, "depth_range": (min_depth, max_depth)}
     for head in heads.values():
         head.train()
     with threads_for(_step_work(inputs, targets, heads, loss_points, batch_size, grid_bins), device):
         with threads_for(0, "cpu"):  # counting and drawing pixels: small CPU work, one thread
             sampler = None if loss_points is None else PointSampler(
-                targets, task, ignore_index, loss_points, torch.Generator().manual_seed(seed + 1))
+                targets, task, ignore_index, loss_points, torch.Generator().manual_seed(seed + 1),
+                (min_depth, max_depth))
         # every step allocates the same large temporaries (reuse their pages); other processes may hold cores
         with freed_memory_kept(), CoreShare(device) as cores:
             _train(heads, inputs, targets, _Plan(with_cls, sampler, optimizer, schedule, generator, epochs,
@@ -229,7 +232,7 @@ def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, point
             ignore = options["ignore_index"]
             loss = F.cross_entropy(upsampled, full.long(), ignore_index=-100 if ignore is None else ignore)
         else:
-            loss = silog_loss(depth_at(upsampled, options["bins"]), full.float())
+            loss = silog_loss(depth_at(upsampled, options["bins"]), full.float(), *options["depth_range"])
         loss.backward(retain_graph=h < len(heads) - 1)
 
 
@@ -243,7 +246,8 @@ def _grid_depth_step(heads: int, table: Tensor, points: PointBatch | None, corne
         losses = [point_silog(sampled[..., h], points) for h in range(heads)]
     else:
         size = tuple(full.shape[-2:])
-        losses = [silog_loss(resize_depth(depth[..., h], size), full.float()) for h in range(heads)]
+        losses = [silog_loss(resize_depth(depth[..., h], size), full.float(), *options["depth_range"])
+                  for h in range(heads)]
     torch.stack(losses).sum().backward()
 
 

@@ -1,7 +1,8 @@
 """Point-sampled dense losses: the head's bilinear upsampling evaluated only at K sampled label pixels per image.
 
 As Mask2Former and PointRend train their masks: each step draws K pixels of each image uniformly (with
-replacement) from its valid pixels (segmentation: not the ignore index; depth: label > 0 and finite), reads the
+replacement) from its valid pixels (segmentation: not the ignore index; depth: the scores' own mask,
+``vitscope.metrics.dense.depth_valid``: finite and in (``min_depth``, ``max_depth``]), reads the
 low-resolution logits there by exact bilinear interpolation (``grid_sample`` at the pixel centres with
 ``align_corners=False`` and border padding, which is what ``F.interpolate(..., mode="bilinear",
 align_corners=False)`` computes at those pixels), and weights each image by its share of the batch's valid pixels.
@@ -21,17 +22,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitscope.metrics.dense import depth_valid
 from vitscope.probes.dense.bin_norm import bin_weights
 
 SILOG_LAMBDA = 0.85
 _REJECTION_BELOW = 0.05  # valid fraction under which points are drawn from the list of valid pixels instead
 
 
-def valid_pixels(target: Tensor, task: str, ignore_index: int | None) -> Tensor:
-    """(H, W) bool: the pixels a loss or a score counts."""
+def valid_pixels(target: Tensor, task: str, ignore_index: int | None,
+                 depth_range: tuple[float, float] = (1e-3, 10.0)) -> Tensor:
+    """(H, W) bool: the pixels a loss or a score counts (depth: ``depth_valid`` over ``depth_range`` in metres,
+    the mask the scores use)."""
     if task == "segmentation":
         return torch.ones_like(target, dtype=torch.bool) if ignore_index is None else target != ignore_index
-    return (target > 0) & target.isfinite()
+    return depth_valid(target, *depth_range)
 
 
 @dataclass
@@ -69,13 +73,17 @@ def _source(pixels: Tensor, out_sizes: list[int], in_size: int) -> tuple[Tensor,
 
 class PointSampler:
     """Draws ``points`` valid pixels per image of ``targets`` (H_i, W_i), uniformly, by rejection from uniform
-    pixel draws (exact; the list of valid pixels when few are valid)."""
+    pixel draws (exact; the list of valid pixels when few are valid); depth pixels are valid in ``depth_range``
+    (``valid_pixels``)."""
 
     def __init__(self, targets: Sequence[Tensor], task: str, ignore_index: int | None, points: int,
-                 generator: torch.Generator):
+                 generator: torch.Generator, depth_range: tuple[float, float] = (1e-3, 10.0)):
         self.targets, self.task, self.ignore_index, self.points = targets, task, ignore_index, points
-        self.generator = generator
-        self.counts = [int(valid_pixels(t, task, ignore_index).sum()) for t in targets]
+        self.generator, self.depth_range = generator, tuple(depth_range)
+        self.counts = [int(self._valid(t).sum()) for t in targets]
+
+    def _valid(self, target: Tensor) -> Tensor:
+        return valid_pixels(target, self.task, self.ignore_index, self.depth_range)
 
     def _draw(self, index: int) -> Tensor:
         """(points,) flat pixel indices of image ``index``, uniform over its valid pixels."""
@@ -87,13 +95,13 @@ class PointSampler:
             return torch.zeros(self.points, dtype=torch.long)
         flat = target.reshape(-1)
         if valid < _REJECTION_BELOW * total:
-            where = valid_pixels(flat, self.task, self.ignore_index).nonzero()[:, 0]
+            where = self._valid(flat).nonzero()[:, 0]
             return where[torch.randint(0, valid, (self.points,), generator=self.generator)]
         kept: list[Tensor] = []
         have = 0
         while have < self.points:  # each draw is uniform over all pixels; the valid ones are uniform over those
             draw = torch.randint(0, total, (int(1.2 * self.points * total / valid) + 16,), generator=self.generator)
-            draw = draw[valid_pixels(flat[draw], self.task, self.ignore_index)]
+            draw = draw[self._valid(flat[draw])]
             kept.append(draw)
             have += len(draw)
         return torch.cat(kept)[: self.points]

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from vitscope.analyze.inputs import model_input
 from vitscope.data.dense import DenseDataset
-from vitscope.metrics.dense import confusion_matrix, depth_scores, segmentation_scores
+from vitscope.metrics.dense import confusion_matrix, depth_scores, depth_valid, segmentation_scores
 from vitscope.probes.baselines import random_twin
 from vitscope.probes.dense.bin_norm import DEFAULT_BIN_NORM
 from vitscope.probes.dense.depth_grid import (
@@ -56,7 +56,8 @@ EVAL_CHUNK = 16  # eval images whose low-resolution logits are computed together
 # placements (image, y, x) of each window, resized (height, width) of each image, window side in pixels
 Windows = tuple[list[tuple[int, int, int]], list[tuple[int, int]], int]
 __all__ = ["DEPTH_BINS", "DenseHead", "HeadInputs", "dense_probe", "depth_at", "fit_dense_head", "fit_heads",
-           "iter_predictions", "loss_points_of", "patch_maps", "predict_dense", "score_dense", "silog_loss"]
+           "iter_predictions", "loss_points_of", "patch_maps", "predict_dense", "score_dense", "silog_loss",
+           "trivial_scores"]
 
 
 def loss_points_of(value: int | str | None) -> int | None:
@@ -143,25 +144,33 @@ def predict_dense(head: DenseHead, inputs: HeadInputs | Tensor, sizes: Sequence[
     return list(iter_predictions(head, inputs, sizes, task, **options))
 
 
-def score_dense(preds: Iterable[Tensor], data: DenseDataset, *, eigen_crop: bool = False, max_depth: float = 10.0
-                ) -> dict[str, Any]:
+def score_dense(preds: Iterable[Tensor], data: DenseDataset, *, eigen_crop: bool = False, min_depth: float = 1e-3,
+                max_depth: float = 10.0) -> dict[str, Any]:
     """Segmentation scores (one confusion matrix) or depth scores of ``preds`` against ``data.targets``."""
     if data.task == "segmentation":
         confusion = sum(confusion_matrix(p, t, data.num_classes, data.ignore_index)
                         for p, t in zip(preds, data.targets, strict=True))
         return segmentation_scores(confusion)
-    return depth_scores(zip(preds, data.targets, strict=True), crop=eigen_crop, max_depth=max_depth)
+    return depth_scores(zip(preds, data.targets, strict=True), crop=eigen_crop, min_depth=min_depth,
+                        max_depth=max_depth)
 
 
-def _trivial(train: DenseDataset, eval_set: DenseDataset, eigen_crop: bool, max_depth: float) -> dict[str, Any]:
+def trivial_scores(train: DenseDataset, eval_set: DenseDataset, *, eigen_crop: bool = False, min_depth: float = 1e-3,
+                   max_depth: float = 10.0) -> dict[str, Any]:
+    """The floor a constant predictor sets: the majority class of ``train`` (segmentation) or the mean training
+    depth over the pixels the scores count (``depth_valid``: finite, in (``min_depth``, ``max_depth``] metres),
+    scored on ``eval_set``."""
     if train.task == "segmentation":
         counts = sum(torch.bincount(t[t != train.ignore_index].flatten().long() if train.ignore_index is not None
                                     else t.flatten().long(), minlength=train.num_classes) for t in train.targets)
         majority = int(counts.argmax())
         return score_dense([torch.full_like(t, majority) for t in eval_set.targets], eval_set)
-    valid = torch.cat([t[t > 0].flatten() for t in train.targets])
+    valid = torch.cat([t[depth_valid(t, min_depth, max_depth)].flatten().double() for t in train.targets])
+    if not len(valid):
+        raise ValueError(f"no training depth lies in ({min_depth}, {max_depth}] m; check the labels' unit or "
+                         "pass the dataset's max_depth")
     return score_dense([torch.full_like(t, float(valid.mean())) for t in eval_set.targets], eval_set,
-                       eigen_crop=eigen_crop, max_depth=max_depth)
+                       eigen_crop=eigen_crop, min_depth=min_depth, max_depth=max_depth)
 
 
 def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, layers: str | Sequence[int | str]
@@ -215,9 +224,9 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
                                  max_depth=max_depth, device=device, windows=windows, tile_values=tile_values,
                                  bin_resolution=bin_resolution)
         with threads_for(head.outputs * max(h * w for h, w in sizes), device):  # one thread for small labels
-            scores = score_dense(preds, eval_set, eigen_crop=eigen_crop, max_depth=max_depth)
+            scores = score_dense(preds, eval_set, eigen_crop=eigen_crop, min_depth=min_depth, max_depth=max_depth)
         rows += _rows(name, layer, cls, scores, eval_set)
-    trivial = _trivial(train, eval_set, eigen_crop, max_depth)
+    trivial = trivial_scores(train, eval_set, eigen_crop=eigen_crop, min_depth=min_depth, max_depth=max_depth)
     for layer in wanted:
         rows += _rows(CHANCE, layer, None, trivial, eval_set)
     return ProbeResult("segment" if train.task == "segmentation" else "depth", rows, {

@@ -3,9 +3,10 @@
 A head's low-resolution logits (C, rows, cols) are upsampled bilinearly (``align_corners=False``, the source
 position (i + 0.5) * in / out - 0.5 clamped to the border, as ``F.interpolate``) separably: along the columns
 once, (C, rows, W), then each tile of label rows from the two source rows of each output row. Every output value
-is computed by the same elementwise arithmetic whatever the tile, so a tiled prediction equals the untiled one
-exactly. Segmentation takes the argmax over classes per tile; depth the bin centres weighted by DINOv2's linear
-normalisation (``probes.bin_norm``) per tile, so the (bins, H, W) volume is never held.
+is computed by the same elementwise arithmetic whatever the tile (the depth's sums over bins too, in one fixed
+order: ``fixed_order_sum``), so a tiled prediction equals the untiled one exactly. Segmentation takes the
+argmax over classes per tile; depth the bin centres weighted by DINOv2's linear normalisation
+(``probes.bin_norm``) per tile, so the (bins, H, W) volume is never held.
 """
 
 from __future__ import annotations
@@ -57,11 +58,30 @@ def iter_tiles(logits: Tensor, size: tuple[int, int], tile_values: int = TILE_VA
         yield start, upsample_rows(columns, height, start, min(height, start + step))
 
 
+def fixed_order_sum(values: Tensor, inplace: bool = False) -> Tensor:
+    """Sum over dim 0 by one fixed pairwise tree (zero-padded to a power of two): each output element gets the same
+    float arithmetic whatever the sizes of the other dims. A BLAS product does not promise that: MKL's sgemm sums
+    a (2, 256) x (256, N) product in an order that depends on N, so the same pixel differed by a few float32 ulps
+    (up to 1.1e-6 relative) between a 1-row and a 7-row tile, with 1 thread or 2. ``inplace``: ``values`` may be
+    overwritten (no copy)."""
+    size = 1 << max(0, (values.shape[0] - 1).bit_length())
+    if size != values.shape[0]:
+        values = torch.cat([values, values.new_zeros(size - values.shape[0], *values.shape[1:])])
+    elif not inplace:
+        values = values.clone()  # summed in place below
+    while values.shape[0] > 1:
+        half = values.shape[0] // 2
+        values = values[:half].add_(values[half:])
+    return values[0]
+
+
 def depth_of_tile(tile: Tensor, bins: Tensor) -> Tensor:
-    """(bins, t, W) logits -> (t, W) depth: ``bins`` weighted by ``probes.bin_norm``'s default (DINOv2's linear)."""
+    """(bins, t, W) logits -> (t, W) depth: ``bins`` weighted by ``probes.bin_norm``'s default (DINOv2's linear),
+    both sums over the bins in ``fixed_order_sum``'s order, so that every tile computes a pixel the same way."""
     weights = raw_bin_weights(tile.reshape(tile.shape[0], -1), dim=0)
-    sums = torch.stack([bins, torch.ones_like(bins)]) @ weights  # one product: the same arithmetic in every tile
-    return (sums[0] / sums[1]).reshape(tile.shape[1:])
+    weighted = weights * bins[:, None]
+    depth = fixed_order_sum(weighted, inplace=True) / fixed_order_sum(weights, inplace=True)
+    return depth.reshape(tile.shape[1:])
 
 
 @torch.no_grad()

@@ -106,11 +106,23 @@ def _scale_note(results: dict[str, Any]) -> str:
     return (f"Measured on <b>{html.escape(results['provenance']['dataset'])}</b> with model "
             f"<code>{html.escape(train['model'])}</code>"
             f"{' ' + html.escape(json.dumps(train['model_options'])) if train['model_options'] else ''}, "
-            f"{' or '.join(_count(e, 'epoch') for e in epochs)}, batch {train['batch_size']}, {len(runs)} runs "
+            f"{' or '.join(_count(e, 'epoch') for e in epochs)}, batch {train['batch_size']}{_images_note(runs)}, "
+            f"{len(runs)} runs "
             f"({_count(len({r['condition'] for r in runs}), 'condition')} x "
             f"{_count(len({r['seed'] for r in runs}), 'seed')}), "
             f"each analysed on {runs[0]['num_images']} evaluation images. Early layers: {layer_list(early)}. "
             "The paper's numbers come from CIFAR-100 at full scale; this report claims only what this run shows.")
+
+
+def _images_note(runs: list[dict[str, Any]]) -> str:
+    """How many training images the runs used, and per epoch when the last partial batch was left out."""
+    total, per_epoch = runs[0].get("train_images"), runs[0].get("train_images_per_epoch")
+    if total is None:
+        return ""
+    if per_epoch is None or per_epoch == total:
+        return f", {total} training images"
+    return (f", {total} training images of which each epoch trains on {per_epoch} (full batches; the "
+            f"{total - per_epoch} left over change with each epoch's shuffle)")
 
 
 def layer_list(layers: list[int]) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vitscope.files import atomic_write_bytes
+from vitscope.metrics.high_norm import MAX_FRACTION, MIN_RATIO
 from vitscope.models import PRESETS
 from vitscope.report.figures.norms import high_norm_maps
 from vitscope.report.html import fmt, image, index_link, page, table
@@ -18,9 +19,7 @@ from vitscope.report.render import trusted
 from vitscope.studies.registers.findings import (
     EFFECTS,
     ENRICHMENT,
-    MAX_FRACTION,
     MIN_HELD_OUT,
-    MIN_RATIO,
     detector_check,
     findings,
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from vitscope.studies.packs import check_pack, train_in_packs
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, devices, run_all
 from vitscope.train import TrainConfig, expand_conditions, train
 from vitscope.train.same_run import check_same_run
+from vitscope.train.schedules import fitted_warmup
 
 # Our optimisation settings for the paper preset (the paper's are not public): AdamW, batch 128,
 # lr 1e-3 with 10 warmup epochs and cosine decay to 1e-5, weight decay 0.05, gradient clipping at 1.
@@ -64,6 +66,7 @@ class LocalityStudy:
     launcher: str = "local"  # local (this machine), slurm (one submitit job per run), submitit-local (testing)
     slurm: dict[str, Any] = field(default_factory=dict)  # submitit parameters, e.g. {"slurm_partition": "gpu"}
     pack: int | str = 1  # train K runs at once as one packed model; "auto": as many as device memory holds
+    img_size: int | None = None  # train and measure at S px (every image viewed at S); None: the dataset's own size
 
     def __post_init__(self) -> None:
         if self.preset not in ("paper", "demo"):
@@ -82,14 +85,18 @@ class LocalityStudy:
         """The training run for one (condition, seed)."""
         paper, synthetic = self.preset == "paper", self.dataset == "synthetic"
         schedule = dict(PAPER_TRAINING if paper else DEMO_TRAINING)
+        preset_epochs = schedule["epochs"]
         for key in ("epochs", "batch_size"):
             if getattr(self, key) is not None:
                 schedule[key] = getattr(self, key)
+        schedule["warmup_epochs"] = fitted_warmup(schedule["warmup_epochs"], schedule["epochs"], preset_epochs)
         if paper:  # 8 x 8 = 64 patches: CIFAR 32 px with patch 4, Tiny-ImageNet 64 px with patch 8
             model, model_options = "vit-compact", {"patch_size": 8 if self.dataset == "tiny-imagenet" else 4}
         else:
             model, model_options = "vit-micro", {}
         data_options = {"num_images": 50_000 if paper else 4096, "num_classes": 8} if synthetic else {}
+        if self.img_size is not None:  # only when asked: a study without it keeps the images' own pixels
+            data_options["image_size"] = self.img_size
         eval_images = self.eval_images
         if eval_images is None and synthetic and not paper:
             eval_images = 1024
@@ -98,6 +105,16 @@ class LocalityStudy:
                            train_images=self.train_images, eval_images=eval_images, protocol=condition,
                            seed=seed, device=device, out=str(self.run_dir(condition, seed)),
                            progress=self.progress, eval_every=max(1, schedule["epochs"] // 10), **schedule)
+
+    def schedule_note(self) -> str | None:
+        """One line when ``epochs`` is too short for the preset's warmup, which is then scaled with the run."""
+        preset = PAPER_TRAINING if self.preset == "paper" else DEMO_TRAINING
+        warmup = self.train_config(self.conditions[0], self.seeds[0], "cpu").warmup_epochs
+        if warmup == preset["warmup_epochs"]:
+            return None
+        return (f"vitscope: --epochs {self.epochs} is not longer than the {self.preset} preset's "
+                f"{preset['warmup_epochs']} warmup epochs; warmup scaled with the run to {warmup:g} epochs "
+                f"({preset['warmup_epochs']} of the preset's {preset['epochs']})")
 
     def run_dir(self, condition: str, seed: int) -> Path:
         return RunSpec(condition, seed).folder(self.out)
@@ -121,7 +138,8 @@ def _train_and_measure(study: LocalityStudy, spec: RunSpec, device: str) -> dict
     dev = resolve_device(device)
     result = measure_locality(model, eval_set, batch_size=cfg.batch_size, device=dev, progress=study.progress)
     record = {"condition": condition, "seed": seed, "accuracy": result.accuracy,
-              "train_top1_eval": summary["eval"]["top1"], "layers": result.stats.layers,
+              "train_top1_eval": summary["eval"]["top1"], "train_images": summary.get("train_images"),
+              "train_images_per_epoch": summary.get("train_images_per_epoch"), "layers": result.stats.layers,
               "mad": result.stats.mad.tolist(), "entropy": result.stats.entropy.tolist(),
               "skipped": result.stats.skipped.tolist(), "num_images": result.num_images,
               "eval_subset": eval_set.selection,
@@ -152,6 +170,8 @@ def run(study: LocalityStudy) -> dict[str, Any]:
     Returns the results payload; ``payload["rows"]`` is the table (one row per condition, seed, layer, head).
     """
     started = dt.datetime.now(dt.UTC)
+    if study.schedule_note():
+        print(study.schedule_note(), file=sys.stderr)
     specs = [RunSpec(c, s) for c in study.conditions for s in study.seeds]
     with writer_lock(study.out, what="study folder"):  # one writer from the first check to results.json
         for spec in specs:  # a run started with other settings is neither resumed nor reused

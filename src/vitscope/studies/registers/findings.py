@@ -1,8 +1,9 @@
 """The registers study's published findings, checked against its own rows (pure Python, no models).
 
-A model *has artifacts* at a layer when the ``auto`` (Otsu) split of its patch-token norms leaves at most
-``MAX_FRACTION`` of patches above a threshold that is at least ``MIN_RATIO`` times the median patch norm: a
-separate high-norm mode, not the tail of one distribution. Models measured with planted outliers are
+A model *has artifacts* at a layer when it has a separate high-norm mode (``vitscope.metrics.high_norm``, the
+test ``vitscope analyze norms`` prints too): the ``auto`` (Otsu) split of its patch-token norms leaves at most
+``MAX_FRACTION`` of patches above a threshold that is at least ``MIN_RATIO`` times the median patch norm, not the
+tail of one distribution. Models measured with planted outliers are
 constructed, so they check the detector and probes but never count as evidence for a finding.
 
 A finding that compares the high-norm and normal groups of a model (what they carry, where they sit) uses the
@@ -18,10 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from vitscope.metrics.high_norm import is_separate_mode
 from vitscope.stats import Comparison, compare
 
-MAX_FRACTION = 0.10
-MIN_RATIO = 2.0
 ENRICHMENT = 2.0  # attention mass at least this many times the high-norm tokens' share of keys
 MIN_HELD_OUT = 16  # held-out tokens per group below which a comparison is no evidence
 LARGE_PARAMETERS = 250_000_000  # "large" in the paper's sense: ViT-L (about 300M parameters) and up
@@ -54,7 +54,7 @@ def _row(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
 
 def _units(row: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """Per-unit values and image labels from a row's per-image sums and counts: each image's mean repeated once
-    per unit, which gives the image-resampling bootstrap exactly the sums and counts it resamples."""
+    per unit, which gives the image-clustered interval exactly each image's sum and count."""
     units = row["units"]
     counts = np.asarray(units["counts"], dtype=int)
     means = np.asarray(units["sums"], dtype=float) / np.maximum(counts, 1)
@@ -100,7 +100,7 @@ def artifact_layers(rows: list[dict[str, Any]], model: str) -> list[int]:
                 model, "high_norm_fraction", "auto", "patch") or row.get("layer_kind") != "token":
             continue
         median = _value(rows, model=model, layer=row["layer"], group="patch", metric="norm_median")
-        if median and 0 < row["value"] <= MAX_FRACTION and row["threshold_value"] >= MIN_RATIO * median:
+        if median and is_separate_mode(row["value"], row["threshold_value"], median):
             layers.append(row["layer"])
     return sorted(layers)
 

@@ -179,8 +179,14 @@ class RegistersStudy:
         return values
 
 
+MIXED_SIZE_DEFAULT = 224  # the side photos of mixed sizes are viewed at when --img-size is not given
+
+
 def _eval_set(study: RegistersStudy):
-    options = {"num_images": study.eval_images or 512, "num_classes": 8} if study.dataset == "synthetic" else {}
+    """The evaluation images, a folder of mixed sizes viewed at the census side (default 224); each model then
+    sees them at its own side."""
+    options = ({"num_images": study.eval_images or 512, "num_classes": 8} if study.dataset == "synthetic"
+               else {"mixed_size": study.census.img_size or MIXED_SIZE_DEFAULT})
     data = load_dataset(study.dataset, study.data_dir, "eval", **options)
     return data.subset(study.eval_images)
 

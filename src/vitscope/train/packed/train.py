@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ from vitscope.train.objective import autocast
 from vitscope.train.packed.adamw import PackedAdamW
 from vitscope.train.packed.state import clip_member_gradients, schedule_tables, solo_optimizer, to_device
 from vitscope.train.protocols import Protocol, soft_cross_entropy
-from vitscope.train.schedules import epoch_order, step_seed
+from vitscope.train.schedules import epoch_note, epoch_order, images_per_epoch, step_seed, warmup_note
 from vitscope.train.supervised import build_model, evaluate
 
 # what may differ between the runs of one pack: everything else (model, data, batch, device) is shared
@@ -305,9 +306,13 @@ def _run_pack(cfgs: Sequence[TrainConfig], resume: bool, hooks: list[EpochHook])
         raise ValueError(f"batch_size={cfg.batch_size} exceeds the {len(train_set)} training images; "
                          "lower --set batch_size")
     subsets = {"train": train_set.selection, "eval": eval_set.selection}
-    counts = {"num_classes": train_set.num_classes, "train_images": len(train_set), "eval_images": len(eval_set)}
+    counts = {"num_classes": train_set.num_classes, "train_images": len(train_set),
+              "train_images_per_epoch": images_per_epoch(len(train_set), cfg.batch_size), "eval_images": len(eval_set)}
     members = [build_member(c, train_set, device, resume, hooks) for c in cfgs]
     check_packable([m.model for m in members])
+    notes = [warmup_note(c) for c in cfgs] + [epoch_note(len(train_set), cfg.batch_size)]
+    for note in dict.fromkeys(note for note in notes if note):  # each said once for the pack
+        print(note, file=sys.stderr)
     batch = cfg.batch_size
     for m in members:
         write_run_config(m.run_dir, m.cfg, device, started, subsets, 1, m.steps_per_epoch, data=data_choice)

@@ -1,0 +1,142 @@
+"""Real photo folders: mixed sizes and aspect ratios in the three imagefolder layouts, views that are timm's eval
+transform (shorter side resized, centre crop, never stretched), the same pixels in memory and streamed, one-line
+errors for odd layouts, and `analyze locality` / `explore` on a mixed-size folder with no size flag."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.io import decode_image
+from torchvision.transforms import v2
+
+from vitscope.cli import main
+from vitscope.data import load_dataset, open_streamed
+from vitscope.data.pixels import eval_view
+
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")  # torchvision 0.29
+SIZES = [(30, 50), (48, 20), (24, 24), (37, 29)]  # (height, width): landscape, portrait, square, odd
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path / "cache"))
+
+
+def write_photo(path: Path, seed: int, height: int, width: int) -> None:
+    """A smooth random photo (JPEG or PNG by suffix) written with PIL."""
+    rng = np.random.default_rng(seed)
+    small = Image.fromarray(rng.integers(0, 256, (4, 5, 3), dtype=np.uint8))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    small.resize((width, height), Image.BILINEAR).save(path)
+
+
+def make_layout(root: Path, layout: str) -> Path:
+    """``split``: train/ and val/ with two classes; ``classes``: <class>/ only; ``flat``: images only."""
+    for i, (h, w) in enumerate(SIZES):
+        name = f"{i}.jpg" if i % 2 else f"{i}.png"
+        cls = ("cat", "dog")[i % 2]
+        if layout == "split":
+            for split in ("train", "val"):
+                write_photo(root / split / cls / name, 10 * i + len(split), h, w)
+        elif layout == "classes":
+            write_photo(root / cls / name, i, h, w)
+        else:
+            write_photo(root / name, i, h, w)
+    return root
+
+
+def test_a_view_is_torchvision_resize_and_centre_crop_of_the_file_and_timms_eval_transform(tmp_path):
+    path = tmp_path / "photos" / "wide.jpg"
+    write_photo(path, 3, 30, 50)
+    data = load_dataset("imagefolder", path.parent, "eval", image_size=16, crop_pct=0.8)
+    # torchvision's transform classes on the decoded file: shorter side floor(16 / 0.8) = 20, centre 16 x 16
+    reference = v2.Compose([v2.Resize(20, antialias=True), v2.CenterCrop(16)])(decode_image(str(path)))
+    assert data.classes == ["photos"] and torch.equal(data.images[0], reference)
+    # timm's own eval transform (PIL resize) cuts the same part of the picture (to PIL's resampling rounding)
+    import timm.data
+
+    timm_view = timm.data.create_transform(input_size=16, crop_pct=0.8, interpolation="bilinear")(Image.open(path))
+    timm_pixels = timm_view * torch.tensor([0.229, 0.224, 0.225])[:, None, None] + torch.tensor(
+        [0.485, 0.456, 0.406])[:, None, None]
+    assert (data.images[0].float() / 255 - timm_pixels).abs().max() < 3 / 255
+    stretched = torch.nn.functional.interpolate(decode_image(str(path))[None].float(), size=(16, 16),
+                                                mode="bilinear", antialias=True)[0]
+    assert (data.images[0].float() - stretched).abs().max() > 20  # the whole picture squeezed is not it
+
+
+@pytest.mark.parametrize("layout", ["split", "classes", "flat"])
+def test_each_layout_of_mixed_sizes_gives_the_same_pixels_in_memory_and_streamed(tmp_path, layout):
+    root = make_layout(tmp_path / "photos", layout)
+    memory = load_dataset("imagefolder", root, "eval", mixed_size=16)
+    streamed = open_streamed("imagefolder", root, "eval", image_size=16)
+    assert memory.images.shape == (4, 3, 16, 16)
+    assert torch.equal(memory.images, streamed.images_at(torch.arange(4)))
+    assert memory.labels.tolist() == streamed.labels.tolist() and memory.classes == streamed.classes
+    expected = {"split": ["cat", "dog"], "classes": ["cat", "dog"], "flat": ["photos"]}[layout]
+    assert memory.classes == expected
+    files = sorted(f for f in root.rglob("*") if f.is_file() and (layout != "split" or "val" in f.parts))
+    for image, label, file in zip(memory.images, memory.labels.tolist(), files, strict=True):
+        assert torch.equal(image, eval_view(decode_image(str(file)), 16))  # each file's own view, in file order
+        assert memory.classes[label] == (file.parent.name if layout != "flat" else "photos")
+    again = load_dataset("imagefolder", root, "eval", mixed_size=16)  # from the decode cache
+    assert torch.equal(again.images, memory.images)
+
+
+def test_a_folder_of_one_size_keeps_its_pixels_whatever_size_the_model_needs(tmp_path):
+    root = tmp_path / "same"
+    for i in range(3):
+        write_photo(root / "train" / "a" / f"{i}.png", i, 12, 12)
+        write_photo(root / "val" / "a" / f"{i}.png", i, 12, 12)
+    native = load_dataset("imagefolder", root, "eval", mixed_size=16)
+    assert native.images.shape == (3, 3, 12, 12)
+    assert torch.equal(native.images[1], decode_image(str(root / "val" / "a" / "1.png")))
+    # one decoded copy for every model size: the same cache entry as a load that names no size (CIFAR's stays valid)
+    assert load_dataset("imagefolder", root, "eval", mixed_size=24).images.shape == (3, 3, 12, 12)
+    assert torch.equal(load_dataset("imagefolder", root, "eval").images, native.images)
+    assert len(list((tmp_path / "cache" / "datasets").glob("imagefolder-eval-*"))) == 1
+    assert load_dataset("imagefolder", root, "eval", image_size=16).images.shape == (3, 3, 16, 16)
+
+
+def test_odd_and_empty_layouts_say_what_was_found_in_one_line(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "sub" / "readme.md").write_text("no images")
+    (notes / "list.txt").write_text("no images")
+    mixed = make_layout(tmp_path / "mixed", "classes")
+    write_photo(mixed / "loose.jpg", 9, 20, 20)
+    outside = make_layout(tmp_path / "outside", "split")
+    write_photo(outside / "stray" / "x.jpg", 9, 20, 20)
+    cases = [(empty, "eval", r"no images in .*empty \(it is empty\)"),
+             (notes, "eval", r"no images in .*notes \(found list\.txt, sub/readme\.md\)"),
+             (mixed, "eval", r"holds 1 images directly \(loose\.jpg\) and 4 in class folders"),
+             (outside, "eval", r"mixes split folders \(train/, val/\) with 1 images outside them \(stray/x\.jpg\)"),
+             (make_layout(tmp_path / "classes", "classes"), "train", r"no train/ and val/ \(or test/\) split")]
+    for root, split, pattern in cases:
+        with pytest.raises(ValueError, match=pattern) as err:
+            load_dataset("imagefolder", root, split)
+        message = str(err.value)
+        assert "\n" not in message
+        assert "imagefolder reads" in message or "held-out split" in message
+        with pytest.raises(ValueError, match=pattern):  # the streamed listing says the same
+            open_streamed("imagefolder", root, split)
+
+
+def test_analyze_locality_and_explore_read_a_mixed_size_folder_with_no_size_flag(tmp_path, capsys):
+    root = make_layout(tmp_path / "photos", "classes")
+    common = ["--model", "vit-micro", "--dataset", "imagefolder", "--data-dir", str(root), "--device", "cpu"]
+    assert main(["analyze", "locality", *common, "--out", str(tmp_path / "loc")]) == 0
+    result = json.loads((tmp_path / "loc" / "locality.json").read_text())
+    assert result["summary"]["num_images"] == 4 and math.isfinite(result["summary"]["min_early_mad"])
+    assert main(["explore", *common, "--out", str(tmp_path / "exp")]) == 0
+    assert "4 images" in capsys.readouterr().out and (tmp_path / "exp" / "explorer.html").is_file()
+    # the same options as analyze: --set dataset_options.image_size views every image at that side first
+    assert main(["explore", *common, "--set", "dataset_options.image_size=24", "--img-size", "16",
+                 "--out", str(tmp_path / "exp16")]) == 0
+    assert main(["probe", "linear", *common, "--out", str(tmp_path / "probe")]) == 2  # no held-out split
+    assert "held-out split" in capsys.readouterr().err and not (tmp_path / "probe").exists()
