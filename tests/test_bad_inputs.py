@@ -82,7 +82,7 @@ def test_the_real_entry_point_prints_one_line():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip() == ("vitscope: error: unrecognized arguments: --num-registers 1.5; "
-                                     "see `vitscope --help`")
+                                     "see `vitscope train --help`")
 
 
 @pytest.fixture(scope="module")

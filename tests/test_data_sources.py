@@ -138,3 +138,16 @@ def test_a_tree_with_only_a_train_split_is_not_descended_into(tmp_path):
     assert len(data) == 2 and data.classes == ["solo"]
     with pytest.raises(ValueError, match="no test/ or val/ folder"):
         load_dataset("imagefolder", root, "eval")
+
+
+def test_the_data_line_states_each_decision_once():
+    from vitscope.data.choice import describe_choice
+
+    same = {"stream": False, "mode": "auto", "reason": "cifar10 from /d/c.tar.gz is read in memory"}
+    line = describe_choice({"train": same, "eval": dict(same)})
+    assert line == "data train and eval in memory (cifar10 from /d/c.tar.gz is read in memory)"
+    assert line.count("read in memory") == 1
+    streamed = {"stream": True, "mode": "auto", "reason": "decoded size 9.00 GB >= memory_budget_gb 4"}
+    assert describe_choice({"train": streamed, "eval": same}) == (
+        "data train streamed (decoded size 9.00 GB >= memory_budget_gb 4); "
+        "eval in memory (cifar10 from /d/c.tar.gz is read in memory)")

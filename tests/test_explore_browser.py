@@ -4,6 +4,7 @@ Skips when playwright or /usr/bin/chromium is missing. Screenshots go to pytest'
 to the terminal, also when output is captured.
 """
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -39,12 +40,14 @@ def browser():
 
 
 @pytest.fixture
-def announce(capsys):
-    """Print a line to the real terminal even when output is captured (screenshot paths for CI logs)."""
+def announce(record_property):
+    """Keep a screenshot's path without printing it into `pytest -q`: logged at INFO (shown with
+    `pytest -o log_cli=true --log-cli-level=INFO`, and in a failed test's report) and recorded as the test's
+    property (in `--junitxml` reports, for CI)."""
 
-    def write(line: str) -> None:
-        with capsys.disabled():
-            print(f"\n{line}")
+    def write(name: str, path: Path) -> None:
+        logging.getLogger(__name__).info("%s: %s", name, path)
+        record_property(name.replace(" ", "_"), str(path))
 
     return write
 
@@ -128,7 +131,7 @@ def test_clicked_patch_shows_record_attentions_row(browser, tmp_path, announce):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     shot = tmp_path / "explorer-one.png"
     page.screenshot(path=str(shot), full_page=True)
-    announce(f"explorer screenshot: {shot}")
+    announce("explorer screenshot", shot)
     assert not page.errors
 
 
@@ -167,7 +170,7 @@ def test_compare_shows_exact_zeros_only_on_the_entmax_side(browser, tmp_path, an
     assert tops[0] == tops[1] == pytest.approx(largest, abs=1e-3)
     shot = tmp_path / "explorer-compare.png"
     page.screenshot(path=str(shot), full_page=True)
-    announce(f"explorer compare screenshot: {shot}")
+    announce("explorer compare screenshot", shot)
     assert not page.errors
 
 

@@ -93,3 +93,53 @@ def test_one_kinds_table_for_cpp_and_python():
     assert table["entmax15"].alpha == 1.5 and table["alpha"].alpha is None
     source = (DEFINITIONS.parent / "sparse_rows.cpp").read_text()
     assert '#include "kinds.def"' in source and not re.search(r"SPARSEMAX = 0", source)
+
+
+def test_a_cpu_kernel_runs_eagerly_until_its_compile_can_pay():
+    """The first ``cpu_eager_calls`` CPU calls never reach the compiler; the next one does, and stays compiled."""
+    kernel = CompiledKernel(double, {}, False, 904, cpu_eager_calls=3)
+    compiled_calls = []
+    kernel.fast = lambda x: compiled_calls.append(1) or x * 2
+    for _ in range(3):
+        assert torch.equal(kernel(torch.ones(2)), torch.full((2,), 2.0))
+    assert compiled_calls == [] and kernel.eager_runs == 3
+    kernel(torch.ones(2))
+    kernel(torch.ones(2))
+    assert len(compiled_calls) == 2 and kernel.runs == 2 and kernel.eager_runs == 3
+
+
+def test_the_readme_snippet_compiles_nothing_on_the_cpu(monkeypatch):
+    """The README's Python snippet (4 batches of a recorded entmax-1.5 model, here at test size) takes no
+    torch.compile warm-up on the CPU: every streamed-metric call is answered eagerly."""
+    import vitscope
+    from vitscope.compiled import kernel_cache
+    from vitscope.data import eval_batches, load_dataset
+    from vitscope.metrics.locality import patch_map_sums
+    from vitscope.models import create
+
+    kernel = kernel_cache().get(patch_map_sums, cpu_eager_calls=256)
+    reached = []
+    monkeypatch.setattr(kernel, "fast", lambda *tensors: reached.append(1) or kernel.eager(*tensors))
+    monkeypatch.setattr(kernel, "runs", 0)
+    monkeypatch.setattr(kernel, "eager_runs", 0)
+    model = create("vit-micro", attention="entmax15").eval()
+    data = load_dataset("synthetic", None, "eval", num_images=16)
+    with torch.no_grad(), vitscope.attention.fast_paths(compiled=True), \
+            vitscope.record_attention(model, keep="stats") as rec:
+        for images, _ in eval_batches(data, 4):
+            model(images)
+    assert rec.stats.mad.shape[0] == len(model.blocks)
+    assert reached == [] and kernel.eager_runs == 4 * len(model.blocks)
+
+
+def test_the_first_compile_keeps_torch_s_cuda_notice_out(caplog):
+    import logging
+
+    kernel = CompiledKernel(double, {}, False, 905)
+    kernel.fast = lambda x: x * 2
+    logging.getLogger("torch.utils.cpp_extension").filters.clear()
+    kernel(torch.ones(2))
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("torch.utils.cpp_extension").warning("No CUDA runtime is found, using CUDA_HOME='/x'")
+        logging.getLogger("torch.utils.cpp_extension").warning("something else")
+    assert [r.getMessage() for r in caplog.records] == ["something else"]

@@ -116,6 +116,72 @@ def test_locality_settings_show_each_runs_effective_protocol_and_layers_read_as_
         "1", "1 and 2", "1-3", "1, 3 and 5")
 
 
+def _tick_label_boxes(fig, ax, axis: str = "x"):
+    """Window extents of the tick labels ``ax`` shows on ``axis`` (major and minor, inside the limits)."""
+    renderer = fig._get_renderer()
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    low, high = sorted(ax.get_xlim() if axis == "x" else ax.get_ylim())
+    index = 0 if axis == "x" else 1
+    labels = [t for t in target.get_ticklabels(which="both")
+              if t.get_visible() and t.get_text() and low <= t.get_position()[index] <= high]
+    return [t.get_window_extent(renderer) for t in labels]
+
+
+def test_norm_histogram_log_tick_labels_do_not_overlap(tmp_path, figures_made):
+    """Narrow, wide and outlier-stretched ranges (the last overlapped as 3x10^1 4x10^1 6x10^1 2x10^2 3x10^2)."""
+    from vitscope.report.figures.norms import norm_histograms
+
+    rng = np.random.default_rng(0)
+    norms = [rng.lognormal(np.log(30), 0.15, 500), rng.lognormal(np.log(30), 0.6, 500),
+             rng.lognormal(np.log(3), 2.0, 500), np.r_[rng.lognormal(np.log(40), 0.1, 500), [300.0]],
+             rng.uniform(1000, 1400, 300)]
+    norm_histograms(norms, ["1", "2", "3", "4", "5"], 60.0, "percentile:98", tmp_path / "h.png", model="m")
+    fig = figures_made[-1]
+    panels = [ax for ax in fig.axes if ax.axison]
+    assert len(panels) == 5
+    for ax in panels:
+        for axis in ("x", "y"):
+            boxes = _tick_label_boxes(fig, ax, axis)
+            assert len(boxes) >= 2, f"panel {ax.get_title()} {axis}: fewer than two labelled ticks"
+            assert not any(_overlaps(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), ax.get_title()
+
+
+def test_layer_curves_keep_every_line_off_the_frame(tmp_path, figures_made):
+    """A flat softmax MAD line (no spread over seeds) sat on the top frame; now every mean +- std lies inside the
+    limits with a margin, and zero stays on the axis."""
+    from vitscope.report.sparse.figures import layer_curves
+
+    layers = np.arange(1, 5, dtype=float)
+    mad = {"softmax": (layers, np.full(4, 0.4178), np.zeros(4)),
+           "entmax15": (layers, np.array([0.40, 0.41, 0.405, 0.39]), np.full(4, 0.004))}
+    signed = {"softmax": (layers, np.array([-0.2, 0.1, 0.3, 0.0]), np.full(4, 0.02))}
+    layer_curves({"attention MAD": mad, "cosine": signed}, ["attention MAD", "cosine"], tmp_path / "c.png")
+    for ax, entries in zip(figures_made[-1].axes, (mad, signed), strict=False):
+        low, high = ax.get_ylim()
+        top = max(float((m + s).max()) for _, m, s in entries.values())
+        bottom = min(float((m - s).min()) for _, m, s in entries.values())
+        assert low <= 0 <= high
+        assert high - top > 0.05 * (high - low)
+        assert bottom >= 0 or bottom - low > 0.05 * (high - low)
+
+
+def test_high_norm_fraction_puts_models_of_different_depths_on_relative_depth(tmp_path, figures_made):
+    """A 4-layer and an 8-block model both run from their first layer to relative depth 1 (layer / last layer),
+    each line's x the layers divided by its own depth, inside the x limits; the legend names each depth."""
+    from vitscope.report.registers.figures import high_norm_fraction
+
+    curves = {"auto": {"vit-micro": [(layer, 0.01 * layer) for layer in range(0, 5)],
+                       "swin": [(block, 0.02) for block in range(1, 9)]}}
+    high_norm_fraction(curves, tmp_path / "f.png")
+    (ax,) = [a for a in figures_made[-1].axes if a.lines]
+    lines = {line.get_label(): line.get_xdata() for line in ax.lines}
+    assert set(lines) == {"vit-micro (last layer 4)", "swin (last layer 8)"}
+    np.testing.assert_allclose(lines["vit-micro (last layer 4)"], np.arange(0, 5) / 4)
+    np.testing.assert_allclose(lines["swin (last layer 8)"], np.arange(1, 9) / 8)
+    low, high = ax.get_xlim()
+    assert low < 0 and high > 1  # both ends inside, with a margin
+
+
 def test_analyze_norm_histograms_draw_cls_apart_from_patches_and_label_narrow_ranges(tmp_path, figures_made):
     # a real ViT-S/14's CLS token (one per image, norm 2) sits apart from its patches (norm about 1): drawn in the
     # patches' colour it reads as a separate high-norm mode of patches

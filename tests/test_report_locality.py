@@ -3,6 +3,7 @@ MAD/entropy axis, shared colour scale, every run's settings; built from hand-mad
 
 import datetime as dt
 import math
+from pathlib import Path
 
 import matplotlib
 import numpy as np
@@ -177,6 +178,70 @@ def test_attention_maps_share_one_colour_scale_with_a_bar(captured, tmp_path):
     assert len(maps) == 4 and {im.get_clim() for im in maps} == {(0.0, 0.5)}
     assert any(ax.get_label() == "<colorbar>" for ax in fig.axes) and fig._suptitle.get_text().startswith("baseline")
     assert not math.isnan(maps[0].get_array().max())
+
+
+def test_crowded_heads_get_a_zoom_inset_that_holds_them_with_a_margin(captured, tmp_path):
+    """Heads all near uniform attention fill an inset (data limits plus margin, the references marked), while the
+    main axes keep 0 and the reference values; heads spread over the axes get no inset."""
+    rng = np.random.default_rng(0)
+    mad, ent = 0.41 + 0.004 * rng.standard_normal((8, 8)), 0.995 + 0.003 * rng.standard_normal((8, 8))
+    spread = (rng.uniform(0, 0.4, (8, 8)), rng.uniform(0.2, 1, (8, 8)))
+    figures.behaviour_space({"crowded": (mad, ent), "spread": spread}, tmp_path / "b.png", uniform=0.4178)
+    crowded, wide = captured[0].axes[:2]
+    assert crowded.get_xlim()[0] == 0 and crowded.get_ylim() == (0, 1.05) and {1.0, 0.4178} <= reference_lines(crowded)
+    (inset,) = [child for child in crowded.child_axes if child.get_label() == "zoom"]
+    for values, (low, high) in ((mad, inset.get_xlim()), (ent, inset.get_ylim())):
+        span = values.max() - values.min()
+        assert low < values.min() - 0.05 * span and values.max() + 0.05 * span < high  # a margin on each side
+        assert span / (high - low) > 0.6  # the points fill the inset
+    shown = np.concatenate([c.get_offsets() for c in inset.collections if len(c.get_offsets())])
+    assert len(shown) == mad.size
+    assert 0.4178 in reference_lines(inset)  # the uniform MAD falls inside the zoom and is marked
+    assert not [child for child in wide.child_axes if child.get_label() == "zoom"]
+
+
+def test_claims_table_keeps_its_power_column_readable(tmp_path):
+    """The power line is prose: its cells are class "long" (min-width 22em, left-aligned) and the table scrolls
+    sideways in its box rather than squeezing that column to a word a line."""
+    text = build_report(make_study(tmp_path, 0.4176, 0.51)).read_text()
+    claims_html = text[text.index("Claims checked"):text.index("Summary per condition")]
+    head = [c.split("</th>")[0] for c in claims_html.split("<th>")[1:]]
+    rows = claims_html.split("<tr>")[2:]
+    power = head.index("power")
+    for row in rows:
+        cells = row.split("<td")[1:]
+        assert cells[power].startswith(' class="long">') and "needs about" in cells[power]
+    assert '<div class="wide"><table>' in claims_html
+    style = text[text.index("<style>"):text.index("</style>")]
+    assert "td.long{min-width:22em;text-align:left}" in style and ".wide{overflow-x:auto}" in style
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (apt-get install chromium)")
+def test_claims_table_power_column_is_wide_in_chromium(tmp_path):
+    """Rendered at 1280 px: every power cell is at least 20em wide and at most 6 lines tall."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    report = build_report(make_study(tmp_path, 0.4176, 0.51))
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(report.as_uri())
+        sizes = page.evaluate("""() => {
+            const h2 = [...document.querySelectorAll('h2')].find(h => h.textContent === 'Claims checked');
+            let table = h2.nextElementSibling; while (!table.querySelector('table')) table = table.nextElementSibling;
+            const heads = [...table.querySelectorAll('th')].map(th => th.textContent);
+            const col = heads.indexOf('power');
+            const em = parseFloat(getComputedStyle(table.querySelector('td')).fontSize);
+            return [...table.querySelectorAll('tr')].slice(1).map(tr => {
+                const td = tr.children[col]; const line = parseFloat(getComputedStyle(td).lineHeight) || em * 1.2;
+                return [td.getBoundingClientRect().width / em, td.getBoundingClientRect().height / line];
+            });
+        }""")
+        page.screenshot(path=str(tmp_path / "claims.png"), full_page=True)
+        browser.close()
+    assert sizes and all(width >= 20 and lines <= 6 for width, lines in sizes), sizes
 
 
 def test_every_time_estimate_names_its_machine():

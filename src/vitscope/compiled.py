@@ -5,6 +5,11 @@ fallback.
 per distinct set of constants: each gets its own code object, hence its own compile cache, and a constant never
 becomes a symbolic value (torch.compile's automatic dynamic floats gave wrong results for alpha-entmax).
 
+On the CPU a kernel may run its first ``cpu_eager_calls`` calls eagerly: the C++ compile costs seconds that a
+short job (the README's four batches) never earns back. The first compile also keeps torch's "No CUDA runtime is
+found" notice, logged when inductor looks for a CUDA toolkit on a machine without a GPU, out of the output
+(``quiet_cuda_notice``; the CLI installs the same filter at start).
+
 Failures are per kernel and per call. When the compiled code fails where the eager function succeeds, that call
 runs eagerly with a warning; a kernel whose compiled code has never run (it does not compile here) stays eager
 until ``reset()``, and every other kernel is unaffected, so one transient error (an out-of-memory, say) switches
@@ -13,6 +18,7 @@ nothing off. Errors of the function itself are raised as they are. Nothing is re
 
 from __future__ import annotations
 
+import logging
 import threading
 import types
 import warnings
@@ -22,12 +28,30 @@ from typing import Any
 import torch
 
 
+class _DropCudaNotice(logging.Filter):
+    """Drops torch's "No CUDA runtime is found" notice, logged whenever a CUDA toolkit is installed on a
+    machine without a GPU (it means nothing to a CPU run)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+def quiet_cuda_notice() -> None:
+    """Keep torch's "No CUDA runtime is found" notice out of the output (idempotent; other messages stay)."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    if not any(isinstance(f, _DropCudaNotice) for f in logger.filters):
+        logger.addFilter(_DropCudaNotice())
+
+
 class CompiledKernel:
     """``fn`` with ``constants`` bound, compiled on first call, eager where its compiled code fails.
 
-    ``runs``: calls answered by the compiled code; ``failures``: calls where it failed; ``off``: eager only."""
+    ``runs``: calls answered by the compiled code; ``failures``: calls where it failed; ``off``: eager only;
+    ``cpu_eager_calls``: calls on CPU tensors answered eagerly before the first compile (``eager_runs`` counts
+    them)."""
 
-    def __init__(self, fn: Callable, constants: dict[str, Any], dynamic: bool | None, serial: int):
+    def __init__(self, fn: Callable, constants: dict[str, Any], dynamic: bool | None, serial: int,
+                 cpu_eager_calls: int = 0):
         def bound(*tensors):
             return fn(*tensors, **constants)
 
@@ -39,10 +63,17 @@ class CompiledKernel:
         self.runs = 0
         self.failures = 0
         self.off = False
+        self.cpu_eager_calls = cpu_eager_calls
+        self.eager_runs = 0
 
     def __call__(self, *tensors):
         if self.off:
             return self.eager(*tensors)
+        if self.runs == 0 and self.eager_runs < self.cpu_eager_calls and tensors[0].device.type == "cpu":
+            self.eager_runs += 1  # a short CPU job never earns a C++ compile back
+            return self.eager(*tensors)
+        if self.runs == 0:
+            quiet_cuda_notice()
         try:
             out = self.fast(*tensors)
         except Exception as err:
@@ -68,11 +99,13 @@ class KernelCache:
         self._kernels: dict[tuple, CompiledKernel] = {}
         self._lock = threading.Lock()
 
-    def get(self, fn: Callable, *, dynamic: bool | None = None, **constants: Any) -> CompiledKernel:
+    def get(self, fn: Callable, *, dynamic: bool | None = None, cpu_eager_calls: int = 0,
+            **constants: Any) -> CompiledKernel:
+        """The kernel of ``fn`` with ``constants``, made at the first request (``cpu_eager_calls`` is set then)."""
         key = (fn, dynamic, tuple(sorted(constants.items())))
         with self._lock:
             if key not in self._kernels:
-                self._kernels[key] = CompiledKernel(fn, constants, dynamic, len(self._kernels))
+                self._kernels[key] = CompiledKernel(fn, constants, dynamic, len(self._kernels), cpu_eager_calls)
             return self._kernels[key]
 
     def kernels(self, fn: Callable | None = None) -> list[CompiledKernel]:
@@ -89,6 +122,7 @@ def kernel_cache() -> KernelCache:
     return _cache
 
 
-def compiled(fn: Callable, *, dynamic: bool | None = None, **constants: Any) -> CompiledKernel:
+def compiled(fn: Callable, *, dynamic: bool | None = None, cpu_eager_calls: int = 0,
+             **constants: Any) -> CompiledKernel:
     """The shared ``CompiledKernel`` of ``fn`` with ``constants`` bound; see the module docstring."""
-    return _cache.get(fn, dynamic=dynamic, **constants)
+    return _cache.get(fn, dynamic=dynamic, cpu_eager_calls=cpu_eager_calls, **constants)

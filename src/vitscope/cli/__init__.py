@@ -36,9 +36,35 @@ name; each command lists in its --help the ones it takes (models: --debug only; 
 train: all, as overrides of its config; study locality: --seed is a single --seeds)."""
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that shows every option's default: ``(default: VALUE)`` is appended unless the help already says
+    what the default is (or what decides it, as options without a fixed default must)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.nargs == 0 or "default" in text.lower()
+                or action.default in (None, argparse.SUPPRESS)):
+            return text
+        shown = "none" if action.default == [] else "%(default)s"
+        return f"{text} (default: {shown})".lstrip()
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are vitscope's one line on stderr (exit 2); the usage stays in ``--help``. Every
+    """argparse whose errors are vitscope's one line on stderr (exit 2), pointing at the help of the command that
+    was given (``vitscope analyze norms --help``); the usage stays in ``--help``, which shows every default. Every
     command's parser is one too (``add_subparsers`` makes its parsers of the parent's class)."""
+
+    is_root = False  # the ``vitscope`` parser itself; a command's parser refuses arguments it does not know
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and not self.is_root:  # argparse would report them from the top parser, pointing at its help
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
     def error(self, message: str):
         self.exit(2, f"vitscope: error: {message}; see `{self.prog} --help`\n")
@@ -46,6 +72,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="vitscope", description=vitscope.__doc__, epilog=SHARED_EPILOG)
+    parser.is_root = True
     parser.add_argument("--version", action="version", version=f"vitscope {vitscope.__version__}")
     add_shared_to_top(parser)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -14,7 +14,7 @@ def register(commands) -> None:
     analyze = commands.add_parser("analyze", help="measure a model on a dataset")
     kinds = analyze.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
     locality = kinds.add_parser("locality", help="per-head mean attention distance and entropy")
-    add_common(locality)
+    add_common(locality, "vitscope-locality")
     locality.add_argument("--unit", default="normalized", choices=["normalized", "patch", "pixel"],
                           help="distance unit of MAD: normalized (divided by the grid's largest patch distance), "
                                "patch (patch widths) or pixel (default: normalized)")
@@ -22,7 +22,7 @@ def register(commands) -> None:
                           help="keep the raw patch mass of each row instead of renormalising it")
     locality.set_defaults(handler=run_locality)
     norms = kinds.add_parser("norms", help="token norms per layer and high-norm (artifact) tokens")
-    add_common(norms)
+    add_common(norms, "vitscope-norms")
     norms.add_argument("--threshold", default="percentile:98", help="percentile:Q, absolute:T or auto")
     norms.add_argument("--detect-layer", default="last", metavar="LAYER",
                        help="token layer (1..L = output of block l, or last) whose patch tokens set the threshold "
@@ -31,8 +31,7 @@ def register(commands) -> None:
     for sub in (locality, norms):
         add_model_changes(sub)
         sub.set_defaults(dataset=None)  # None: the run's own dataset for a run folder, else synthetic
-        helps = {"--dataset": "dataset name (default: a run folder's own dataset and options, else synthetic)",
-                 "--out": f"output folder (default: ./vitscope-{sub.prog.split()[-1]})"}
+        helps = {"--dataset": "dataset name (default: a run folder's own dataset and options, else synthetic)"}
         for action in sub._actions:
             action.help = next((helps[o] for o in action.option_strings if o in helps), action.help)
         add_dataset_options(sub)

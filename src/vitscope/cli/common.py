@@ -9,7 +9,6 @@ a command that does not take it is refused rather than ignored.
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 import shutil
@@ -63,14 +62,19 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_shared(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+def add_shared(parser: argparse.ArgumentParser, decided_by: dict[str, str] | None = None, **defaults: Any) -> None:
     """Add the shared options named in ``defaults`` (name -> this command's default) to a command's parser;
-    ``--debug`` is always added."""
+    ``--debug`` is always added. An option whose default is None says in its help what decides it:
+    ``decided_by[name]`` (e.g. ``{"batch_size": "the preset's"}``)."""
     defaults = {**defaults, "debug": False}
+    decided_by = decided_by or {}
     for name in defaults:
         spec = dict(SHARED_OPTIONS[name])
-        if defaults[name] is not None and spec.get("action") is None:
-            spec["help"] = f"{spec['help']} (default: {defaults[name]})"
+        if spec.get("action") is None:
+            shown = defaults[name] if defaults[name] is not None else decided_by.get(name)
+            if shown is None:
+                raise ValueError(f"{flag(name)} of `{parser.prog}` has no default: name what decides it (decided_by)")
+            spec["help"] = f"{spec['help']} (default: {shown})"
         parser.add_argument(flag(name), dest=name, default=argparse.SUPPRESS, **spec)
     parser.set_defaults(shared_defaults=defaults)
 
@@ -78,6 +82,9 @@ def add_shared(parser: argparse.ArgumentParser, **defaults: Any) -> None:
 def add_shared_to_top(parser: argparse.ArgumentParser) -> None:
     """The shared options accepted before the command name (they apply to the command that follows)."""
     for name, spec in SHARED_OPTIONS.items():
+        spec = dict(spec)
+        if spec.get("action") is None:
+            spec["help"] = f"{spec['help']} (default: the command's; see `vitscope COMMAND --help`)"
         parser.add_argument(flag(name), dest=TOP_PREFIX + name, default=argparse.SUPPRESS, **spec)
 
 
@@ -166,24 +173,16 @@ def output_dir(path: str | Path) -> Path:
     return folder
 
 
-class _DropCudaNotice(logging.Filter):
-    """Drops torch's "No CUDA runtime is found" notice, logged whenever a CUDA toolkit is installed on a
-    machine without a GPU (it means nothing to a CPU run)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("No CUDA runtime is found")
-
-
 def quiet_torch_notices() -> None:
-    """Keep torch's irrelevant CPU-run notices, and timm's UserWarnings about its own internals (e.g. a
-    non-contiguous searchsorted when Swin resamples its position tables), out of vitscope's output
-    (idempotent)."""
+    """Keep torch's irrelevant CPU-run notices ("No CUDA runtime is found"), and timm's UserWarnings about its own
+    internals (e.g. a non-contiguous searchsorted when Swin resamples its position tables), out of vitscope's
+    output (idempotent)."""
     import warnings
 
+    from vitscope.compiled import quiet_cuda_notice
+
     warnings.filterwarnings("ignore", category=UserWarning, module=r"timm(\.|$)")
-    logger = logging.getLogger("torch.utils.cpp_extension")
-    if not any(isinstance(f, _DropCudaNotice) for f in logger.filters):
-        logger.addFilter(_DropCudaNotice())
+    quiet_cuda_notice()
 
 
 def check_data_dir(args: argparse.Namespace) -> None:
@@ -215,18 +214,21 @@ DATA_DIR_HELP = ("dataset folder or archive; --dataset imagefolder reads PATH/{t
                  "image analysed; training and fitted probes refuse them, having no held-out split)")
 
 
-def add_common(parser: argparse.ArgumentParser) -> None:
-    """The options of every command that reads a model and a dataset (model, data and the shared options)."""
+def add_common(parser: argparse.ArgumentParser, default_out: str, num_images: int | None = None) -> None:
+    """The options of every command that reads a model and a dataset (model, data and the shared options);
+    ``default_out`` is the folder written when --out is not given, ``num_images`` the default sample size."""
     add_model_source(parser, default="vit-micro")
     parser.add_argument("--dataset", default="synthetic",
                         help="dataset name (default: synthetic, built-in scenes that need no directory)")
-    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
-    parser.add_argument("--num-images", type=positive_int, default=None,
-                        help="use a seeded class-stratified sample of N images (seed: --seed)")
+    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP + " (default: none; needed by every dataset "
+                                                                        "but synthetic)")
+    parser.add_argument("--num-images", type=positive_int, default=num_images,
+                        help="use a seeded class-stratified sample of N images (seed: --seed)"
+                             + (" (default: all images)" if num_images is None else ""))
     parser.add_argument("--download", action="store_true",
                         help="fetch what is not on disk: cifar10/cifar100 into --data-dir, and the weights a model "
                              "name asks for into the Hugging Face (or torch) cache; without it nothing is fetched")
-    add_shared(parser, device="auto", batch_size=128, seed=0, out=None)
+    add_shared(parser, decided_by={"out": f"./{default_out}"}, device="auto", batch_size=128, seed=0, out=None)
 
 
 IMG_SIZE_HELP = ("input side S in pixels, a multiple of the patch size: the model's position embedding is resampled "
@@ -250,7 +252,8 @@ def add_model_source(parser: argparse.ArgumentParser, default: str | None = None
                         help="preset, timm:NAME[.TAG], hf:FOLDER or hf:ORG/NAME[@REV], open_clip:ARCH[/TAG or @FILE], "
                              "or run folder / weights file" + (f" (default: {default}, random weights)" if default
                                                                 else ""))
-    parser.add_argument("--weights", default=None, help="local weights file for the model")
+    parser.add_argument("--weights", default=None,
+                        help="local weights file for the model (default: none, the model's own or random weights)")
     parser.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=None,
                         help="timm:NAME with timm's pretrained weights (its default tag) from the local cache; "
                              "--no-pretrained builds a tagged name with random weights (default: a tag means "
@@ -262,7 +265,8 @@ def add_model_changes(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--img-size", type=positive_int, default=None, metavar="S",
                         help=IMG_SIZE_HELP)
     parser.add_argument("--attention", default=None, help="swap the normaliser: softmax, sparsemax, entmax15, "
-                                                          "entmax:ALPHA, entmax:learned[:ALPHA]")
+                                                          "entmax:ALPHA, entmax:learned[:ALPHA] (default: the "
+                                                          "model's own)")
     parser.add_argument("--num-registers", type=int, default=0, help="add R >= 0 register tokens to a plain ViT")
     parser.add_argument("--pos-interp", choices=("timm", "original"), default=None,
                         help="how --weights' position table is interpolated to another size: as timm does, or as the "

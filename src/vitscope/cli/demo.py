@@ -46,10 +46,12 @@ def register(commands) -> None:
     demo = commands.add_parser(
         "demo", help=f"every study's demo on built-in data, with an index.html (about {total:g} min, 2 idle cores)",
         description="Runs the named demos (default: all) on built-in synthetic data, two seeds per condition. "
-                    "Minutes on 2 idle CPU cores (estimated from the one-seed runs measured idle): "
+                    "Minutes on 2 idle CPU cores, each stage measured idle on Dec 1 (two seeds per condition; "
+                    "docs/benchmarks.md, section Demo): "
                     + ", ".join(f"{n} {d.minutes:g}" for n, d in DEMOS.items()) + ".")
     demo.add_argument("studies", nargs="*", metavar="STUDY", help=f"one or more of: {', '.join(DEMOS)} (default: all)")
-    add_shared(demo, device="auto", batch_size=None, seed=0, out="vitscope-demo")
+    add_shared(demo, decided_by={"batch_size": "each demo's preset"}, device="auto", batch_size=None, seed=0,
+               out="vitscope-demo")
     demo.set_defaults(handler=run)
 
 

@@ -15,7 +15,7 @@ def register(commands) -> None:
         "explore", help="an interactive attention and token explorer in one offline HTML file",
         description="Writes OUT/explorer.html: click a patch to see where every head attends, layer by layer, with "
                     "per-head MAD and entropy, token norms and high-norm tokens; --compare shows models side by side.")
-    add_common(explore)
+    add_common(explore, "vitscope-explore", num_images=16)
     add_model_changes(explore)
     add_dataset_options(explore)
     explore.set_defaults(num_images=16, dataset=None)  # None: a run folder's own dataset, else synthetic

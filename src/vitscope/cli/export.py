@@ -19,7 +19,7 @@ def register(commands) -> None:
                              "save_pretrained folder (Dinov2Model) that --model hf:FOLDER loads (default: timm)")
     export.add_argument("--img-size", type=positive_int, default=None,
                         help="the input side in pixels the exported position table is resampled to (hf: the "
-                             "config's image_size)")
+                             "config's image_size; default: the model's own)")
     export.add_argument("--pos-interp", choices=("timm", "original"), default=None,
                         help="how --weights' position table is resampled to --img-size (default: as its origin)")
     export.add_argument("--download", action="store_true", help="fetch weights a model name asks for if not cached")

@@ -37,10 +37,7 @@ def register(commands) -> None:
                                                "synthetic")
     depth = kinds.add_parser("depth", help="linear depth (RMSE): nyu, depthfolder, synthetic")
     for sub in (linear, knn, tokens, pib, pca, segment, depth):
-        add_common(sub)
-        for action in sub._actions:  # the folder run_* writes when --out is not given
-            if "--out" in action.option_strings:
-                action.help = f"output folder (default: ./vitscope-probe-{sub.prog.split()[-1]})"
+        add_common(sub, f"vitscope-probe-{sub.prog.split()[-1]}")  # the folder run_* writes without --out
         add_model_changes(sub)
         sub.add_argument("--layers", default="last", help="token layers: last, all or e.g. 0,4,last "
                                                           "(0 = embedding, l = output of block l)")
@@ -53,10 +50,11 @@ def register(commands) -> None:
                          help="do not keep features in $VITSCOPE_CACHE/features")
     for sub in (segment, depth):
         sub.add_argument("--with-cls", default="both", choices=["no", "yes", "both"],
-                         help="concatenate the CLS token to every patch: no, yes or both (default)")
-        sub.add_argument("--epochs", type=positive_int, default=20)
-        sub.add_argument("--lr", type=positive_float, default=1e-2)
-        sub.add_argument("--train-images", type=positive_int, default=None, help="a seeded sample of N training images")
+                         help="concatenate the CLS token to every patch: no, yes or both")
+        sub.add_argument("--epochs", type=positive_int, default=20, help="training epochs of the linear head")
+        sub.add_argument("--lr", type=positive_float, default=1e-2, help="learning rate of the linear head")
+        sub.add_argument("--train-images", type=positive_int, default=None,
+                         help="a seeded sample of N training images (default: all)")
         sub.add_argument("--size", type=positive_int, default=None,
                          help="resize images to this short side, train on random crops of the model's input side "
                               "and evaluate by sliding window (default: each image resized whole to the input)")
@@ -71,16 +69,15 @@ def register(commands) -> None:
     depth.add_argument("--max-depth", type=float, default=10.0, help="largest depth bin in metres")
     depth.add_argument("--bin-resolution", default="x4", choices=["x4", "label"],
                        help="where the 256 depth bins are normalised: x4 (DINOv2's linear head: on the patch grid "
-                            "upsampled x4, then the depth map resized to the label; default) or label (at every "
+                            "upsampled x4, then the depth map resized to the label) or label (at every "
                             "label pixel, the logits resized first)")
     for sub in (linear, knn):
         sub.add_argument("--pool", default="cls", choices=["cls", "mean", "both"], help="image feature")
         sub.add_argument("--train-images", type=positive_int, default=None,
-                         help="a seeded class-stratified sample of N training images")
+                         help="a seeded class-stratified sample of N training images (default: all)")
     linear.add_argument("--dino-last4", action="store_true",
                         help="also DINO's protocol: CLS of the last 4 blocks concatenated")
-    linear.add_argument("--epochs", type=positive_int, default=100,
-                        help="passes of each logistic fit over the features (default: 100)")
+    linear.add_argument("--epochs", type=positive_int, default=100, help="epochs of each logistic-regression fit")
     knn.add_argument("--k", type=positive_int, default=20, help="neighbours that vote (default: 20)")
     knn.add_argument("--temperature", type=positive_float, default=0.07,
                      help="votes weighted by exp(cosine similarity / T) (default: 0.07)")
@@ -94,7 +91,8 @@ def register(commands) -> None:
     pca.add_argument("--count", type=positive_int, default=8, help="images shown")
     pca.add_argument("--per-image", dest="joint", action="store_false", help="fit the PCA per image")
     pca.add_argument("--foreground", type=unit_fraction, default=None,
-                     help="threshold in [0, 1] on the first component; patches below are black")
+                     help="threshold in [0, 1] on the first component; patches below are black "
+                          "(default: none, every patch shown)")
     pca.set_defaults(handler=run_pca)
     linear.set_defaults(handler=run_image)
     knn.set_defaults(handler=run_image)

@@ -17,14 +17,18 @@ CONFIG_FLAGS = {"dataset": "dataset", "data_dir": "data_dir", "out": "out", "dev
 def register(commands) -> None:
     train = commands.add_parser("train", help="train a model from a config file (or resume a run)")
     train.add_argument("--config", default=None, help="YAML, JSON or TOML file of TrainConfig keys, or a shipped "
-                                                      "config's name (dino-demo, dino-compact, dino-vit-s16)")
+                                                      "config's name (dino-demo, dino-compact, dino-vit-s16; "
+                                                      "default: none, TrainConfig's defaults)")
     train.add_argument("--set", dest="assignments", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                        help="override config keys (several pairs may follow one --set, and --set may repeat; "
                             "dotted keys reach into model_options, dataset_options, ...)")
-    train.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run")
-    train.add_argument("--dataset", default=None, help="dataset name (same as --set dataset=NAME)")
-    train.add_argument("--data-dir", default=None, help="dataset folder or archive (same as --set data_dir=PATH)")
-    add_shared(train, device=None, batch_size=None, seed=None, out=None)
+    train.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run (default: none)")
+    train.add_argument("--dataset", default=None,
+                       help="dataset name (same as --set dataset=NAME; default: the config's)")
+    train.add_argument("--data-dir", default=None, help="dataset folder or archive (same as --set data_dir=PATH; "
+                                                                 "default: the config's)")
+    add_shared(train, decided_by=dict.fromkeys(("device", "batch_size", "seed", "out"), "the config's"), device=None,
+               batch_size=None, seed=None, out=None)
     train.epilog = ("--dataset, --data-dir, --device, --batch-size, --seed and --out override the config's keys "
                     "of the same name; --set KEY=VALUE overrides any key")
     train.set_defaults(handler=run, out_is_run_folder=True)  # the trainer checks and locks its run folder

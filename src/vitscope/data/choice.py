@@ -54,3 +54,15 @@ def open_for_training(name: str, root: str | None, split: str, *, stream: str, m
     if decision["stream"]:
         return streamed, decision
     return load_dataset(name, root, split, **options), decision
+
+
+def describe_choice(decisions: dict[str, dict[str, Any]]) -> str:
+    """One line for the splits' streaming decisions (split name -> ``open_for_training``'s decision), each
+    distinct decision once: ``data train and eval in memory (cifar10 from DIR is read in memory)``."""
+    groups: dict[tuple[bool, str], list[str]] = {}
+    for split, decision in decisions.items():
+        groups.setdefault((bool(decision["stream"]), decision["reason"]), []).append(split)
+    parts = [f"{' and '.join(splits)} {'streamed' if stream else 'in memory'} ({reason})"
+             for (stream, reason), splits in groups.items()]
+    return "data " + "; ".join(parts)
+

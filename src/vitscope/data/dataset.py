@@ -69,12 +69,17 @@ class ImageDataset:
             raise ValueError(f"subset size {count!r} must be a positive integer (or None for all images)")
         index = stratified_indices(self.labels, count, seed)
         extras = {k: v[index] for k, v in self.extras.items()}
-        selection = {"method": "class-stratified", "count": count, "of": len(self), "seed": seed,
-                     "indices_sha1": hashlib.sha1(index.numpy().tobytes()).hexdigest()}
+        selection = sample_record(index, count, len(self), seed)
         if self.selection is not None:
             selection["from"] = self.selection
         return ImageDataset(self.name, self.split, self.images[index], self.labels[index], self.classes,
                             self.mean, self.std, self.root, extras, selection)
+
+
+def sample_record(index: Tensor, count: int, total: int, seed: int) -> dict[str, Any]:
+    """How a sample was drawn, for provenance: count, of how many, seed, method and a digest of ``index``."""
+    return {"method": "class-stratified", "count": count, "of": total, "seed": seed,
+            "indices_sha1": hashlib.sha1(index.numpy().tobytes()).hexdigest()}
 
 
 def stratified_indices(labels: Tensor, count: int, seed: int) -> Tensor:

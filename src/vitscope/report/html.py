@@ -14,6 +14,7 @@ from markupsafe import Markup
 
 from vitscope.report.render import render
 
+LONG_CELL = 40  # characters from which a cell is prose (a power line, a method): it keeps a readable width
 INDEX_LINK = '<p class="back"><a href="../index.html">&larr; all studies (index.html)</a></p>'
 
 
@@ -39,14 +40,22 @@ def fmt(value: Any) -> str:
     return html.escape(str(value))
 
 
+def cell(value: Any) -> str:
+    """One ``<td>``: a prose cell (``LONG_CELL`` characters or more) is class "long", which keeps it at least
+    22em wide and left-aligned instead of squeezed to a word a line by its neighbours."""
+    text = fmt(value)
+    return f'<td class="long">{text}</td>' if len(text) >= LONG_CELL else f"<td>{text}</td>"
+
+
 def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    """An HTML table of flat rows (columns: the first row's keys unless given)."""
+    """An HTML table of flat rows (columns: the first row's keys unless given), in a box that scrolls
+    sideways when the table is wider than the page (class "wide"), so that no column is squeezed."""
     if not rows:
         return "<p>(none)</p>"
     columns = columns or list(rows[0])
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{fmt(r.get(c))}</td>" for c in columns) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    body = "".join("<tr>" + "".join(cell(r.get(c)) for c in columns) + "</tr>" for r in rows)
+    return f'<div class="wide"><table><tr>{head}</tr>{body}</table></div>'
 
 
 def image(path: Path, alt: str) -> str:

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from vitscope.attention import deferred_exactness, unproven_scalars
 from vitscope.data import load_dataset
-from vitscope.data.choice import open_for_training
+from vitscope.data.choice import describe_choice, open_for_training
 from vitscope.threads import CoreShare
 from vitscope.train.batches import batch_source
 from vitscope.train.checkpoint import save_checkpoint
@@ -88,8 +88,7 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     data_choice = {split: decision for split, (_, decision) in data_choice.items()}
     check_splits(train_set, eval_set, cfg)
     if ctx.is_main and cfg.progress and cfg.data_dir is not None:  # built-in scenes: nothing to choose
-        print("vitscope: data " + "; ".join(f"{split} {'streamed' if d['stream'] else 'in memory'} ({d['reason']})"
-                                            for split, d in data_choice.items()), file=sys.stderr)
+        print(f"vitscope: {describe_choice(data_choice)}", file=sys.stderr)
     if cfg.batch_size % ctx.world_size or cfg.batch_size > len(train_set):
         raise ValueError(f"batch_size={cfg.batch_size} must divide by {ctx.world_size} ranks and not exceed the "
                          f"{len(train_set)} training images; lower --set batch_size")

@@ -12,16 +12,19 @@ from vitscope.run_folder import writer_lock
 def add_parser(studies) -> None:
     loc = studies.add_parser("locality", help="training protocol vs spatial locality (arXiv 2605.16390)")
     loc.add_argument("--dataset", default="synthetic", help="cifar10, cifar100, tiny-imagenet, imagefolder, synthetic")
-    loc.add_argument("--data-dir", default=None, help="dataset folder or archive")
+    loc.add_argument("--data-dir", default=None, help="dataset folder or archive (default: none, for synthetic)")
     loc.add_argument("--conditions", default=None, help="baseline,modern | ablation | NAME,... (default by preset)")
     loc.add_argument("--seeds", default=None,
                      help="comma-separated seeds, e.g. 0,1,2 (default 0; --seed N is --seeds N)")
-    loc.add_argument("--epochs", type=int, default=None)
-    loc.add_argument("--preset", default="demo", choices=["paper", "demo"])
+    loc.add_argument("--epochs", type=int, default=None,
+                     help="training epochs per run (default: the preset's, paper 200, demo 10)")
+    loc.add_argument("--preset", default="demo", choices=["paper", "demo"],
+                     help="paper: the paper's recipe (GPU); demo: small, minutes on a CPU")
     loc.add_argument("--train-images", type=int, default=None,
-                     help="train on a seeded class-stratified sample of N training images")
+                     help="train on a seeded class-stratified sample of N training images (default: all)")
     loc.add_argument("--eval-images", type=int, default=None,
-                     help="analyse a seeded class-stratified sample of N evaluation images")
+                     help="analyse a seeded class-stratified sample of N evaluation images "
+                          "(default: all; 1024 for the demo on synthetic scenes)")
     loc.add_argument("--img-size", type=positive_int, default=None, metavar="S",
                      help="train and measure at S px: every image viewed at S x S (shorter side resized, centre "
                           "crop) and the model built for S (default: the dataset's own size, e.g. CIFAR's 32)")
@@ -29,7 +32,8 @@ def add_parser(studies) -> None:
                      help="slurm: one submitit job per (condition, seed); needs the 'slurm' extra")
     loc.add_argument("--pack", default="1",
                      help="train K runs at once as one packed model (K, or auto: as many as device memory holds)")
-    add_shared(loc, device="auto", batch_size=None, seed=None, out="vitscope-study")
+    add_shared(loc, decided_by={"batch_size": "the preset's, 128", "seed": "0, as --seeds"}, device="auto",
+               batch_size=None, seed=None, out="vitscope-study")
     loc.set_defaults(handler=run_locality)
 
 

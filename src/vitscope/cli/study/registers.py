@@ -29,14 +29,17 @@ def add_parser(studies) -> None:
                           "demo-dino: vit-micro 0 vs 4 registers, supervised and DINO; "
                           "paper: timm models with your weights (--weights-dir); none: only what you name")
     reg.add_argument("--model", action="append", default=[], metavar="LABEL=SPEC[@WEIGHTS]",
-                     help="measure this model too (repeatable): a run folder, checkpoint, preset or timm:NAME")
+                     help="measure this model too (repeatable): a run folder, checkpoint, preset or timm:NAME "
+                          "(default: none)")
     reg.add_argument("--img-size", type=positive_int, default=None, metavar="N",
                      help="input side in pixels for every --model (its position table resampled; a multiple of its "
                           "patch size), e.g. 224 for DINOv2's patch-14 models, whose own default is 518 "
                           "(default: each model's own size); photos of mixed sizes are viewed at N first (default "
                           "224; shorter side resized, centre crop), each model then at its own side")
-    reg.add_argument("--weights-dir", default=None, help="folder of <timm name>.safetensors for --preset paper")
-    reg.add_argument("--registers", default=None, help="register counts to train, e.g. 0,1,4,16 (none: '')")
+    reg.add_argument("--weights-dir", default=None, help="folder of <timm name>.safetensors for --preset paper "
+                                                                    "(default: none)")
+    reg.add_argument("--registers", default=None, help="register counts to train, e.g. 0,1,4,16 (none: ''; "
+                                                                  "default: the preset's)")
     reg.add_argument("--train-model", default=None, metavar="PRESET",
                      help="the vitscope preset trained with registers (default: vit-micro for demo, else vit-compact)")
     reg.add_argument("--objectives", default=None, metavar="LIST",
@@ -45,21 +48,25 @@ def add_parser(studies) -> None:
     reg.add_argument("--dino-config", default=None, metavar="NAME|FILE",
                      help="the DINO recipe (a shipped config such as dino-demo, or a file; default: the preset's)")
     reg.add_argument("--dataset", default="synthetic", help="dataset name (synthetic needs no directory)")
-    reg.add_argument("--data-dir", default=None, help="dataset folder or archive")
+    reg.add_argument("--data-dir", default=None, help="dataset folder or archive (default: none, for synthetic)")
     reg.add_argument("--seeds", default=None, help="comma-separated training seeds (default: --seed)")
-    reg.add_argument("--epochs", type=int, default=None)
-    reg.add_argument("--train-images", type=int, default=None, help="train on a sample of N training images")
-    reg.add_argument("--eval-images", type=int, default=None, help="measure on a sample of N evaluation images")
+    reg.add_argument("--epochs", type=int, default=None, help="training epochs (default: the preset's)")
+    reg.add_argument("--train-images", type=int, default=None, help="train on a sample of N training images "
+                                                                           "(default: the preset's)")
+    reg.add_argument("--eval-images", type=int, default=None, help="measure on a sample of N evaluation images "
+                                                                          "(default: the preset's)")
     reg.add_argument("--thresholds", default="percentile:98,absolute:150,auto",
                      help="high-norm threshold modes; the first drives location, attention and probes")
     reg.add_argument("--detect-layer", default="last", help="token layer whose patch tokens set the thresholds")
     reg.add_argument("--probe-layers", default=None, help="token layers to probe, e.g. 0,4,last (default: preset's)")
     reg.add_argument("--no-probes", action="store_true", help="skip the token probes")
     reg.add_argument("--plant", default=None, metavar="LABEL:LAYER",
-                     help="also measure model LABEL with 2 planted outliers per image appearing at token layer LAYER")
+                     help="also measure model LABEL with 2 planted outliers per image appearing at token layer LAYER "
+                          "(default: the preset's)")
     reg.add_argument("--launcher", default="local", choices=["local", "slurm"],
                      help="slurm: one submitit job per training run; needs the 'slurm' extra")
-    add_shared(reg, device="auto", batch_size=None, seed=0, out="vitscope-registers")
+    add_shared(reg, decided_by={"batch_size": "the preset's"}, device="auto", batch_size=None, seed=0,
+               out="vitscope-registers")
     reg.set_defaults(handler=run_registers)
 
 

@@ -25,21 +25,26 @@ def add_parser(studies) -> None:
                     help="comma-separated seeds, e.g. 0,1,2 (default 0; --seed N is --seeds N)")
     sp.add_argument("--model", dest="models", action="append", default=[], metavar="LABEL=SPEC[@WEIGHTS]",
                     help="measure an existing run folder, checkpoint or timm model with local weights instead of "
-                         "training (repeatable)")
+                         "training (repeatable; default: none)")
     sp.add_argument("--dataset", default=None, help="pretraining and probe data (default by preset)")
-    sp.add_argument("--data-dir", default=None, help="dataset folder or archive")
+    sp.add_argument("--data-dir", default=None,
+                    help="dataset folder or archive (default by preset; none for synthetic)")
     sp.add_argument("--seg", action="append", default=[], metavar="NAME=PATH",
-                    help="a segmentation set for the dense probes (repeatable)")
+                    help="a segmentation set for the dense probes (repeatable; default: the preset's)")
     sp.add_argument("--depth", action="append", default=[], metavar="NAME=PATH",
-                    help="a depth set for the dense probes (repeatable)")
-    sp.add_argument("--epochs", type=int, default=None)
-    sp.add_argument("--train-images", type=int, default=None, help="pretrain on a class-stratified sample of N images")
-    sp.add_argument("--eval-images", type=int, default=None, help="DINO's kNN monitor on N evaluation images")
-    sp.add_argument("--probe-images", type=int, default=None, help="fit the probes on N training images")
+                    help="a depth set for the dense probes (repeatable; default: the preset's)")
+    sp.add_argument("--epochs", type=int, default=None, help="pretraining epochs (default: the preset's)")
+    sp.add_argument("--train-images", type=int, default=None,
+                    help="pretrain on a class-stratified sample of N images (default: the preset's)")
+    sp.add_argument("--eval-images", type=int, default=None,
+                    help="DINO's kNN monitor on N evaluation images (default: the preset's)")
+    sp.add_argument("--probe-images", type=int, default=None,
+                    help="fit the probes on N training images (default: the preset's)")
     sp.add_argument("--launcher", default="local", choices=["local", "slurm"],
                     help="slurm: one submitit job per (condition, seed); needs the 'slurm' extra")
     sp.add_argument("--gpus-per-run", type=int, default=1, help="train each run under torchrun on G GPUs")
-    add_shared(sp, device="auto", batch_size=None, seed=None, out="vitscope-sparse")
+    add_shared(sp, decided_by={"batch_size": "the preset's", "seed": "0, as --seeds"}, device="auto", batch_size=None,
+               seed=None, out="vitscope-sparse")
     sp.set_defaults(handler=run_sparse)
 
 

@@ -51,9 +51,45 @@ def behaviour_space(panels: Mapping[str, tuple[np.ndarray, np.ndarray]], path: s
         ax.set_title(title)
         ax.set_xlabel(f"mean attention distance ({unit})")
         ax.grid(alpha=0.3)
+        _zoom_inset(ax, mad, ent, cmap, uniform)
     axes[0][0].set_ylabel("normalised entropy")
     axes[0][-1].legend(fontsize=7, loc="lower right")
     return save_figure(fig, path)
+
+
+def _zoom_inset(ax, mad: np.ndarray, ent: np.ndarray, cmap, uniform: float | None) -> None:
+    """When the heads crowd into a small part of the full [0, reference] axes (e.g. all near uniform attention),
+    an inset (label "zoom") shows them with limits from the data plus a 15 % margin, the reference lines that fall
+    inside, and its region marked on the main axes; it sits in the quadrant farthest from the points."""
+    x, y = np.ravel(mad), np.ravel(ent)
+    keep = np.isfinite(x) & np.isfinite(y)
+    if not keep.any():
+        return
+    x, y = x[keep], y[keep]
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    if max((x.max() - x.min()) / (x1 - x0), (y.max() - y.min()) / (y1 - y0)) > 0.25:
+        return  # the points already spread over the axes
+    def padded(low: float, high: float, full: float) -> tuple[float, float]:
+        span = max(high - low, 0.01 * full)
+        return low - 0.15 * span, high + 0.15 * span
+    right = float(np.mean(x)) > (x0 + x1) / 2
+    top = float(np.mean(y)) > (y0 + y1) / 2
+    inset = ax.inset_axes([0.22 if right else 0.52, 0.14 if top else 0.52, 0.4, 0.36], label="zoom")
+    depth = mad.shape[0]
+    for layer in range(depth):
+        inset.scatter(mad[layer], ent[layer], s=10, color=cmap(layer / max(depth - 1, 1)), edgecolors="none",
+                      alpha=0.8)
+    inset.set_xlim(*padded(float(x.min()), float(x.max()), x1 - x0))
+    inset.set_ylim(*padded(float(y.min()), float(y.max()), y1 - y0))
+    for value, draw in ((1.0, inset.axhline), (uniform, inset.axvline)):
+        limits = inset.get_ylim() if draw == inset.axhline else inset.get_xlim()
+        if value is not None and limits[0] <= value <= limits[1]:
+            draw(value, **REFERENCE_STYLE)
+    inset.tick_params(labelsize=6)
+    inset.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(3))
+    inset.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(3))
+    inset.set_title("zoom on the heads", fontsize=6, pad=2)
+    ax.indicate_inset_zoom(inset, edgecolor="0.4")
 
 
 def per_layer(curves: Mapping[str, np.ndarray], ylabel: str, path: str | Path, reference: float | None = None,

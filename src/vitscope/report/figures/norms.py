@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.ticker
 import numpy as np
 
-from vitscope.report.figures.common import plt, save_figure
+from vitscope.report.figures.common import plt, readable_log_ticks, save_figure
 from vitscope.report.registers.figures import GROUP_COLOURS
 
 
@@ -43,7 +43,8 @@ def norm_histograms(norms: list[np.ndarray], names: list[str], threshold: float,
         ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(np.geomspace(low * 1.02, high / 1.02, 4)))
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.tick_params(labelsize=7)
+        readable_log_ticks(ax, "y")  # counts: plain numbers, as many as fit
+        ax.tick_params(which="both", labelsize=7)
         ax.set_title(name, fontsize=8)
         ax.set_xlabel("token norm", fontsize=7)
         if i == 0:

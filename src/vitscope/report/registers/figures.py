@@ -71,15 +71,20 @@ def norm_histograms(histograms: dict[str, Any], thresholds: list[dict[str, Any]]
 
 def high_norm_fraction(curves: Mapping[str, Mapping[str, list[tuple[int, float]]]], path: str | Path) -> Path:
     """High-norm fraction of patch tokens per layer: one panel per threshold mode, one line per model
-    (``curves[spec][model] = [(layer, fraction), ...]``)."""
+    (``curves[spec][model] = [(layer, fraction), ...]``). Models of different depths share the x axis as relative
+    depth, layer / the model's last layer (a 4-layer and an 8-block model both end at 1); the legend gives each
+    model's last layer."""
     fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.4), squeeze=False)
     for ax, (spec, models) in zip(axes[0], curves.items(), strict=True):
-        for model, points in models.items():
+        for i, (model, points) in enumerate(models.items()):
             if points:
                 layers, values = zip(*points, strict=True)
-                ax.plot(layers, values, marker="o", ms=3, label=model)
+                last = max(max(layers), 1)
+                ax.plot(np.asarray(layers, dtype=float) / last, values, marker="o", ms=3, color=f"C{i}",
+                        label=f"{model} (last layer {last})")
         ax.set_title(f"threshold {spec}", fontsize=9)
-        ax.set_xlabel("token layer (block for Swin / PVT-v2)")
+        ax.set_xlabel("relative depth: token layer / last layer\n(block for Swin / PVT-v2)", fontsize=8)
+        ax.set_xlim(-0.04, 1.04)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("high-norm fraction of patch tokens")

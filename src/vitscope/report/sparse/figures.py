@@ -41,6 +41,17 @@ def _style(name: str) -> str:
     return next((ls for suffix, ls in VARIANTS.items() if suffix in name), "-")
 
 
+def _value_limits(entries) -> tuple[float, float]:
+    """y limits for (layers, mean, std) entries: zero always on the axis (small differences are not zoomed into
+    effects), and every mean +- std inside with a margin of 8 % of the range, so that no line sits on the frame."""
+    values = np.concatenate([np.concatenate([np.asarray(m) - np.asarray(s), np.asarray(m) + np.asarray(s)])
+                             for _, m, s in entries])
+    values = values[np.isfinite(values)]
+    low, high = min(float(values.min(initial=0.0)), 0.0), max(float(values.max(initial=0.0)), 0.0)
+    pad = 0.08 * (high - low) or 0.05
+    return (low - pad if low < 0 else 0.0), high + pad
+
+
 def layer_curves(curves: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]], ylabels: list[str],
                  path: str | Path, title: str = "") -> Path:
     """One panel per quantity (ylabels[i]); in each, one line per model (name -> (layers, mean, std)), the std
@@ -55,9 +66,8 @@ def layer_curves(curves: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray,
                            color=colours[model_of(name)])[0]
             ax.fill_between(layers, mean - std, mean + std, color=line.get_color(), alpha=0.15)
             handles.setdefault(name, line)
-        if ax.lines:  # zero always on the axis, so small differences are not zoomed into effects
-            low, high = ax.get_ylim()
-            ax.set_ylim(min(low, 0.0), max(high, 0.0))
+        if ax.lines:
+            ax.set_ylim(*_value_limits(curves[ylabel].values()))
         attention = "attention" in ylabel or "Point-in-Box" in ylabel  # measured inside block l
         ax.set_xlabel("attention layer (block)" if attention else "token layer (0 = embedding)")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
