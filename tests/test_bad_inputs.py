@@ -155,7 +155,7 @@ def image_folder(root: Path, classes: dict[str, list[str]], broken: str | None =
 
 
 TINY = ["--set", "model=vit-micro", "--set", "model_options={depth: 1, embed_dim: 16, num_heads: 1, img_size: 16, "
-        "patch_size: 4}", "--set", "epochs=1", "--set", "progress=false", "--set", "warmup_epochs=1",
+        "patch_size: 4}", "--set", "epochs=1", "--set", "progress=false", "--set", "warmup_epochs=0",
         "--device", "cpu", "--batch-size", "4"]
 
 
