@@ -3,6 +3,7 @@ one before it used, and a resumed run's metrics.jsonl equals an uninterrupted ru
 part of the checkpoint)."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -89,3 +90,39 @@ def test_every_checkpoint_damaged_is_one_error_naming_the_newest(tmp_path, one_t
     with pytest.raises(CheckpointDamaged, match=r"step-000000005/state.pt is damaged.*another --out"):
         run(folder, resume=True, keep_last=3)
     assert json.loads((folder / "config.json").read_text())  # the folder is left as it was
+
+
+def dead_pid() -> int:
+    """A process id that no process has now."""
+    for pid in range(4_000_000, 3_000_000, -1):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+    raise AssertionError("no free process id")
+
+
+def test_an_unsummed_truncated_newest_model_falls_back_and_foreign_folders_are_ignored(reference, tmp_path,
+                                                                                       capsys, one_thread):
+    """A newest checkpoint without SHA256SUMS (written before sums existed) whose model is truncated is not
+    used; a ``step-N.bak`` copy and a dead writer's temporary folder in checkpoints/ do not stop the resume."""
+    folder = tmp_path / "run"
+    run(folder, keep_last=3)
+    killed_after(folder, 5)
+    root = folder / "checkpoints"
+    newest = root / "step-000000005"
+    (newest / "SHA256SUMS").unlink()
+    model = newest / "model.safetensors"
+    model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+    shutil.copytree(root / "step-000000004", root / "step-000000004.bak")
+    stale, live = root / f".tmp-step-000000006-{dead_pid()}", root / f".tmp-step-000000006-{os.getpid()}"
+    for partial in (stale, live):
+        partial.mkdir()
+        (partial / "state.pt").write_bytes(b"half")
+    capsys.readouterr()
+    summary = run(folder, resume=True, keep_last=3)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "damaged" in line]
+    assert len(lines) == 1 and str(model) in lines[0] and "resuming from step-000000004" in lines[0]
+    assert summary["steps"] == 8 and rows(folder) == rows(reference)
+    assert not stale.exists() and live.exists()  # only a writer that is gone leaves a stale one
+    assert (root / "step-000000004.bak").is_dir()  # not ours: left alone

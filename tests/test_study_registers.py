@@ -208,6 +208,34 @@ def test_cli_errors_are_one_line(argv, message, capsys, tmp_path):
     assert len(err.splitlines()) == 1 and message in err
 
 
+def _one_model_study(out: Path, entry: ModelEntry) -> RegistersStudy:
+    return RegistersStudy(preset="none", registers=[], models=[entry], eval_images=8, device="cpu", out=str(out),
+                          progress=False, probes={"enabled": False}, census={"thresholds": ["auto"]})
+
+
+def test_a_label_reused_for_another_model_is_measured_again(tmp_path):
+    """The cache is keyed by what determines the measurement, not the label: vit-micro then vit-compact under one
+    label gives vit-compact's census (its parameter count), not the earlier vit-micro one read back."""
+    run(_one_model_study(tmp_path, ModelEntry("a", "vit-micro")))
+    payload = run(_one_model_study(tmp_path, ModelEntry("a", "vit-compact")))
+    compact = sum(p.numel() for p in load("vit-compact").parameters())
+    assert payload["models"][0]["entry"]["spec"] == "vit-compact" and payload["models"][0]["parameters"] == compact
+
+
+def test_other_weights_in_the_same_file_are_measured_again(tmp_path):
+    from vitscope.models import save_model
+
+    weights = tmp_path / "w.safetensors"
+    torch.manual_seed(0)
+    save_model(load("vit-micro"), weights)
+    first = run(_one_model_study(tmp_path / "study", ModelEntry("a", str(weights))))
+    torch.manual_seed(1)
+    save_model(load("vit-micro"), weights)  # same path and label, other weights
+    second = run(_one_model_study(tmp_path / "study", ModelEntry("a", str(weights))))
+    norms = [[r["value"] for r in payload["rows"] if r["metric"] == "norm_mean"] for payload in (first, second)]
+    assert norms[0] and norms[0] != norms[1]
+
+
 def test_img_size_sets_every_given_models_input(tmp_path):
     # DINOv2's patch-14 models default to 518 px (37 x 37 patches); --img-size 56 must measure them on 4 x 4 patches
     out = tmp_path / "sized"

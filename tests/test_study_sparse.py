@@ -127,9 +127,15 @@ def test_cli_model_label_spec_and_report(killed_then_finished, tmp_path, capsys)
     out, _ = killed_then_finished
     copy = tmp_path / "copy"
     shutil.copytree(out, copy, ignore=shutil.ignore_patterns("features"))
-    # every record is present, so the CLI reuses them and writes the results and the report again
+    # the runs were trained with the test's settings, not the demo preset's: the CLI's defaults are refused, in one
+    # line naming a changed setting, rather than reported as what was run
     code = main(["study", "sparse", "--conditions", "softmax,entmax15", "--model", "given-micro=vit-micro",
                  "--device", "cpu", "--out", str(copy)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "was started with" in err and "another --out" in err
+    # the given model's record is present and of the same model, so the CLI reuses it and writes the report again
+    code = main(["study", "sparse", "--conditions", "", "--model", "given-micro=vit-micro", "--device", "cpu",
+                 "--out", str(copy)])
     assert code == 0
     assert "report:" in capsys.readouterr().out
     settings = json.loads((copy / "results.json").read_text())["settings"]

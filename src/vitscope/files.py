@@ -71,3 +71,38 @@ def write_csv(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     return atomic_write_bytes(path, buffer.getvalue().encode())
+
+
+def pid_alive(pid: int) -> bool:
+    """True when process ``pid`` exists on this machine (it may belong to another user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder: str | Path, pattern: str) -> list[Path]:
+    """Remove the temporary files or folders in ``folder`` whose names match ``pattern`` (a regex whose group
+    ``pid`` is the writer's process id) and whose writer is no longer alive: what a killed writer left behind.
+    Returns what was removed; a folder that cannot be listed or an entry that cannot be removed is left alone."""
+    import re
+    import shutil
+
+    removed = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = re.fullmatch(pattern, entry.name)
+        if match is None or pid_alive(int(match["pid"])):
+            continue
+        try:
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        except OSError:
+            continue
+        removed.append(entry)
+    return removed

@@ -1,4 +1,6 @@
-"""The ``vitscope`` command. Errors print one line on stderr and exit 2 (a traceback with --debug).
+"""The ``vitscope`` command. Errors print one line on stderr and exit 2 (a traceback with --debug); a full disk or an
+unwritable cache gets a line naming the folder (``write_errors``), and a failed command removes the output folders
+it created and wrote nothing into (``common.created_folders``).
 
 Each command lives in its own module of this package and exposes ``register(commands)``, which adds its
 subparser and sets ``handler`` (a function of the parsed arguments returning the exit code). A new command
@@ -18,11 +20,14 @@ import vitscope
 from vitscope.cli.common import (
     add_shared_to_top,
     check_data_dir,
+    check_device_flag,
     check_launcher_flag,
     check_output_dir,
+    created_folders,
     quiet_torch_notices,
     resolve_shared,
 )
+from vitscope.cli.write_errors import write_failure_line
 from vitscope.threads import apply_thread_count, apply_wait_policy
 
 COMMAND_MODULES = ("models", "analyze", "explore", "probe", "train", "study", "demo", "doctor", "export")
@@ -95,23 +100,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     args.debug = bool(getattr(args, "debug", False) or getattr(args, "top_debug", False))
+    created_folders.begin()
+    code = 2
     try:
         resolve_shared(args, _command_name(args))
         check_data_dir(args)
+        check_device_flag(args)
         check_launcher_flag(args)
         if getattr(args, "out", None) and not getattr(args, "out_is_run_folder", False):
             # a folder, or for commands that write one file (export) its folder; train checks its run folder.
-            # Only checked: the command creates it once its own options pass, so a refusal leaves no empty folder
+            # Only checked: the command creates it once its own options pass (output_dir)
             check_output_dir(Path(args.out).parent if getattr(args, "out_is_file", False) else args.out)
-        return args.handler(args)
+        code = args.handler(args)
+        return code
     except KeyboardInterrupt:
         print("vitscope: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+        return code
     except Exception as err:  # one line for users, the full story with --debug
         if args.debug:
             raise
-        print(f"vitscope: error: {one_line(err)}", file=sys.stderr)
+        print(f"vitscope: error: {write_failure_line(err, args) or one_line(err)}", file=sys.stderr)
         return 2
+    finally:
+        if code != 0:  # a refused or failed command leaves no folder it created and wrote nothing into
+            created_folders.remove_unused()
 
 
 def one_line(err: BaseException) -> str:

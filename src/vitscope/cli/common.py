@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -123,10 +124,45 @@ def check_output_dir(path: str | Path) -> Path:
     return folder
 
 
+class CreatedFolders:
+    """The output folders this command created (the outermost new one of each path), so that a command that
+    fails before writing anything there removes them again: a refused command leaves no folder behind. The CLI
+    clears it before each command (``begin``) and calls ``remove_unused`` when the command fails."""
+
+    def __init__(self) -> None:
+        self.folders: list[Path] = []
+
+    def begin(self) -> None:
+        self.folders = []
+
+    def note(self, folder: Path) -> None:
+        """Record ``folder``'s outermost ancestor that does not exist yet (call before creating it)."""
+        missing = [p for p in (folder, *folder.absolute().parents) if not p.exists()]
+        if missing:
+            self.folders.append(missing[-1])
+
+    def remove_unused(self) -> None:
+        """Remove each recorded folder that holds nothing but lock files and empty folders (nothing written)."""
+        for folder in self.folders:
+            if folder.is_dir() and all(p.is_dir() or _is_lock_file(p) for p in folder.rglob("*")):
+                shutil.rmtree(folder, ignore_errors=True)
+        self.folders = []
+
+
+def _is_lock_file(path: Path) -> bool:
+    from vitscope.run_folder import LOCK_FILE
+
+    return path.name == LOCK_FILE or (path.name.startswith(".") and path.name.endswith(".lock"))
+
+
+created_folders = CreatedFolders()
+
+
 def output_dir(path: str | Path) -> Path:
     """``path`` as a folder that exists and can be written (created here, once the command's options are
-    checked), else a ValueError naming it and the fix."""
+    checked, and noted in ``created_folders``), else a ValueError naming it and the fix."""
     folder = check_output_dir(path)
+    created_folders.note(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -154,6 +190,15 @@ def check_data_dir(args: argparse.Namespace) -> None:
     if getattr(args, "dataset", None) == "synthetic" and getattr(args, "data_dir", None):
         raise ValueError(f"--data-dir {args.data_dir} is not read by --dataset synthetic (generated scenes); drop "
                          "--data-dir or name the dataset it holds with --dataset")
+
+
+def check_device_flag(args: argparse.Namespace) -> None:
+    """``--device`` refused before any work (an unknown name, or a GPU this machine lacks), so that a command
+    fails before writing anything (``demo`` wrote its index first)."""
+    if getattr(args, "device", None) not in (None, "auto"):
+        from vitscope.provenance import resolve_device
+
+        resolve_device(args.device)
 
 
 def check_launcher_flag(args: argparse.Namespace) -> None:

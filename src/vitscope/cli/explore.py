@@ -53,7 +53,7 @@ def compare_entries(items: list[str]):
     from vitscope.studies.models import parse_model_entries
 
     texts = [item if "=" in item.split("@")[0] else f"{_label(item.split('@')[0])}={item}" for item in items]
-    return parse_model_entries(texts)
+    return parse_model_entries(texts, "--compare")
 
 
 def _label(spec: str) -> str:

@@ -15,6 +15,7 @@ from vitscope.cli.common import (
     add_model_changes,
     check_output_dir,
     output_dir,
+    positive_float,
     positive_int,
     print_files,
     unit_fraction,
@@ -50,14 +51,15 @@ def register(commands) -> None:
     for sub in (segment, depth):
         sub.add_argument("--with-cls", default="both", choices=["no", "yes", "both"],
                          help="concatenate the CLS token to every patch: no, yes or both")
-        sub.add_argument("--epochs", type=int, default=20, help="training epochs of the linear head")
-        sub.add_argument("--lr", type=float, default=1e-2, help="learning rate of the linear head")
-        sub.add_argument("--train-images", type=int, default=None,
+        sub.add_argument("--epochs", type=positive_int, default=20, help="training epochs of the linear head")
+        sub.add_argument("--lr", type=positive_float, default=1e-2, help="learning rate of the linear head")
+        sub.add_argument("--train-images", type=positive_int, default=None,
                          help="a seeded sample of N training images (default: all)")
         sub.add_argument("--size", type=positive_int, default=None,
                          help="resize images to this short side, train on random crops of the model's input side "
                               "and evaluate by sliding window (default: each image resized whole to the input)")
-        sub.add_argument("--crops-per-image", type=int, default=1, help="random training crops per image (--size)")
+        sub.add_argument("--crops-per-image", type=positive_int, default=1,
+                         help="random training crops per image (--size)")
         sub.add_argument("--loss-points", default="4096", metavar="N|full",
                          help="label pixels per image in each training step's loss, sampled uniformly from the "
                               "valid ones (an unbiased estimate of the full loss); full: every pixel (default 4096)")
@@ -71,17 +73,17 @@ def register(commands) -> None:
                             "label pixel, the logits resized first)")
     for sub in (linear, knn):
         sub.add_argument("--pool", default="cls", choices=["cls", "mean", "both"], help="image feature")
-        sub.add_argument("--train-images", type=int, default=None,
+        sub.add_argument("--train-images", type=positive_int, default=None,
                          help="a seeded class-stratified sample of N training images (default: all)")
     linear.add_argument("--dino-last4", action="store_true",
                         help="also DINO's protocol: CLS of the last 4 blocks concatenated")
-    linear.add_argument("--epochs", type=int, default=100, help="epochs of each logistic-regression fit")
-    knn.add_argument("--k", type=int, default=20, help="neighbours that vote (default: 20)")
-    knn.add_argument("--temperature", type=float, default=0.07,
+    linear.add_argument("--epochs", type=positive_int, default=100, help="epochs of each logistic-regression fit")
+    knn.add_argument("--k", type=positive_int, default=20, help="neighbours that vote (default: 20)")
+    knn.add_argument("--temperature", type=positive_float, default=0.07,
                      help="votes weighted by exp(cosine similarity / T) (default: 0.07)")
     tokens.add_argument("--probes", default="position,pixels,class",
                         help="comma-separated: position, pixels, pixels-mlp, class")
-    tokens.add_argument("--max-tokens", type=int, default=2048, help="tokens per group and split")
+    tokens.add_argument("--max-tokens", type=positive_int, default=2048, help="tokens per group and split")
     tokens.set_defaults(handler=run_tokens, layers="0,last")
     pib.add_argument("--score", default="attention", choices=["attention", "norm", "cosine"],
                      help="patch score: CLS-to-patch attention (mean over heads), token norm, cosine to CLS")

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from vitscope.cli.common import add_shared
+from vitscope.cli.common import add_shared, created_folders
 
 # command-line flags that are shortcuts for config keys (flag dest -> TrainConfig key)
 CONFIG_FLAGS = {"dataset": "dataset", "data_dir": "data_dir", "out": "out", "device": "device",
@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = TrainConfig.from_dict(values)
     else:
         cfg = load_config(args.config, args.assignments + flags)
+    created_folders.note(Path(cfg.out))  # removed again when the run is refused before it writes anything
     try:
         summary = train(cfg, resume=bool(args.resume))
     except TrainingInterrupted as err:

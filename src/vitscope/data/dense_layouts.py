@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -48,18 +49,43 @@ CITYSCAPES_TRAIN_IDS = {7: 0, 8: 1, 11: 2, 12: 3, 13: 4, 17: 5, 19: 6, 20: 7, 21
 IMAGE_TYPES = (".jpg", ".jpeg", ".png")
 
 
+def _unreadable(path: Path, what: str, err: BaseException) -> ValueError:
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return ValueError(f"{path} cannot be read as {what} ({detail}); replace the file or remove it and its pair")
+
+
 def read_rgb(path: Path) -> Tensor:
-    """An image file as uint8 (3, H, W) RGB."""
-    with Image.open(path) as image:
-        return torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1).contiguous()
+    """An image file as uint8 (3, H, W) RGB; a damaged file is a ValueError naming it."""
+    try:
+        with Image.open(path) as image:
+            return torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1).contiguous()
+    except (OSError, ValueError, SyntaxError) as err:  # PIL: UnidentifiedImageError, truncated data
+        raise _unreadable(path, "an image", err) from None
 
 
 def _indices(path: Path) -> np.ndarray:
-    with Image.open(path) as image:
-        if image.mode not in ("P", "L", "I", "I;16"):
-            raise ValueError(f"{path}: mask mode {image.mode} holds no class indices; save masks as 8-bit "
-                             "single-channel or palette PNGs of class indices")
-        return np.asarray(image).astype(np.int64)
+    try:
+        with Image.open(path) as image:
+            mode = image.mode
+            values = np.asarray(image).astype(np.int64) if mode in ("P", "L", "I", "I;16") else None
+    except (OSError, ValueError, SyntaxError) as err:
+        raise _unreadable(path, "a mask image", err) from None
+    if values is None:
+        raise ValueError(f"{path}: mask mode {mode} holds no class indices; save masks as 8-bit "
+                         "single-channel or palette PNGs of class indices")
+    return values
+
+
+def _read_spec(path: Path, example: str) -> dict[str, Any]:
+    """A layout's JSON file as a dict; bad JSON or another value is a ValueError naming the file and the form."""
+    try:
+        spec = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); write "
+                         f"{example}") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path} holds a {type(spec).__name__}, not an object; write {example}")
+    return spec
 
 
 def _check_labels(mask: np.ndarray, classes: int, ignore: int | None, path: Path) -> Tensor:
@@ -83,6 +109,9 @@ def _split(split: str, train: str, evaluation: str) -> str:
 def _pairs_by_stem(images: Path, targets: Path, target_suffixes: tuple[str, ...]) -> list[tuple[Path, Path]]:
     if not images.is_dir():
         raise ValueError(f"no image folder {images}; see vitscope.data.dense_layouts for the expected layout")
+    if not any(p.suffix.lower() in IMAGE_TYPES for p in images.iterdir()):
+        raise ValueError(f"no images in {images} (looked for {', '.join(IMAGE_TYPES)}); put this split's images "
+                         "there, each with its target")
     pairs = []
     for image in sorted(p for p in images.iterdir() if p.suffix.lower() in IMAGE_TYPES):
         found = [targets / f"{image.stem}{suffix}" for suffix in target_suffixes]
@@ -165,26 +194,43 @@ def _cityscapes(root: Path, split: str, limit: int | None, seed: int) -> DenseDa
 
 def _segfolder(root: Path, split: str, limit: int | None, seed: int) -> DenseDataset:
     spec_path = root / "classes.json"
+    example = '{"classes": ["road", ...], "ignore_index": 255}'
     if not spec_path.exists():
-        raise ValueError(f"no {spec_path}; write {{\"classes\": [\"road\", ...], \"ignore_index\": 255}}")
-    spec = json.loads(spec_path.read_text())
+        raise ValueError(f"no {spec_path}; write {example}")
+    spec = _read_spec(spec_path, example)
+    classes, ignore = spec.get("classes"), spec.get("ignore_index")
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        raise ValueError(f"{spec_path}: \"classes\" must be a non-empty list of class names (got {classes!r}); "
+                         f"write {example}")
+    if ignore is not None and (isinstance(ignore, bool) or not isinstance(ignore, int)):
+        raise ValueError(f"{spec_path}: \"ignore_index\" must be an integer label value or absent (got {ignore!r}); "
+                         f"write {example}")
     folder = _split(split, "train", "val")
     pairs = _pairs_by_stem(root / "images" / folder, root / "masks" / folder, (".png",))
-    return _segmentation("segfolder", split, pairs, list(spec["classes"]), spec.get("ignore_index"), root,
-                         limit=limit, seed=seed)
+    return _segmentation("segfolder", split, pairs, list(classes), ignore, root, limit=limit, seed=seed)
 
 
 def _depth_file(path: Path, scale8: float, scale16: float) -> Tensor:
     """Depth in metres from an 8-bit (times ``scale8``) or 16-bit (times ``scale16``) PNG, or a float .npy."""
     if path.suffix == ".npy":
-        return torch.from_numpy(np.load(path).astype(np.float32))
-    with Image.open(path) as image:
-        if image.mode == "L":
-            return torch.from_numpy(np.asarray(image).astype(np.float32) * scale8)
-        if image.mode in ("I;16", "I;16B", "I"):
-            return torch.from_numpy(np.asarray(image).astype(np.float32) * scale16)
-        raise ValueError(f"{path}: depth image mode {image.mode} is neither 8-bit nor 16-bit single-channel; "
+        try:
+            depth = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as err:
+            raise _unreadable(path, "a .npy depth map", err) from None
+        if depth.ndim != 2 or not np.issubdtype(depth.dtype, np.number):
+            raise ValueError(f"{path}: a .npy depth map must be a 2-D array of metres, got {depth.dtype} of shape "
+                             f"{depth.shape}")
+        return torch.from_numpy(depth.astype(np.float32))
+    try:
+        with Image.open(path) as image:
+            mode = image.mode
+            values = np.asarray(image).astype(np.float32) if mode in ("L", "I;16", "I;16B", "I") else None
+    except (OSError, ValueError, SyntaxError) as err:
+        raise _unreadable(path, "a depth image", err) from None
+    if values is None:
+        raise ValueError(f"{path}: depth image mode {mode} is neither 8-bit nor 16-bit single-channel; "
                          "store depth as documented in vitscope.data.dense_layouts")
+    return torch.from_numpy(values * (scale8 if mode == "L" else scale16))
 
 
 def _depth(name: str, split: str, pairs: list[tuple[Path, Path]], root: Path, scale8: float, scale16: float,
@@ -201,7 +247,15 @@ def _nyu(root: Path, split: str, limit: int | None, seed: int) -> DenseDataset:
     if not listing.exists():
         raise ValueError(f"no {listing}; expected data/nyu2_train.csv and data/nyu2_test.csv listing rgb,depth paths")
     with open(listing, newline="") as handle:
-        pairs = [(root / r[0].strip(), root / r[1].strip()) for r in csv.reader(handle) if len(r) >= 2]
+        rows = [(number, row) for number, row in enumerate(csv.reader(handle), 1) if any(c.strip() for c in row)]
+    for number, row in rows:  # a row that is not two paths is an error, never silently dropped
+        if len(row) < 2 or not row[0].strip() or not row[1].strip():
+            hint = " (it uses ';': separate with a comma)" if ";" in ",".join(row) else ""
+            raise ValueError(f"{listing}, line {number}: {','.join(row)!r} is not 'rgb_path,depth_path'{hint}; every "
+                             "line lists an image and its depth map, comma-separated")
+    if not rows:
+        raise ValueError(f"{listing} lists no images; expected lines of 'rgb_path,depth_path'")
+    pairs = [(root / row[0].strip(), root / row[1].strip()) for _, row in rows]
     for image, depth in sample_pairs(pairs, limit, seed)[0]:
         if not image.exists() or not depth.exists():
             raise ValueError(f"{listing}: listed file {image if not image.exists() else depth} does not exist")
@@ -212,7 +266,10 @@ def _nyu(root: Path, split: str, limit: int | None, seed: int) -> DenseDataset:
 
 def _depthfolder(root: Path, split: str, limit: int | None, seed: int) -> DenseDataset:
     spec = root / "depth.json"
-    scale = json.loads(spec.read_text())["scale"] if spec.exists() else None
+    scale = _read_spec(spec, '{"scale": 0.001}').get("scale") if spec.exists() else None
+    if spec.exists() and (isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale < math.inf):
+        raise ValueError(f"{spec}: \"scale\" must be a number of metres per stored unit > 0 (got {scale!r}); e.g. "
+                         '{"scale": 0.001} for millimetres')
     folder = _split(split, "train", "val")
     pairs = _pairs_by_stem(root / "images" / folder, root / "depth" / folder, (".png", ".npy"))
     if scale is None and any(d.suffix == ".png" for _, d in pairs):

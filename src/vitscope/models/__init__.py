@@ -41,6 +41,8 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
     if pos_interp not in (None, "timm", "original"):
         raise ValueError(f"pos_interp={pos_interp!r} is unknown; use 'timm' or 'original' (or leave it unset to follow "
                          "the checkpoint's origin)")
+    if pos_interp is not None and not spec.startswith("timm:"):
+        _unused_pos_interp(pos_interp, spec, weights)
     if isinstance(num_registers, bool) or not isinstance(num_registers, int) or num_registers < 0:
         raise ValueError(f"num_registers={num_registers!r} must be an integer >= 0 (0 adds none)")
     if pretrained not in (None, True, False):
@@ -51,6 +53,8 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
         name = spec[len("timm:") :]
         source = _timm_source(name, weights, pretrained, download)
         weights = source.file if source is not None else weights
+        if pos_interp is not None and weights is None:
+            _unused_pos_interp(pos_interp, spec, weights)
         if weights is not None and img_size is not None:  # build at the weights' size: no resampling round trip
             model = create_timm(name, attention=attention, num_registers=num_registers, img_size=img_size,
                                 **overrides)
@@ -100,6 +104,14 @@ def _timm_source(name: str, weights: Any, pretrained: bool | None, download: boo
     from vitscope.models.hub import timm_pretrained
 
     return timm_pretrained(name, download=download)
+
+
+def _unused_pos_interp(pos_interp: str, spec: str, weights: Any) -> None:
+    """A ValueError for ``pos_interp`` given where no timm weights file is loaded (it would be ignored)."""
+    given = "no weights" if weights is None else "these weights"
+    raise ValueError(f"pos_interp={pos_interp!r} (--pos-interp) sets how a timm model's weights position table is "
+                     f"interpolated, and {spec} with {given} loads none that way; drop it, or give timm:NAME with "
+                     "--weights FILE (or a pretrained timm:NAME.TAG)")
 
 
 def _load_adapted(spec: str, weights: Any, attention: str | None, num_registers: int, img_size: int | None,

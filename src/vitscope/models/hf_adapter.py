@@ -110,6 +110,8 @@ def load_hf(name: str, img_size: int | None = None, download: bool = False, **ov
         try:
             model, info = cls.from_pretrained(folder, attn_implementation=IMPLEMENTATION, output_loading_info=True,
                                               **overrides)
+        except Exception as err:  # transformers' multi-line reports and safetensors' raw header errors
+            raise ValueError(_weights_error(name, err)) from None
         finally:
             logs.set_verbosity(verbosity)
             if bars:
@@ -124,6 +126,10 @@ def load_hf(name: str, img_size: int | None = None, download: bool = False, **ov
     else:
         model_type = BY_CLASS.get(name, name)
         if model_type not in FAMILIES and model_type not in COMPOSITE:
+            if folder.exists() or folder.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1:
+                what = "is a file, not a folder" if folder.exists() else "does not exist"
+                raise ValueError(f"hf:{name} {what}; give hf: the folder written by save_pretrained (holding "
+                                 "config.json and the weights)")
             raise ValueError(f"hf:{name} is neither a local folder, a hub name (ORG/NAME[@REVISION]) nor an "
                              f"architecture; use a save_pretrained folder, a hub name or one of {', '.join(BY_CLASS)}")
         family = _family(model_type, f"hf:{name}")
@@ -146,6 +152,17 @@ def load_hf(name: str, img_size: int | None = None, download: bool = False, **ov
         line += f"; {source.note()}"
     print(line, file=sys.stderr)
     return adapter
+
+
+def _weights_error(name: str, err: Exception) -> str:
+    """One line for a save_pretrained folder whose weights do not load: another shape, or a damaged file."""
+    text = str(err)
+    if "mismatch" in text or "above report" in text or "shape" in text:
+        return (f"hf:{name}: the folder's weights do not fit the model its config.json describes (tensors of another "
+                "shape, e.g. another width); save the model and its config together with save_pretrained")
+    detail = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    return (f"hf:{name}: the folder's weights cannot be read ({detail}); the file may be truncated or damaged: save "
+            "the model again with save_pretrained")
 
 
 def _preprocessor(folder: Path) -> dict[str, Any]:

@@ -43,7 +43,10 @@ def load_open_clip(spec: str, img_size: int | None = None, download: bool = Fals
     open_clip = _open_clip()
     from open_clip.model import _build_vision_tower
 
-    arch, _, file = spec.partition("@")
+    arch, at, file = spec.partition("@")
+    if at and not file.strip():
+        raise ValueError(f"open_clip:{spec} names no file after '@'; give open_clip:{arch}@FILE (a local checkpoint) "
+                         f"or open_clip:{arch} for random weights")
     arch, _, tag = arch.partition("/")
     config = open_clip.get_model_config(arch)
     if config is None:
@@ -68,9 +71,10 @@ def load_open_clip(spec: str, img_size: int | None = None, download: bool = Fals
         matched = _load_visual(visual, Path(file).expanduser(), arch)
         origin = "open_clip"
     trunk = getattr(visual, "trunk", None)
-    model = trunk if trunk is not None else OpenCLIPVisionTransformer(visual)
     if trunk is None and not isinstance(getattr(visual, "transformer", None), nn.Module):
-        raise ValueError(f"open_clip:{arch}'s tower ({type(visual).__name__}) is not a ViT vitscope reads")
+        raise ValueError(f"open_clip:{arch}'s tower ({type(visual).__name__}) is not a Vision Transformer (vitscope "
+                         "reads ViTs only); pick a ViT architecture such as open_clip:ViT-B-32")
+    model = trunk if trunk is not None else OpenCLIPVisionTransformer(visual)
     note = "; the tower's timm trunk is used (projection head dropped)" if trunk is not None else ""
     model.vitscope_load = {"file": file or None, "origin": origin, "matched": matched, "pos_interp": None,
                            "source": source.to_dict() if source else None}

@@ -13,9 +13,11 @@ images and labels (so a different subset is a different key), the layer, the nor
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -29,7 +31,7 @@ from tqdm.auto import tqdm
 
 from vitscope.analyze.inputs import model_batches, model_crop_pct, model_input
 from vitscope.data import ImageDataset
-from vitscope.files import cache_root
+from vitscope.files import cache_root, remove_stale_temporaries
 from vitscope.models import token_layout
 from vitscope.record import record_tokens
 from vitscope.run_folder import writer_lock
@@ -150,6 +152,35 @@ def _cache_file(folder: Path, model_key: str, data_key: str, layer: int, norm: b
     return folder / f"layer{layer}-{hashlib.sha1(key.encode()).hexdigest()[:20]}.npy"
 
 
+CACHE_FIX = "set VITSCOPE_CACHE to a writable folder with room, or pass --no-cache"
+STALE_TEMPORARY = r"\.layer\d+-[0-9a-f]+\.npy\.(?P<pid>\d+)\.tmp"  # _run_backbone's temporaries
+
+
+def _cache_sink(temp: Path, shape: tuple[int, ...]) -> np.memmap:
+    """A float16 ``.npy`` memory map of ``shape`` at ``temp``, once the disk has room for all of it: a memory map
+    written past a full disk kills the process with SIGBUS and no message."""
+    need = int(np.prod(shape)) * 2 + 4096  # float16 values and the .npy header
+    try:
+        free = shutil.disk_usage(temp.parent).free
+    except OSError:
+        free = None
+    if free is not None and free < need:
+        raise ValueError(f"the disk holding the feature cache {temp.parent} is full: a cache entry needs "
+                         f"{need / 2**20:,.0f} MB and {free / 2**20:,.0f} MB are free; free space, or {CACHE_FIX}")
+    try:
+        sink = np.lib.format.open_memmap(temp, mode="w+", dtype=np.float16, shape=shape)
+        with open(temp, "r+b") as handle:  # reserve the blocks now: a disk filled meanwhile fails here, not later
+            os.posix_fallocate(handle.fileno(), 0, os.path.getsize(temp))
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise ValueError(f"the disk holding the feature cache {temp.parent} is full (a cache entry needs "
+                             f"{need / 2**20:,.0f} MB); free space, or {CACHE_FIX}") from None
+        if "sink" not in locals() or err.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise ValueError(f"the feature cache {temp.parent} cannot be written ({err.strerror or err}); "
+                             f"{CACHE_FIX}") from None  # else: no fallocate on this file system, written as is
+    return sink
+
+
 def _open(path: Path) -> Tensor:
     return torch.from_numpy(np.load(path, mmap_mode="c"))  # copy-on-write: writable, the file untouched
 
@@ -192,14 +223,19 @@ def extract_features(model: nn.Module, dataset: ImageDataset, layers: str | Sequ
                                                             else Path(cache))
     files: dict[int, Path] = {}
     if folder is not None:
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(f"the feature cache {folder} cannot be created ({err.strerror or err}); "
+                             f"{CACHE_FIX}") from None
         model_key, data_key = model_fingerprint(model), dataset_fingerprint(dataset)
         files = {layer: _cache_file(folder, model_key, data_key, layer, norm, geometry) for layer in wanted}
     missing = [layer for layer in wanted if layer not in files or not files[layer].exists()]
     lock = nullcontext() if not missing or folder is None else writer_lock(
-        folder, "feature cache", "set VITSCOPE_CACHE to a writable folder or pass --no-cache",
-        name=f".{model_key[:16]}-{data_key[:16]}.lock", wait=True)
+        folder, "feature cache", CACHE_FIX, name=f".{model_key[:16]}-{data_key[:16]}.lock", wait=True)
     with lock:  # one writer per cache entry: a second process waits for it, then reuses what it wrote
+        if missing and folder is not None:  # what a killed writer left: a half-written entry, hundreds of MB
+            remove_stale_temporaries(folder, STALE_TEMPORARY)
         missing = [layer for layer in missing if layer not in files or not files[layer].exists()]
         computed = _run_backbone(model, dataset, missing, norm, batch_size, device, img_size, files, progress)
     out = {}
@@ -242,8 +278,7 @@ def _run_backbone(model: nn.Module, dataset: ImageDataset, layers: list[int], no
                     shape = (len(dataset), *batch.shape[1:])
                     if layer in files:
                         temps[layer] = files[layer].with_name(f".{files[layer].name}.{os.getpid()}.tmp")
-                        sinks[layer] = np.lib.format.open_memmap(temps[layer], mode="w+", dtype=np.float16,
-                                                                 shape=shape)
+                        sinks[layer] = _cache_sink(temps[layer], shape)
                     else:
                         sinks[layer] = np.empty(shape, dtype=np.float16)
                 sinks[layer][start : start + len(batch)] = batch

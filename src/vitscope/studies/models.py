@@ -44,27 +44,27 @@ class ModelEntry:
                 "thresholds": list(self.thresholds)}
 
 
-def parse_model_entry(text: str) -> ModelEntry:
-    """``LABEL=SPEC[@WEIGHTS]`` -> ModelEntry; a bad form names the expected one."""
+def parse_model_entry(text: str, flag: str = "--model") -> ModelEntry:
+    """``LABEL=SPEC[@WEIGHTS]`` -> ModelEntry; a bad form names the option (``flag``) and the expected form."""
     label, sep, rest = text.partition("=")
     if not sep or not label.strip() or not rest.strip():
-        raise ValueError(f"--model {text!r} needs the form LABEL=SPEC[@WEIGHTS], e.g. "
-                         "--model deit3=timm:deit3_small_patch16_224@deit3_small.safetensors or --model mine=runs/x")
+        raise ValueError(f"{flag} {text!r} needs the form LABEL=SPEC[@WEIGHTS], e.g. "
+                         f"{flag} deit3=timm:deit3_small_patch16_224@deit3_small.safetensors or {flag} mine=runs/x")
     if rest.strip().startswith("hf:"):  # hf: takes no weights file; its '@' is the hub revision (hf:ORG/NAME@REV)
         return ModelEntry(label.strip(), rest.strip())
     spec, at, weights = rest.strip().rpartition("@")
     if not at:
         spec, weights = weights, None
     elif not spec or not weights:
-        raise ValueError(f"--model {text!r}: both SPEC and WEIGHTS must be given around '@'")
+        raise ValueError(f"{flag} {text!r}: both SPEC and WEIGHTS must be given around '@'")
     return ModelEntry(label.strip(), spec, weights)
 
 
-def parse_model_entries(texts: list[str]) -> list[ModelEntry]:
-    """Several ``--model`` values; labels must be unique."""
-    entries = [parse_model_entry(t) for t in texts]
+def parse_model_entries(texts: list[str], flag: str = "--model") -> list[ModelEntry]:
+    """Several ``--model`` (or ``flag``) values; labels must be unique."""
+    entries = [parse_model_entry(t, flag) for t in texts]
     labels = [e.label for e in entries]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
-        raise ValueError(f"model label(s) {', '.join(repeated)} given more than once; give each --model its own label")
+        raise ValueError(f"model label(s) {', '.join(repeated)} given more than once; give each {flag} its own label")
     return entries

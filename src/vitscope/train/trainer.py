@@ -41,6 +41,11 @@ def train(cfg: TrainConfig, *, resume: bool = False, hooks: list[EpochHook] | No
     ``hooks`` are called after every epoch with the exported model and return scalars to log (kind "epoch").
     """
     run_dir = Path(cfg.out)
+    blocker = next((p for p in (run_dir, *run_dir.absolute().parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        what = "is an existing file" if blocker == run_dir else f"cannot be created ({blocker} is a file)"
+        raise ValueError(f"run folder {run_dir} {what}, not a folder; pass a folder path as --out (it is created "
+                         "if missing)")
     if resume and (run_dir / "summary.json").exists():
         return json.loads((run_dir / "summary.json").read_text())
     # one writer per run folder: the main rank holds its lock (the other ranks of a torchrun write nothing)

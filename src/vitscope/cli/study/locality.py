@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from vitscope.cli.common import add_shared, output_dir, parse_seeds, positive_int
+from vitscope.run_folder import writer_lock
 
 
 def add_parser(studies) -> None:
@@ -41,9 +42,10 @@ def run_locality_study(**options) -> Path:
     from vitscope.studies.locality.study import LocalityStudy, run
 
     study = LocalityStudy(**options)  # checks the options
-    output_dir(study.out)  # then the folder is made
-    run(study)
-    return build_report(study.out)
+    # then the folder is made, and locked until the report is written (one writer per study folder)
+    with writer_lock(output_dir(study.out), what="study folder"):
+        run(study)
+        return build_report(study.out)
 
 
 def run_locality(args: argparse.Namespace) -> int:

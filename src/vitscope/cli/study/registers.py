@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vitscope.cli.common import add_shared, output_dir, positive_int
+from vitscope.run_folder import writer_lock
 
 if TYPE_CHECKING:
     from vitscope.studies.models import ModelEntry
@@ -100,9 +101,10 @@ def run_registers_study(**options) -> Path:
     from vitscope.studies.registers.study import RegistersStudy, run
 
     study = RegistersStudy(**options)  # checks the options
-    output_dir(study.out)  # then the folder is made
-    run(study)
-    return build_report(study.out)
+    # then the folder is made, and locked until the report is written (one writer per study folder)
+    with writer_lock(output_dir(study.out), what="study folder"):
+        run(study)
+        return build_report(study.out)
 
 
 def run_registers(args: argparse.Namespace) -> int:

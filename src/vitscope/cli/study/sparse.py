@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from vitscope.cli.common import add_shared, output_dir, parse_seeds
+from vitscope.run_folder import writer_lock
 
 
 def add_parser(studies) -> None:
@@ -63,9 +64,10 @@ def run_sparse_study(**options) -> Path:
     from vitscope.studies.sparse.study import SparseStudy, run
 
     study = SparseStudy(**options)  # checks the options
-    output_dir(study.out)  # then the folder is made
-    run(study)
-    return build_report(study.out)
+    # then the folder is made, and locked until the report is written (one writer per study folder)
+    with writer_lock(output_dir(study.out), what="study folder"):
+        run(study)
+        return build_report(study.out)
 
 
 def run_sparse(args: argparse.Namespace) -> int:

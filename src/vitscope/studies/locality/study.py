@@ -26,10 +26,12 @@ from vitscope.files import write_csv, write_json
 from vitscope.models import load as load_model
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.record import record_attention
+from vitscope.run_folder import writer_lock
 from vitscope.studies.locality.results import claims, summarize
 from vitscope.studies.packs import check_pack, train_in_packs
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, devices, run_all
 from vitscope.train import TrainConfig, expand_conditions, train
+from vitscope.train.same_run import check_same_run
 from vitscope.train.schedules import fitted_warmup
 
 # Our optimisation settings for the paper preset (the paper's are not public): AdamW, batch 128,
@@ -168,16 +170,18 @@ def run(study: LocalityStudy) -> dict[str, Any]:
     Returns the results payload; ``payload["rows"]`` is the table (one row per condition, seed, layer, head).
     """
     started = dt.datetime.now(dt.UTC)
-    Path(study.out).mkdir(parents=True, exist_ok=True)
     if study.schedule_note():
         print(study.schedule_note(), file=sys.stderr)
     specs = [RunSpec(c, s) for c in study.conditions for s in study.seeds]
-    train_in_packs(specs, lambda spec: study.train_config(spec.condition, spec.seed, devices(study.device)[0]),
-                   out=study.out, record_name=RECORD, pack=study.pack, device=devices(study.device)[0],
-                   progress=study.progress)
-    records = run_all(specs, functools.partial(_train_and_measure, study), out=study.out, record_name=RECORD,
-                      launch=study.launch())
-    return write_results(study, records, started)
+    with writer_lock(study.out, what="study folder"):  # one writer from the first check to results.json
+        for spec in specs:  # a run started with other settings is neither resumed nor reused
+            check_same_run(study.train_config(spec.condition, spec.seed, devices(study.device)[0]))
+        train_in_packs(specs, lambda spec: study.train_config(spec.condition, spec.seed, devices(study.device)[0]),
+                       out=study.out, record_name=RECORD, pack=study.pack, device=devices(study.device)[0],
+                       progress=study.progress)
+        records = run_all(specs, functools.partial(_train_and_measure, study), out=study.out, record_name=RECORD,
+                          launch=study.launch())
+        return write_results(study, records, started)
 
 
 def write_results(study: LocalityStudy, records: list[dict[str, Any]], started: dt.datetime) -> dict[str, Any]:

@@ -11,8 +11,9 @@ Two sources of models, in one list:
 
 Each model gets the census (``census``) on the evaluation split; one model may also be measured
 with planted outliers (``vitscope.models.planted``). Every model's measurement is cached in
-``models/<label>/`` (written atomically), so a rerun after a kill measures only what is missing. The results go
-to ``results.json`` (``{schema_version, kind, settings, rows, provenance}``) and ``results.csv``;
+``models/<label>/`` (written atomically) under a key of everything that determines it (``measurement_key``),
+so a rerun after a kill measures only what is missing, and a label reused for another model is measured again.
+The results go to ``results.json`` (``{schema_version, kind, settings, rows, provenance}``) and ``results.csv``;
 ``vitscope.report.registers.page`` turns them into ``report.html``.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +35,7 @@ from vitscope.data import load_dataset
 from vitscope.files import write_csv, write_json
 from vitscope.models.planted import plant_outliers
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
+from vitscope.run_folder import model_file, writer_lock
 from vitscope.studies.models import ModelEntry
 from vitscope.studies.registers.census import CensusSettings, run_census
 from vitscope.studies.registers.presets import (
@@ -53,6 +56,7 @@ from vitscope.studies.runner import Launch, RunSpec, check_launcher, run_all
 from vitscope.studies.sparse.presets import merge
 from vitscope.train import TrainConfig, train
 from vitscope.train.config import read_config_file
+from vitscope.train.same_run import check_same_run
 
 KIND = "registers-study"
 
@@ -198,12 +202,44 @@ def _train_run(study: RegistersStudy, spec: RunSpec, device: str) -> dict[str, A
             "registers": registers, "seed": spec.seed, "objective": objective, "config": cfg.to_dict()}
 
 
+def _weights_files(entry: ModelEntry) -> list[Path]:
+    """The files an entry's weights come from: ``--weights`` and a spec that is a file or a run folder."""
+    files = []
+    for name in (entry.spec, entry.weights):
+        path = Path(name).expanduser() if name else None
+        if path is not None and path.is_dir() and model_file(path).is_file():
+            files.append(model_file(path))
+        elif path is not None and path.is_file():
+            files.append(path)
+    return files
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def measurement_key(study: RegistersStudy, entry: ModelEntry, plant: dict[str, Any] | None) -> dict[str, Any]:
+    """Everything that determines one model's measurement: the entry (spec, weights, options, thresholds), the
+    sha256 of its weights files, the planted outliers, the census and probe settings and the evaluation data.
+    A cached measurement is reused only when its key is this one."""
+    return json.loads(json.dumps({
+        "entry": entry.to_dict(), "weights_sha256": {str(f): _sha256(f) for f in _weights_files(entry)},
+        "planted": plant, "census": dataclasses.asdict(study.census), "probes": dataclasses.asdict(study.probes),
+        "data": {"dataset": study.dataset, "data_dir": study.data_dir, "eval_images": study.eval_images}},
+        default=str))
+
+
 def _measure(study: RegistersStudy, entry: ModelEntry, dataset, device: torch.device, folder: Path,
              plant: dict[str, Any] | None, training: dict[str, Any] | None) -> dict[str, Any]:
-    """The census of one model, cached in ``folder`` (census.json last, so its presence means done)."""
+    """The census of one model, cached in ``folder`` (census.json last, so its presence means done) under its
+    ``measurement_key``: a cache of another model, weights or settings under the same label is measured again."""
     record_file = folder / "census.json"
+    key = measurement_key(study, entry, plant)
     if record_file.is_file():
-        return json.loads(record_file.read_text())
+        cached = json.loads(record_file.read_text())
+        if cached.get("key") == key:
+            return cached
     model = entry.load()
     label = entry.label + ("+planted" if plant else "")
     hooks = plant_outliers(model, **{k: v for k, v in plant.items() if k != "model"}) if plant else None
@@ -224,7 +260,7 @@ def _measure(study: RegistersStudy, entry: ModelEntry, dataset, device: torch.de
     tmp = folder / ".census.safetensors.tmp"
     save_file(tensors, str(tmp))
     tmp.replace(folder / "census.safetensors")
-    record = {"label": label, "entry": entry.to_dict(), "planted": plant, "training": training,
+    record = {"label": label, "key": key, "entry": entry.to_dict(), "planted": plant, "training": training,
               "tokens": census.tokens, "thresholds": census.thresholds, "histograms": census.histograms,
               "rows": rows, "num_images": len(dataset), "schema_version": SCHEMA_VERSION,
               "parameters": sum(p.numel() for p in model.parameters())}
@@ -239,10 +275,16 @@ def load_census_tensors(out: str | Path, label: str) -> dict[str, torch.Tensor]:
 
 def run(study: RegistersStudy) -> dict[str, Any]:
     """Train what is missing, measure every model, and write results.json and results.csv; returns the payload."""
+    with writer_lock(study.out, what="study folder"):  # one writer from the first check to results.json
+        return _run(study)
+
+
+def _run(study: RegistersStudy) -> dict[str, Any]:
     started = dt.datetime.now(dt.UTC)
     out = Path(study.out)
-    out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(study.device)
+    for _, objective, registers, seed in study.trained():  # a run started with other settings is not reused
+        check_same_run(study.train_config(objective, registers, seed, study.device))
     trained = study.trained()
     launch = Launch(device=study.device, launcher=study.launcher, slurm=study.slurm, name="vitscope-registers",
                     progress=study.progress)

@@ -31,6 +31,7 @@ from vitscope.data.dense_layouts import DEPTH, SEGMENTATION, load_dense
 from vitscope.files import write_json
 from vitscope.models import load as load_model
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
+from vitscope.run_folder import writer_lock
 from vitscope.studies.models import ModelEntry
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, devices, run_all
 from vitscope.studies.sparse.measure import DenseSets, MeasureSettings, measure_backbone
@@ -46,6 +47,7 @@ from vitscope.studies.sparse.presets import (
 from vitscope.studies.sparse.results import write_results
 from vitscope.train import TrainConfig, train
 from vitscope.train.config import read_config_file
+from vitscope.train.same_run import check_same_run
 
 KIND = "sparse-study"
 RECORD = "sparse.json"  # each run's measurement, in its run folder
@@ -247,14 +249,32 @@ def _train_and_measure(study: SparseStudy, spec: RunSpec, device: str) -> dict[s
     return record
 
 
+def _check_given_record(entry: ModelEntry, record: Path) -> None:
+    """A ValueError when ``record`` (a cached measurement) is of another model than ``entry``."""
+    if not record.is_file():
+        return
+    cached = (json.loads(record.read_text()).get("source") or {}).get("given")
+    if cached != json.loads(json.dumps(entry.to_dict())):
+        old = f"{(cached or {}).get('spec')}" + (f"@{cached['weights']}" if (cached or {}).get("weights") else "")
+        raise ValueError(f"--model {entry.label}={entry.spec}: {record.parent} holds the measurement of {old} under "
+                         f"this label; give the model another label, or pass another --out")
+
+
 def run(study: SparseStudy) -> dict[str, Any]:
     """Train and measure every (condition, seed) and given model through the study runner; write
     results.json, results.csv and summary.csv. Returns the results payload."""
     started = dt.datetime.now(dt.UTC)
-    Path(study.out).mkdir(parents=True, exist_ok=True)
-    records = run_all(study.specs(), functools.partial(_train_and_measure, study), out=study.out,
-                      record_name=RECORD, launch=study.launch())
-    meta = provenance(config=study.to_dict(), seed=study.seeds[0], dataset=study.data_name(),
-                      dataset_root=study.data_dir, device=resolve_device(devices(study.device)[0]), started=started)
-    return write_results(study.out, KIND, study.to_dict(), records, meta)
+    given = {m.label for m in study.models}
+    with writer_lock(study.out, what="study folder"):  # one writer from the first check to results.json
+        for spec in study.specs():  # a run started with other settings is neither resumed nor reused
+            if spec.condition not in given:
+                check_same_run(study.train_config(spec.condition, spec.seed, devices(study.device)[0]))
+        for entry in study.models:  # nor a measurement of another model under the same label
+            _check_given_record(entry, RunSpec(entry.label, 0).folder(study.out) / RECORD)
+        records = run_all(study.specs(), functools.partial(_train_and_measure, study), out=study.out,
+                          record_name=RECORD, launch=study.launch())
+        meta = provenance(config=study.to_dict(), seed=study.seeds[0], dataset=study.data_name(),
+                          dataset_root=study.data_dir, device=resolve_device(devices(study.device)[0]),
+                          started=started)
+        return write_results(study.out, KIND, study.to_dict(), records, meta)
 

@@ -219,14 +219,19 @@ class DinoObjective(Objective):
         return {"knn_top1": self.knn(), "knn_top1_init": self.knn_init}
 
     def state_dict(self) -> dict[str, Any]:
+        # the collapse monitors' open window: the first metrics row after a resume averages the same steps
         return {"student": self.student.state_dict(), "teacher": self.teacher.state_dict(),
-                "centre": self.centre.cpu(), "knn_top1_init": self.knn_init}
+                "centre": self.centre.cpu(), "knn_top1_init": self.knn_init,
+                "monitor_sums": dict(self._monitor_sums), "monitor_count": self._monitor_count}
 
     def restore(self, checkpoint: Path, state: dict[str, Any]) -> None:
         self.student.load_state_dict(state["student"])
         self.teacher.load_state_dict(state["teacher"])
         self.centre = state["centre"].to(self.ctx.device)
         self.knn_init = state["knn_top1_init"]
+        # checkpoints written before the monitors' window was kept resume with an empty one
+        self._monitor_sums = dict(state.get("monitor_sums", {}))
+        self._monitor_count = int(state.get("monitor_count", 0))
 
     def summary(self) -> dict[str, Any]:
         return {"knn_top1_init": self.knn_init}
