@@ -1,5 +1,8 @@
 """One atomic writer and one owner of the run-folder layout."""
 
+import io
+import sys
+
 import pytest
 import torch
 
@@ -32,3 +35,25 @@ def test_run_folder_model_follows_every_checkpoint_and_load_reads_only_it(tmp_pa
     model_file(tmp_path).unlink()  # a checkpoint alone is the trainer's state, not the run's model
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         load(str(tmp_path))
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:  # tqdm shows its bar only on a terminal (disable=None)
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_decoding_an_archive_sized_folder_shows_progress_on_a_terminal_only(tmp_path, monkeypatch, terminal):
+    from PIL import Image
+
+    import vitscope.data.files as files
+
+    for i in range(3):
+        Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / f"{i}.png")
+    monkeypatch.setattr(files, "PROGRESS_FROM", 2)  # as if the folder held CIFAR's 60k images
+    stream = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    images = files.decode_images(files.FileTree(tmp_path), ["0.png", "1.png", "2.png"])
+    assert images.shape == (3, 3, 8, 8) and images[2, 0, 0, 0] == 80
+    shown = stream.getvalue()
+    assert (f"decoding {tmp_path.name}" in shown and "/3 " in shown and "img/s" in shown) is terminal

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 import torch
+from tqdm import tqdm
 
 from vitscope.data.folder_layout import IMAGE_SUFFIXES, SPLIT_FOLDERS
 from vitscope.data.pixels import DEFAULT_CROP_PCT, decode_rgb, eval_view
@@ -144,6 +145,9 @@ class FileTree:
         return ", ".join(shown) or "(empty)"
 
 
+PROGRESS_FROM = 5000  # images from which decoding shows progress on a terminal (CIFAR's 60k: about a minute)
+
+
 def decode_images(tree: FileTree, paths: list[str], size: int | None = None, *,
                   crop_pct: float = DEFAULT_CROP_PCT, mixed_size: int | None = None) -> torch.Tensor:
     """Decode ``paths`` to a uint8 RGB tensor (N, 3, H, W) with ``vitscope.data.pixels.decode_rgb``.
@@ -159,8 +163,9 @@ def decode_images(tree: FileTree, paths: list[str], size: int | None = None, *,
         image = decode_rgb(data, str(PurePosixPath(tree.root) / tree.prefix / path))  # in an archive: its path first
         return image if size is None else eval_view(image, size, crop_pct)
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        images = list(pool.map(decode, blobs))
+    with ThreadPoolExecutor(max_workers=4) as pool:  # a bar (rate, ETA) on a terminal for archive-sized folders
+        images = list(tqdm(pool.map(decode, blobs), total=len(blobs), desc=f"decoding {Path(tree.root).name}",
+                           unit="img", leave=False, disable=len(blobs) < PROGRESS_FROM or None))
     shapes = sorted({tuple(im.shape[-2:]) for im in images})
     if len(shapes) > 1 and mixed_size is not None:
         images = [eval_view(image, mixed_size, crop_pct) for image in images]
