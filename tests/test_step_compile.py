@@ -116,3 +116,11 @@ def test_compiled_pack_step_equals_eager_and_checkpoints_keep_eager_keys(tmp_pat
         step = sorted((tmp_path / c.out / "checkpoints").glob("step-*"))[-1]
         assert set(load_file(str(step / "model.safetensors"))) == expected
 
+
+
+def test_eager_by_the_configs_default_says_nothing(monkeypatch, compile_calls):
+    """Every run (and every one-line refusal) printed 'runs eagerly' when nobody asked to compile."""
+    monkeypatch.delenv(ENV, raising=False)
+    lines = []
+    runner = step_runner(torch.nn.Linear(3, 2), False, say=lines.append)
+    assert runner.path == "eager" and not compile_calls and lines == []

@@ -18,6 +18,14 @@ LONG_CELL = 40  # characters from which a cell is prose (a power line, a method)
 INDEX_LINK = '<p class="back"><a href="../index.html">&larr; all studies (index.html)</a></p>'
 
 
+def study_results(out: Path, study: str) -> dict[str, Any]:
+    """The ``results.json`` of study folder ``out``, or a FileNotFoundError naming the command that writes it."""
+    results_file = out / "results.json"
+    if not results_file.is_file():
+        raise FileNotFoundError(f"{results_file} does not exist; run the study first (vitscope study {study})")
+    return json.loads(results_file.read_text())
+
+
 def index_link(report_dir: str | Path) -> str:
     """The link back to ``index.html`` one folder up (where ``vitscope demo`` writes it); empty when there is
     none, so that a study run on its own has no dead link."""

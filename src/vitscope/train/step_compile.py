@@ -4,7 +4,8 @@
 config key ``compile`` and switched off by ``VITSCOPE_COMPILE=0`` (read when a run starts, never at import);
 ``VITSCOPE_COMPILE=1`` asks for it whatever the config says. When ``torch.compile`` is missing or fails (at wrap
 time or at the first call, where inductor compiles), the step runs eagerly and training proceeds. One line on
-stderr says which path runs, and why.
+stderr says which path runs, and why, whenever compiling was asked for or switched off by hand (eager by the
+config's default is silent).
 
 The wrapper is no module: checkpoints save the wrapped model itself, so their state-dict keys are the eager ones
 (a compiled module would prefix them with ``_orig_mod.``) and runs resume across both paths. Compiling costs a
@@ -50,7 +51,7 @@ class StepRunner:
                 self._fall_back(err)
                 return
             self.say(f"vitscope: training step compiled with torch.compile ({why}; {ENV}=0 runs it eagerly)")
-        else:
+        elif why.startswith(ENV):  # switched off by hand: say so; eager by the config's default is the quiet case
             self.say(f"vitscope: training step runs eagerly ({why})")
 
     @property

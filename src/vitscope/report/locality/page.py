@@ -19,7 +19,7 @@ from vitscope.analyze.locality import DEFINITIONS
 from vitscope.files import atomic_write_bytes
 from vitscope.metrics import early_layers
 from vitscope.report.figures import locality as figures
-from vitscope.report.html import image, index_link, page, table
+from vitscope.report.html import image, index_link, page, study_results, table
 from vitscope.report.openings import locality_opening as opening
 from vitscope.report.render import trusted
 from vitscope.studies.locality.results import PAPER, judged_claims
@@ -232,10 +232,7 @@ def _provenance(results: dict[str, Any]) -> list[dict[str, Any]]:
 def build_report(out: str | Path) -> Path:
     """Build ``report.html`` (figures embedded) from the study in ``out``; returns its path."""
     out = Path(out)
-    results_file = out / "results.json"
-    if not results_file.is_file():
-        raise FileNotFoundError(f"{results_file} does not exist; run the study first (vitscope study locality)")
-    results = json.loads(results_file.read_text())
+    results = study_results(out, "locality")
     paths = make_figures(out, results)
     early = _early(results)
     claims = [{"comparison": _name(c), "measure": c["measure"], "paper effect": c["expected"], "with": c["with"],

@@ -12,7 +12,7 @@ from vitscope.files import atomic_write_bytes
 from vitscope.metrics.high_norm import MAX_FRACTION, MIN_RATIO
 from vitscope.models import PRESETS
 from vitscope.report.figures.norms import high_norm_maps
-from vitscope.report.html import fmt, image, index_link, page, table
+from vitscope.report.html import fmt, image, index_link, page, study_results, table
 from vitscope.report.openings import registers_opening
 from vitscope.report.registers import figures as rf
 from vitscope.report.render import trusted
@@ -319,10 +319,7 @@ def _scale_note(results: dict[str, Any]) -> str:
 def build_report(out: str | Path) -> Path:
     """Build ``report.html`` (figures embedded) from the study in ``out``; returns its path."""
     out = Path(out)
-    results_file = out / "results.json"
-    if not results_file.is_file():
-        raise FileNotFoundError(f"{results_file} does not exist; run the study first (vitscope study registers)")
-    results = json.loads(results_file.read_text())
+    results = study_results(out, "registers")
     paths = make_figures(out, results)
     checks = detector_check(results["rows"], results["models"])
     sections = [

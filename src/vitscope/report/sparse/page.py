@@ -12,7 +12,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from vitscope.files import atomic_write_bytes
-from vitscope.report.html import image, index_link, page, table
+from vitscope.report.html import image, index_link, page, study_results, table
 from vitscope.report.openings import sparse_opening
 from vitscope.report.render import trusted
 from vitscope.report.sparse import figures as sparse_figures
@@ -257,10 +257,7 @@ def settings_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 def build_report(out: str | Path) -> Path:
     """Build ``report.html`` (figures embedded) from the study in ``out``; returns its path."""
     out = Path(out)
-    results_file = out / "results.json"
-    if not results_file.is_file():
-        raise FileNotFoundError(f"{results_file} does not exist; run the study first (vitscope study sparse)")
-    results = json.loads(results_file.read_text())
+    results = study_results(out, "sparse")
     paths = make_figures(out, results)
     claims = results["claims"]
     verdicts = "".join(f"<li><b>{html.escape(c['verdict'])}</b>: {html.escape(c['sentence'])}</li>" for c in claims)
