@@ -17,6 +17,7 @@ SCRIPT = textwrap.dedent("""
     import json, resource
     import torch
     from vitscope.memory import freed_memory_kept
+    import vitscope.record  # noqa: F401  (a training process has its modules loaded: small objects find room elsewhere)
 
     def faults(steps):  # minor page faults while a fresh 40 MiB array is written and freed, steps times
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
