@@ -16,25 +16,10 @@ import pytest
 import torch
 from PIL import Image
 
+from cli_refusals import refused
 from vitscope.cli import main
 from vitscope.models import create, save_model
 from vitscope.train import TrainConfig, train
-
-
-def refused(argv: list[str], capsys) -> str:
-    """The one stderr line of ``vitscope ARGV``, which must exit 2 (argparse errors exit through SystemExit)."""
-    capsys.readouterr()
-    try:
-        code = main(argv)
-    except SystemExit as exit_info:
-        code = exit_info.code
-    captured = capsys.readouterr()
-    assert code == 2, (argv, captured)
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("vitscope: error: "), captured.err
-    assert "usage:" not in captured.err and "Traceback" not in captured.err
-    return lines[0]
-
 
 # (argv, what the line must name): each exited 0 with a wrong result, or printed argparse's usage block
 ARGUMENT_CASES = [

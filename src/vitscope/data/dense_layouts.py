@@ -63,13 +63,18 @@ def read_rgb(path: Path) -> Tensor:
         raise _unreadable(path, "an image", err) from None
 
 
-def _indices(path: Path) -> np.ndarray:
+def _single_channel(path: Path, modes: tuple[str, ...], dtype: type, what: str) -> tuple[np.ndarray | None, str]:
+    """(values as ``dtype``, PIL mode) of the image at ``path``; values None when its mode is not in ``modes``."""
     try:
         with Image.open(path) as image:
             mode = image.mode
-            values = np.asarray(image).astype(np.int64) if mode in ("P", "L", "I", "I;16") else None
-    except (OSError, ValueError, SyntaxError) as err:
-        raise _unreadable(path, "a mask image", err) from None
+            return (np.asarray(image).astype(dtype) if mode in modes else None), mode
+    except (OSError, ValueError, SyntaxError) as err:  # PIL: UnidentifiedImageError, truncated data
+        raise _unreadable(path, what, err) from None
+
+
+def _indices(path: Path) -> np.ndarray:
+    values, mode = _single_channel(path, ("P", "L", "I", "I;16"), np.int64, "a mask image")
     if values is None:
         raise ValueError(f"{path}: mask mode {mode} holds no class indices; save masks as 8-bit "
                          "single-channel or palette PNGs of class indices")
@@ -221,12 +226,7 @@ def _depth_file(path: Path, scale8: float, scale16: float) -> Tensor:
             raise ValueError(f"{path}: a .npy depth map must be a 2-D array of metres, got {depth.dtype} of shape "
                              f"{depth.shape}")
         return torch.from_numpy(depth.astype(np.float32))
-    try:
-        with Image.open(path) as image:
-            mode = image.mode
-            values = np.asarray(image).astype(np.float32) if mode in ("L", "I;16", "I;16B", "I") else None
-    except (OSError, ValueError, SyntaxError) as err:
-        raise _unreadable(path, "a depth image", err) from None
+    values, mode = _single_channel(path, ("L", "I;16", "I;16B", "I"), np.float32, "a depth image")
     if values is None:
         raise ValueError(f"{path}: depth image mode {mode} is neither 8-bit nor 16-bit single-channel; "
                          "store depth as documented in vitscope.data.dense_layouts")
