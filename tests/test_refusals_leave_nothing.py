@@ -134,6 +134,8 @@ CASES = [
                                              "--model", "a=nope", "--device", "cpu"], "unknown model spec 'nope'"),
     ("study-sparse-bad-model", lambda d: ["study", "sparse", "--conditions", "", "--model", "a=nope",
                                           "--device", "cpu"], "unknown model spec 'nope'"),
+    ("study-sparse-img-size-without-model", lambda d: ["study", "sparse", "--img-size", "56", "--device", "cpu"],
+     "--img-size 56 sets the input side of --model entries"),
     ("study-locality-missing-data", lambda d: ["study", "locality", "--conditions", "baseline", "--dataset", "cifar10",
                                                "--data-dir", str(d / "none"), "--epochs", "1", "--device", "cpu"],
      "none"),

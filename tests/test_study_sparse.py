@@ -13,11 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from vitscope.cli import main
 from vitscope.studies.runner import RunSpec
 from vitscope.studies.sparse.results import claims as sparse_claims
-from vitscope.studies.sparse.study import RECORD, SparseStudy, parse_condition, run, torchrun_command
+from vitscope.data import ImageDataset
+from vitscope.studies.sparse.study import (RECORD, SparseStudy, parse_condition, probe_sets, run,
+                                           torchrun_command)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -253,3 +256,40 @@ def test_report_claims_table_carries_the_rule_columns(killed_then_finished):
         assert f"<th>{column}</th>" in section
     assert "needs &gt;= 2 seeds per side to measure the noise" in section  # the demo's one seed per side
     assert "paper: ImageNet linear probe 69.50 -&gt; 70.06" in section  # each effect stated once, with its source
+
+
+def test_a_timm_model_is_measured_at_img_size(tmp_path, monkeypatch):
+    """A given timm model (no top-level grid_size, forward_features a tensor) measured at --img-size: its record
+    holds its 2 x 2 grid at 32 px (224 px: 14 x 14), and its examples the last layer's patch tokens for the PCA
+    maps, equal to the probes' reader."""
+    from safetensors.torch import load_file, save_file
+
+    import vitscope.cli.study.sparse as sparse_cli
+    from vitscope.models import load
+    from vitscope.probes.features import extract_features
+    from vitscope.report.sparse.page import build_report
+
+    seen = {}
+    monkeypatch.setattr(sparse_cli, "run_sparse_study", lambda **options: seen.update(options) or tmp_path)
+    assert main(["study", "sparse", "--conditions", "", "--model", "t=timm:vit_tiny_patch16_224", "--img-size", "32",
+                 "--out", str(tmp_path / "cli")]) == 0
+    assert [m.options for m in seen["models"]] == [{"img_size": 32}]  # the CLI hands the size to every --model
+    out, weights = tmp_path / "study", tmp_path / "tiny.safetensors"
+    model = load("timm:vit_tiny_patch16_224", img_size=32).eval()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    settings = TINY | {"conditions": [], "models": [{"label": "t", "spec": "timm:vit_tiny_patch16_224",
+                                                     "weights": str(weights), "options": {"img_size": 32}}],
+                       "seg": {}, "depth": {}, "out": str(out)}
+    run(SparseStudy(**settings))
+    record = json.loads((RunSpec("t", 0).folder(out) / RECORD).read_text())
+    assert record["grid_size"] == [2, 2] and record["num_prefix_tokens"] == 1
+    examples = load_file(str(RunSpec("t", 0).folder(out) / "examples.safetensors"))
+    _, eval_set = probe_sets(SparseStudy(**settings), None)
+    count = len(examples["images"])
+    first = ImageDataset(eval_set.name, eval_set.split, eval_set.images[:count], eval_set.labels[:count],
+                         eval_set.classes, eval_set.mean, eval_set.std, eval_set.root)
+    assert torch.equal(examples["images"], first.images)
+    want = next(iter(extract_features(model, first, "last", cache=False, progress=False).values()))
+    assert examples["patches_last"].shape == (count, 4, 192)
+    torch.testing.assert_close(examples["patches_last"], want.patches.float(), atol=1e-4, rtol=1e-4)
+    assert "PCA maps" in build_report(out).read_text() and (out / "figures" / "pca_maps.png").is_file()

@@ -8,6 +8,7 @@ results and reports (letters, digits and ``._+-``). Shared by every study that t
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,11 +61,14 @@ def parse_model_entry(text: str, flag: str = "--model") -> ModelEntry:
     return ModelEntry(label.strip(), spec, weights)
 
 
-def parse_model_entries(texts: list[str], flag: str = "--model") -> list[ModelEntry]:
-    """Several ``--model`` (or ``flag``) values; labels must be unique."""
+def parse_model_entries(texts: list[str], flag: str = "--model", img_size: int | None = None) -> list[ModelEntry]:
+    """Several ``--model`` (or ``flag``) values; labels must be unique. ``img_size`` (``--img-size``): every
+    model loaded and measured at that side in pixels (its position table resampled), else at its own."""
     entries = [parse_model_entry(t, flag) for t in texts]
     labels = [e.label for e in entries]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
         raise ValueError(f"model label(s) {', '.join(repeated)} given more than once; give each {flag} its own label")
-    return entries
+    if img_size is None:
+        return entries
+    return [dataclasses.replace(e, options={**e.options, "img_size": img_size}) for e in entries]

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from vitscope.cli.common import add_shared, output_dir, positive_int
 from vitscope.run_folder import writer_lock
-
-if TYPE_CHECKING:
-    from vitscope.studies.models import ModelEntry
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -89,13 +84,6 @@ def _plant(text: str | None) -> dict | str | None:
     return {"model": label, "layer": int(layer) - 1, "count": 2, "scale": 20.0}
 
 
-def sized_entries(entries: list[ModelEntry], img_size: int | None) -> list[ModelEntry]:
-    """``entries`` (``ModelEntry``) loaded and measured at ``img_size`` pixels when it is given, else unchanged."""
-    if img_size is None:
-        return entries
-    return [dataclasses.replace(e, options={**e.options, "img_size": img_size}) for e in entries]
-
-
 def run_registers_study(**options) -> Path:
     from vitscope.report.registers.page import build_report
     from vitscope.studies.registers.study import RegistersStudy, run
@@ -128,7 +116,7 @@ def run_registers(args: argparse.Namespace) -> int:
         registers=None if args.registers is None else _ints(args.registers, "--registers"),
         model=args.train_model, objectives=_names(args.objectives), dino_config=args.dino_config,
         seeds=_ints(args.seeds, "--seeds") if args.seeds else [args.seed],
-        models=sized_entries(parse_model_entries(args.model), args.img_size), weights_dir=args.weights_dir,
+        models=parse_model_entries(args.model, img_size=args.img_size), weights_dir=args.weights_dir,
         plant=_plant(args.plant),
         census=census, probes=probes, epochs=args.epochs, batch_size=args.batch_size,
         train_images=args.train_images, eval_images=args.eval_images, device=args.device, out=args.out,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitscope.cli.common import add_shared, output_dir, parse_seeds
+from vitscope.cli.common import add_shared, output_dir, parse_seeds, positive_int
 from vitscope.run_folder import writer_lock
 
 
@@ -26,6 +26,10 @@ def add_parser(studies) -> None:
     sp.add_argument("--model", dest="models", action="append", default=[], metavar="LABEL=SPEC[@WEIGHTS]",
                     help="measure an existing run folder, checkpoint or timm model with local weights instead of "
                          "training (repeatable; default: none)")
+    sp.add_argument("--img-size", type=positive_int, default=None, metavar="N",
+                    help="input side in pixels for every --model (its position table resampled; a multiple of its "
+                         "patch size), e.g. 224 for DINOv2's patch-14 models, whose own default is 518 (default: "
+                         "each model's own size); trained conditions keep the preset's crop sizes")
     sp.add_argument("--dataset", default=None, help="pretraining and probe data (default by preset)")
     sp.add_argument("--data-dir", default=None,
                     help="dataset folder or archive (default by preset; none for synthetic)")
@@ -74,9 +78,12 @@ def run_sparse(args: argparse.Namespace) -> int:
     from vitscope.studies.models import parse_model_entries
 
     conditions = None if args.conditions is None else [c for c in args.conditions.split(",") if c.strip()]
+    if args.img_size is not None and not args.models:
+        raise ValueError(f"--img-size {args.img_size} sets the input side of --model entries, and none is given; "
+                         "trained conditions keep the preset's crop sizes (drop --img-size, or add --model LABEL=SPEC)")
     report = run_sparse_study(
         preset=args.preset, dataset=args.dataset, data_dir=args.data_dir, conditions=conditions,
-        seeds=parse_seeds(args.seeds, args.seed), models=parse_model_entries(args.models),
+        seeds=parse_seeds(args.seeds, args.seed), models=parse_model_entries(args.models, img_size=args.img_size),
         epochs=args.epochs, batch_size=args.batch_size, train_images=args.train_images,
         eval_images=args.eval_images, probe_train_images=args.probe_images,
         seg=named_paths(args.seg, "--seg"), depth=named_paths(args.depth, "--depth"),

@@ -132,12 +132,14 @@ def save_examples(model: nn.Module, dataset: ImageDataset, count: int, path: Pat
     last = depth_of(model) - 1
     with record_attention(model.to(device).eval(), layers=[0, last]) as rec:
         model(images)
-    patches = model.forward_features(images)["patches"] if hasattr(model, "forward_features") else None
+    # the last layer's patch tokens after the final norm, by the probes' own reader (every model family)
+    last_tokens = extract_features(model, sample, "last", batch_size=count, device=device, cache=False,
+                                   progress=False)
+    patches = next(iter(last_tokens.values())).patches
     tensors: dict[str, Tensor] = {"images": sample.images.contiguous(),
                                   "attention_first": rec.maps[0].float().cpu().contiguous(),
-                                  "attention_last": rec.maps[-1].float().cpu().contiguous()}
-    if isinstance(patches, Tensor):
-        tensors["patches_last"] = patches.float().cpu().contiguous()
+                                  "attention_last": rec.maps[-1].float().cpu().contiguous(),
+                                  "patches_last": patches.float().cpu().contiguous()}
     tmp = path.with_name(f".{path.name}.tmp")
     save_file(tensors, str(tmp))
     tmp.replace(path)
@@ -172,10 +174,10 @@ def measure_backbone(model: nn.Module, label: str, train: ImageDataset, eval_set
     folder.mkdir(parents=True, exist_ok=True)
     cache = folder / "features"
     model = model.to(device).eval()
+    layout = token_layout(model)  # every family's token geometry (a timm model has no top-level grid_size)
     record: dict[str, Any] = {"label": label, "parameters": sum(p.numel() for p in model.parameters()),
-                              "num_prefix_tokens": int(model.num_prefix_tokens),
-                              "num_registers": int(getattr(model, "num_registers", 0) or 0),
-                              "grid_size": list(getattr(model, "grid_size", ())), "depth": depth_of(model),
+                              "num_prefix_tokens": layout.num_prefix_tokens, "num_registers": layout.num_registers,
+                              "grid_size": list(layout.grid_size), "depth": depth_of(model),
                               "probe_train_images": len(train), "eval_images": len(eval_set)}
     record["image"] = image_probes(model, train, eval_set, settings, device, cache, progress)
     record["attention"] = attention_statistics(model, eval_set, settings.batch_size, device, progress)
