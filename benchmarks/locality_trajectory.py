@@ -3,7 +3,10 @@
 The study measures each run once, at its end; this script measures the snapshots the trainer keeps, on the same
 evaluation sample, so that a trend over epochs can be read (docs/results/locality-cpu.md). Definitions are those
 of docs/definitions.md (MAD normalised to [0, 1], rows renormalised; minimum over the heads of the first quarter of
-the layers). Writes ``trajectory.csv`` and ``figures/min_early_mad_by_epoch.png`` into the study folder.
+the layers). At every epoch that all runs reached, the CutMix claims (minimum early MAD, top-1) are judged by the
+study's own rule (``vitscope.studies.locality.verdicts.judge``: ``vitscope.stats`` with the locality precondition),
+with CutMix conditions against the others. Writes ``trajectory.csv``, ``verdicts.csv`` and
+``figures/min_early_mad_by_epoch.png`` into the study folder.
 
     python benchmarks/locality_trajectory.py STUDY_DIR
 """
@@ -26,6 +29,7 @@ from vitscope.analyze import measure_locality  # noqa: E402
 from vitscope.data import load_dataset  # noqa: E402
 from vitscope.files import write_csv  # noqa: E402
 from vitscope.models import load  # noqa: E402
+from vitscope.studies.locality.verdicts import judge, locality_precondition  # noqa: E402
 
 UNIFORM_8X8 = 0.4178  # normalised MAD of uniform attention on an 8 x 8 grid (docs/definitions.md)
 PAPER_WITH, PAPER_WITHOUT = 0.024, 0.210  # the paper's bounds: CutMix conditions <=, the others >=
@@ -52,6 +56,39 @@ def trajectory(study: Path, batch_size: int = 250) -> list[dict]:
             print(f"{cfg['protocol']:>24} seed {cfg['seed']} epoch {epoch:>3}: "
                   f"min early MAD {rows[-1]['min_early_mad']:.4f}, top-1 {result.accuracy:.3f}", flush=True)
     return rows
+
+
+def snapshot_verdicts(rows: list[dict]) -> list[dict]:
+    """One row per (epoch every run reached, measure): CutMix conditions against the others, judged as the study
+    judges its final runs (one value per run; the precondition from each condition's mean minimum early MAD)."""
+    runs = {(r["condition"], r["seed"]) for r in rows}
+    out = []
+    for epoch in sorted({r["epoch"] for r in rows}):
+        at = [r for r in rows if r["epoch"] == epoch]
+        if {(r["condition"], r["seed"]) for r in at} != runs:
+            continue  # some run has not reached this epoch: no comparison of unequal training
+        with_, without = ([r for r in at if ("cutmix" in r["condition"]) == side] for side in (True, False))
+        if not with_ or not without:
+            continue
+        minima = {c: float(np.mean([r["min_early_mad"] for r in at if r["condition"] == c]))
+                  for c in dict.fromkeys(r["condition"] for r in at)}
+        precondition = locality_precondition(minima, UNIFORM_8X8)
+        for measure in ("min_early_mad", "accuracy"):
+            claim = {"claim": f"cutmix {measure}", "measure": measure,
+                     "values_with": [r[measure] for r in with_], "values_without": [r[measure] for r in without]}
+            if measure == "min_early_mad":
+                claim["precondition"] = {"met": precondition.met, "reason": precondition.reason}
+            judged = judge(claim)
+            out.append({"epoch": epoch, "measure": measure, "runs_with": judged["runs_with"],
+                        "runs_without": judged["runs_without"],
+                        "mean_with": float(np.mean(claim["values_with"])),
+                        "mean_without": float(np.mean(claim["values_without"])),
+                        "difference": judged["difference"], "ci95_low": judged["ci95_low"],
+                        "ci95_high": judged["ci95_high"], "paper_effect": judged["expected"],
+                        "verdict": judged["verdict"], "reason": judged["reason"]})
+            print(f"epoch {epoch:>3} {measure:>13}: with - without {judged['difference']:+.4f} "
+                  f"[{judged['ci95_low']:+.4f}, {judged['ci95_high']:+.4f}] -> {judged['verdict']}", flush=True)
+    return out
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -86,8 +123,9 @@ def main() -> None:
     args = parser.parse_args()
     rows = trajectory(args.study)
     write_csv(args.study / "trajectory.csv", rows)
+    write_csv(args.study / "verdicts.csv", snapshot_verdicts(rows))
     plot(rows, args.study / "figures" / "min_early_mad_by_epoch.png")
-    print(f"wrote {args.study / 'trajectory.csv'} and figures/min_early_mad_by_epoch.png")
+    print(f"wrote {args.study / 'trajectory.csv'}, verdicts.csv and figures/min_early_mad_by_epoch.png")
 
 
 if __name__ == "__main__":
