@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from vitscope.cli import main
+from vitscope.data import ImageDataset
 from vitscope.studies.runner import RunSpec
 from vitscope.studies.sparse.results import claims as sparse_claims
-from vitscope.data import ImageDataset
-from vitscope.studies.sparse.study import (RECORD, SparseStudy, parse_condition, probe_sets, run,
-                                           torchrun_command)
+from vitscope.studies.sparse.study import RECORD, SparseStudy, parse_condition, probe_sets, run, torchrun_command
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SRC = Path(__file__).resolve().parents[1] / "src"
