@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vitscope.metrics.high_norm import is_separate_mode
 from vitscope.stats import wilson_interval
-from vitscope.studies.registers.findings import MAX_FRACTION, MIN_RATIO, artifact_layers, findings
+from vitscope.studies.registers.findings import artifact_layers, findings
 
 DATASETS = {"c10": "cifar10", "c100": "cifar100", "syn": "synthetic (texture cue, 224 px)"}
 FIGURES = {  # run folder / file -> name on the page
@@ -84,8 +85,8 @@ def locality(runs: Path) -> dict[str, Any]:
 
 def separate_mode(layer: dict[str, Any], threshold: float) -> bool:
     """The registers study's test (``studies.registers.findings.artifact_layers``) on one layer of ``analyze
-    norms --threshold auto``: at most MAX_FRACTION of patches above a threshold >= MIN_RATIO x the median."""
-    return 0 < layer["high_norm_fraction"] <= MAX_FRACTION and threshold >= MIN_RATIO * layer["patch_norm_p50"]
+    norms --threshold auto``: ``vitscope.metrics.high_norm.is_separate_mode`` on its share above and median."""
+    return is_separate_mode(layer["high_norm_fraction"], threshold, layer["patch_norm_p50"])
 
 
 def norms(runs: Path) -> dict[str, Any]:
