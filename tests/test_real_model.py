@@ -21,6 +21,7 @@ from vitscope.cli import main
 from vitscope.data import load_dataset
 from vitscope.models import load
 from vitscope.probes import knn_probe
+from vitscope.stats import wilson_interval
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 WEIGHTS = SHARED / "dinov2s_imgfocus_timm.safetensors"
@@ -94,21 +95,24 @@ def uniform_mad(side: int) -> float:
 
 @pytest.mark.skipif(not CIFAR10.exists(), reason="../shared/data/cifar10_jpg.tar.gz is not present")
 def test_real_model_reads_cifar10_above_its_random_twin_and_attends_locally_mid_depth(tmp_path):
-    """Measured (Dec 2, this sample): kNN top-1 at token layer 12, CLS 0.22 vs the twin's 0.12; layer 8, mean patch
-    0.44 vs 0.30 (chance 0.10). Far below DINOv2's published CIFAR-10 figures: this checkpoint was fine-tuned for
-    saliency (../shared/data/README.md), and 10 training images per class at 32 px upsampled to 224 are few.
-    Mid-layer MAD (attention layer 6 of 12, 4 images): 0.217 against 0.392 for uniform attention on 16 x 16."""
+    """kNN top-1 on a seeded CIFAR-10 sample, 50 training images per class: the CLS token's 95 % Wilson interval lies
+    wholly above its random-init twin's; the layer-8 mean patch token beats its twin by 0.1 or more. Measured values in
+    docs/results/real-vit-small.md (1,000 + 500 images: CLS 0.43 against 0.13). Far below DINOv2's published CIFAR-10
+    figures: this checkpoint was fine-tuned for saliency (../shared/data/README.md), and 32 px images upsampled to 224
+    are blurry. Mid-layer MAD (attention layer 6 of 12, 4 images): 0.217 against 0.392 for uniform on 16 x 16."""
     assert uniform_mad(8) == pytest.approx(0.4178, abs=1e-4)  # DESIGN.md's reference value checks the formula
-    train = load_dataset("cifar10", CIFAR10, "train").subset(100, seed=0)  # 10 per class: 300 forwards in all,
-    held = load_dataset("cifar10", CIFAR10, "eval").subset(50, seed=0)  # twin included (about 15 s on 2 idle cores)
+    train = load_dataset("cifar10", CIFAR10, "train").subset(500, seed=0)  # 50 per class: 1,400 forwards with the
+    held = load_dataset("cifar10", CIFAR10, "eval").subset(200, seed=0)  # twin (about 2-3 min on 2 idle cores)
     model = load("timm:vit_small_patch14_dinov2", weights=WEIGHTS, img_size=224).eval()
     options = {"cache": tmp_path, "progress": False, "batch_size": 50}  # the second pooling reuses the features
     by_cls = knn_probe(model, train, held, "8,last", pool="cls", **options)
     by_mean = knn_probe(model, train, held, "8,last", pool="mean", **options)
     twin = "model (random init)"
-    assert by_cls.value(12, "cls", "knn_top1") - by_cls.value(12, "cls", "knn_top1", model=twin) >= 0.06
+    trained, random = by_cls.value(12, "cls", "knn_top1"), by_cls.value(12, "cls", "knn_top1", model=twin)
+    low, _ = wilson_interval(round(trained * len(held)), len(held))
+    _, high = wilson_interval(round(random * len(held)), len(held))
+    assert low > high and trained >= 3 * 0.1, (trained, random)  # intervals apart, and three times chance
     assert by_mean.value(8, "mean", "knn_top1") - by_mean.value(8, "mean", "knn_top1", model=twin) >= 0.1
-    assert by_mean.value(8, "mean", "knn_top1") >= 0.3  # three times chance
     images = torch.stack([held.images[i] for i in range(4)]).float() / 255
     images = torch.nn.functional.interpolate(images, size=(224, 224), mode="bilinear", antialias=True)
     mean, std = (torch.tensor(model.pretrained_cfg[k]).view(1, 3, 1, 1) for k in ("mean", "std"))
