@@ -29,7 +29,7 @@ from vitscope.analyze import measure_locality  # noqa: E402
 from vitscope.data import load_dataset  # noqa: E402
 from vitscope.files import write_csv  # noqa: E402
 from vitscope.models import load  # noqa: E402
-from vitscope.studies.locality.verdicts import judge, locality_precondition  # noqa: E402
+from vitscope.studies.locality.verdicts import LOCAL_MARGIN, judge, locality_precondition  # noqa: E402
 
 UNIFORM_8X8 = 0.4178  # normalised MAD of uniform attention on an 8 x 8 grid (docs/definitions.md)
 PAPER_WITH, PAPER_WITHOUT = 0.024, 0.210  # the paper's bounds: CutMix conditions <=, the others >=
@@ -105,6 +105,8 @@ def plot(rows: list[dict], path: Path) -> None:
         if values.shape[1] > 1:
             ax.fill_between(epochs, values.min(axis=1), values.max(axis=1), color=colours(i), alpha=0.12)
     ax.axhline(UNIFORM_8X8, color="grey", lw=1, ls=":", label="uniform attention (0.4178)")
+    ax.axhline(UNIFORM_8X8 - LOCAL_MARGIN, color="grey", lw=1, ls="--",
+               label=f"testable below: uniform - {LOCAL_MARGIN:g} ({UNIFORM_8X8 - LOCAL_MARGIN:.4f})")
     ax.axhline(PAPER_WITHOUT, color="black", lw=0.8, ls="-.", label="paper: without CutMix >= 0.210")
     ax.axhline(PAPER_WITH, color="black", lw=0.8, ls="--", label="paper: with CutMix <= 0.024")
     ax.set(xlabel="epoch", ylabel="minimum early-layer MAD (normalised)", ylim=(0, 0.45),
