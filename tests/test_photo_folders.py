@@ -140,3 +140,49 @@ def test_analyze_locality_and_explore_read_a_mixed_size_folder_with_no_size_flag
                  "--out", str(tmp_path / "exp16")]) == 0
     assert main(["probe", "linear", *common, "--out", str(tmp_path / "probe")]) == 2  # no held-out split
     assert "held-out split" in capsys.readouterr().err and not (tmp_path / "probe").exists()
+
+
+def test_a_pretrained_models_interpolation_is_used_for_its_view_in_memory_streamed_and_fed(tmp_path):
+    """A timm model whose pretrained config names bicubic (as most ViTs do) gets bicubic views, as timm's eval
+    transform makes them: in memory, streamed and in ``model_batches``; a model that names none stays bilinear."""
+    import timm.data
+
+    from vitscope.analyze.inputs import model_batches, model_interpolation, model_view_options
+    from vitscope.data import normalize
+    from vitscope.models import load
+
+    model = load("timm:vit_tiny_patch16_224", img_size=32)
+    assert model.pretrained_cfg["interpolation"] == "bicubic" and model_interpolation(model) == "bicubic"
+    assert model_interpolation(load("vit-micro")) == "bilinear"  # vitscope's own models name none
+    root = make_layout(tmp_path / "photos", "classes")
+    options = model_view_options(model, "imagefolder", 32)
+    assert options == {"mixed_size": 32, "crop_pct": model.pretrained_cfg["crop_pct"], "interpolation": "bicubic"}
+    memory = load_dataset("imagefolder", root, "eval", **options)
+    streamed = open_streamed("imagefolder", root, "eval", image_size=32, crop_pct=options["crop_pct"],
+                             interpolation="bicubic")
+    assert torch.equal(memory.images, streamed.images_at(torch.arange(4)))
+    files = sorted(f for f in root.rglob("*") if f.is_file())
+    short = math.floor(32 / options["crop_pct"])
+    bicubic = v2.Compose([v2.Resize(short, interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
+                          v2.CenterCrop(32)])
+    for image, file in zip(memory.images, files, strict=True):
+        assert torch.equal(image, bicubic(decode_image(str(file))))
+    bilinear = load_dataset("imagefolder", root, "eval", mixed_size=32, crop_pct=options["crop_pct"])
+    assert (bilinear.images.float() - memory.images.float()).abs().max() > 2  # another resampling, another key
+    # timm's own eval transform for this model (PIL bicubic) gives the same view, to PIL's rounding
+    config = timm.data.resolve_data_config({"input_size": (3, 32, 32)}, model=model)  # the model's, at 32 px
+    assert config["interpolation"] == "bicubic"
+    timm_view = timm.data.create_transform(**config)(Image.open(files[0]))
+    mean, std = (torch.tensor(model.pretrained_cfg[k])[:, None, None] for k in ("mean", "std"))
+    assert (memory.images[0].float() / 255 - (timm_view * std + mean)).abs().mean() < 2 / 255
+    # a CIFAR-sized set (one size) keeps its pixels and is viewed at the model's side when fed, bicubic too
+    square = load_dataset("imagefolder", root, "eval", mixed_size=24, crop_pct=1.0)  # 24 x 24 views
+    fed, _ = next(model_batches(model, square, 4, "cpu"))
+    want = resize_center(square.images, short, 32)
+    torch.testing.assert_close(fed, normalize(want, model.pretrained_cfg["mean"], model.pretrained_cfg["std"]))
+
+
+def resize_center(images: torch.Tensor, short: int, size: int) -> torch.Tensor:
+    """torchvision's bicubic antialiased resize of the shorter side to ``short``, then the centre ``size`` crop."""
+    return v2.functional.center_crop(v2.functional.resize(images, [short], interpolation=v2.InterpolationMode.BICUBIC,
+                                                           antialias=True), [size, size])

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from vitscope.data import ImageDataset, normalize
 from vitscope.data.dataset import raw_batches
-from vitscope.data.pixels import check_crop_pct, default_crop_pct, eval_view
+from vitscope.data.pixels import DEFAULT_INTERPOLATION, INTERPOLATIONS, check_crop_pct, default_crop_pct, eval_view
 
 
 def model_side(model: nn.Module, img_size: int | None = None) -> int | None:
@@ -33,6 +33,20 @@ def model_crop_pct(model: nn.Module, dataset_name: str | None = None) -> float:
     return check_crop_pct(crop) if crop else default_crop_pct(dataset_name or "")
 
 
+def model_interpolation(model: nn.Module) -> str:
+    """How ``model``'s evaluation view resamples: its pretrained config's ``interpolation`` (as timm's eval
+    transform; bicubic for most pretrained ViTs) where the views support it, else bilinear."""
+    named = (getattr(model, "pretrained_cfg", None) or {}).get("interpolation")
+    return named if named in INTERPOLATIONS else DEFAULT_INTERPOLATION
+
+
+def model_view_options(model: nn.Module, dataset_name: str, img_size: int | None = None) -> dict[str, object]:
+    """``load_dataset`` options that view a folder of mixed-size images as ``model`` sees them: at its input side,
+    with its crop fraction and interpolation (images of one size keep their pixels; ``model_batches`` views them)."""
+    return {"mixed_size": model_side(model, img_size), "crop_pct": model_crop_pct(model, dataset_name),
+            "interpolation": model_interpolation(model)}
+
+
 def model_input(model: nn.Module, dataset: ImageDataset, img_size: int | None = None
                 ) -> tuple[int, tuple[float, ...], tuple[float, ...]]:
     """(side in pixels, mean, std) for inputs of ``model``: its ``model_side`` (else the dataset's image size),
@@ -47,12 +61,12 @@ def model_input(model: nn.Module, dataset: ImageDataset, img_size: int | None = 
 def model_batches(model: nn.Module, dataset: ImageDataset, batch_size: int, device: torch.device | str,
                   img_size: int | None = None) -> Iterator[tuple[Tensor, Tensor]]:
     """Normalised images (B, 3, S, S) and labels: each image's evaluation view at the model's input side S
-    (``eval_view``: kept when already S x S, else shorter side resized and a centre crop, never stretched),
-    computed on the CPU as the dataset loaders compute it, then moved to ``device``."""
+    (``eval_view``: kept when already S x S, else shorter side resized with the model's interpolation and a centre
+    crop, never stretched), computed on the CPU as the dataset loaders compute it, then moved to ``device``."""
     side, mean, std = model_input(model, dataset, img_size)
-    crop = model_crop_pct(model, getattr(dataset, "name", None))
+    crop, resampling = model_crop_pct(model, getattr(dataset, "name", None)), model_interpolation(model)
     for images, labels in raw_batches(dataset, batch_size, "cpu"):  # viewed on the CPU: the loaders' pixels
-        yield normalize(eval_view(images, side, crop).to(device), mean, std), labels.to(device)
+        yield normalize(eval_view(images, side, crop, resampling).to(device), mean, std), labels.to(device)
 
 
 def has_random_weights(spec: str, weights: str | None = None, pretrained: bool | None = None) -> bool:

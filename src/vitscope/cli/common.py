@@ -277,7 +277,7 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     """Device, dataset, model, output folder and the provenance of a command that measures a model."""
     import torch
 
-    from vitscope.analyze.inputs import model_crop_pct, model_side
+    from vitscope.analyze.inputs import model_view_options
     from vitscope.data import load_dataset
     from vitscope.models import load
     from vitscope.provenance import provenance, resolve_device
@@ -289,8 +289,7 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
                  download=args.download)
     options = dict(getattr(args, "dataset_options", {}))
     if args.dataset != "synthetic":  # images of mixed sizes are viewed at the model's input side, as it sees them
-        options = {"mixed_size": model_side(model, args.img_size), "crop_pct": model_crop_pct(model, args.dataset),
-                   **options}
+        options = {**model_view_options(model, args.dataset, args.img_size), **options}
     dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download, **options)
     dataset = dataset.subset(args.num_images, seed=args.seed)
     out = output_dir(args.out or default_out)  # after the model and data load: bad weights leave no folder

@@ -100,11 +100,10 @@ def register(commands) -> None:
 
 def _load(args: argparse.Namespace, split: str, count: int | None, model):
     """``split`` of the dataset, images of mixed sizes viewed at ``model``'s input side (as it sees them)."""
-    from vitscope.analyze.inputs import model_crop_pct, model_side
+    from vitscope.analyze.inputs import model_view_options
     from vitscope.data import load_dataset
 
-    view = ({} if args.dataset == "synthetic" else
-            {"mixed_size": model_side(model, args.img_size), "crop_pct": model_crop_pct(model, args.dataset)})
+    view = {} if args.dataset == "synthetic" else model_view_options(model, args.dataset, args.img_size)
     dataset = load_dataset(args.dataset, args.data_dir, split, download=args.download, **view)
     return dataset.subset(count, seed=args.seed)
 

@@ -1,10 +1,11 @@
 """Decoding image files and the evaluation view of an image: the one place both the in-memory loaders
 (``sources.py``, ``files.py``) and the streamed datasets (``stream.py``) turn bytes into model-sized pixels.
 
-The view is timm's evaluation transform, done with torchvision v2 (``resize`` + ``center_crop``, antialiased,
-bilinear): the shorter side is resized to ``floor(size / crop_pct)`` and the centre ``size`` x ``size`` is cut, so
-an image is never stretched. An image already ``size`` x ``size`` is kept as it is (CIFAR at its native 32 px
-keeps its pixels), and a square image at ``crop_pct`` 1 is plainly resized.
+The view is timm's evaluation transform, done with torchvision v2 (``resize`` + ``center_crop``, antialiased, with
+the model's interpolation: bicubic for most pretrained timm ViTs, bilinear where none is named): the shorter side is
+resized to ``floor(size / crop_pct)`` and the centre ``size`` x ``size`` is cut, so an image is never stretched.
+An image already ``size`` x ``size`` is kept as it is (CIFAR at its native 32 px keeps its pixels), and a square
+image at ``crop_pct`` 1 is plainly resized.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 from torchvision import tv_tensors
 from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2.functional import center_crop, clamp_bounding_boxes, resize
 
 DEFAULT_CROP_PCT = 1.0  # the whole shorter side (only the longer side's excess is cut)
 IMAGENET_CROP_PCT = 0.875  # the ImageNet evaluation convention: 224 cut from a 256 shorter side
 _CROP_PCT_BY_DATASET = {"imagenet": IMAGENET_CROP_PCT, "shards": IMAGENET_CROP_PCT}
+DEFAULT_INTERPOLATION = "bilinear"  # where no model names one (vitscope's own models, datasets read alone)
+INTERPOLATIONS = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC}
 
 
 def default_crop_pct(dataset: str) -> float:
@@ -39,20 +43,29 @@ def check_crop_pct(crop_pct: float) -> float:
     return float(crop_pct)
 
 
+def check_interpolation(interpolation: str) -> str:
+    """``interpolation`` if the views support it (bilinear, bicubic), else a ValueError naming both."""
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"interpolation {interpolation!r} is not supported; use {' or '.join(INTERPOLATIONS)}")
+    return interpolation
+
+
 def view_scale_size(size: int, crop_pct: float) -> int:
     """The shorter side (pixels) an image is resized to before its centre ``size`` x ``size`` is cut (timm's
     ``floor(size / crop_pct)``)."""
     return max(size, math.floor(size / check_crop_pct(crop_pct)))
 
 
-def eval_view(image: Tensor, size: int, crop_pct: float = DEFAULT_CROP_PCT) -> Tensor:
+def eval_view(image: Tensor, size: int, crop_pct: float = DEFAULT_CROP_PCT,
+              interpolation: str = DEFAULT_INTERPOLATION) -> Tensor:
     """uint8 (..., 3, H, W) -> (..., 3, size, size): kept as it is when already size x size, else the shorter side
-    resized to ``view_scale_size(size, crop_pct)`` (bilinear, antialiased) and the centre size x size cut."""
+    resized to ``view_scale_size(size, crop_pct)`` (``interpolation``, antialiased) and the centre size x size cut."""
     if tuple(image.shape[-2:]) == (size, size):
         return image
     short = view_scale_size(size, crop_pct)
     if min(image.shape[-2:]) != short:
-        image = resize(image, [short], antialias=True)
+        image = resize(image, [short], interpolation=INTERPOLATIONS[check_interpolation(interpolation)],
+                       antialias=True)
     return center_crop(image, [size, size])
 
 

@@ -39,7 +39,7 @@ from safetensors.torch import save_file
 from vitscope.data.dataset import ImageDataset
 from vitscope.data.files import FileTree, decode_images, fingerprint
 from vitscope.data.folder_layout import list_image_folder
-from vitscope.data.pixels import check_crop_pct, default_crop_pct, eval_view
+from vitscope.data.pixels import DEFAULT_INTERPOLATION, check_crop_pct, check_interpolation, default_crop_pct, eval_view
 from vitscope.data.stream_sources import open_streamed
 from vitscope.data.synthetic import synthetic_scenes
 from vitscope.files import atomic_path, cache_root
@@ -140,7 +140,8 @@ def _read(name: str, tree: FileTree, split: str, view: dict[str, Any]):
         if tree.exists(pickled + "/") or tree.exists(marker):
             images, labels, classes, extras = _cifar_pickles(tree, name, split)
             size = view["size"]
-            return (images if size is None else eval_view(images, size, view["crop_pct"])), labels, classes, extras
+            viewed = images if size is None else eval_view(images, size, view["crop_pct"], view["interpolation"])
+            return viewed, labels, classes, extras
     if name == "tiny-imagenet":
         return _tiny_imagenet(tree, split, view)
     return _image_folder(tree, split, view)
@@ -181,10 +182,11 @@ def _cached_decode(name: str, root: Path, split: str, view: dict[str, Any]):
     tree whose images share one size is stored at that size, whatever ``mixed_size`` says (one copy for every
     model), and a tree of mixed sizes under its views at ``mixed_size``."""
     digest = fingerprint(root)
+    resampled = [] if view["interpolation"] == DEFAULT_INTERPOLATION else [view["interpolation"]]  # old keys hold
     if view["size"] is not None:
-        keys = [[view["size"], view["crop_pct"]]]
+        keys = [[view["size"], view["crop_pct"], *resampled]]
     else:
-        keys = [[None]] + ([["mixed", view["mixed_size"], view["crop_pct"]]] if view["mixed_size"] else [])
+        keys = [[None]] + ([["mixed", view["mixed_size"], view["crop_pct"], *resampled]] if view["mixed_size"] else [])
     for key in keys:
         cached = _cache_path(name, split, digest, key)
         if cached.is_file():
@@ -207,14 +209,15 @@ def _cached_decode(name: str, root: Path, split: str, view: dict[str, Any]):
 
 
 def load_dataset(name: str, root: str | Path | None = None, split: str = "train", *, image_size: int | None = None,
-                 crop_pct: float | None = None, mixed_size: int | None = None, download: bool = False,
-                 **options: Any) -> ImageDataset:
+                 crop_pct: float | None = None, mixed_size: int | None = None,
+                 interpolation: str = DEFAULT_INTERPOLATION, download: bool = False, **options: Any) -> ImageDataset:
     """The labelled ``split`` ('train' or 'eval'; 'test' and 'val' accepted) of dataset ``name``.
 
     Images keep their own pixels, except: ``image_size`` gives every image its evaluation view at that side
     (shorter side resized to ``image_size / crop_pct``, centre crop; ``vitscope.data.pixels.eval_view``), and
     ``mixed_size`` does the same only when the images differ in size (a folder of photos; callers pass the
-    model's input side). ``crop_pct`` defaults to the dataset's (0.875 for ImageNet's layouts, else 1).
+    model's input side). ``crop_pct`` defaults to the dataset's (0.875 for ImageNet's layouts, else 1);
+    ``interpolation`` is the views' resampling (bilinear, or bicubic as most pretrained timm models name).
     ``options`` go to the synthetic generator (``num_images``, ``image_size``, ``num_classes``, ``seed``).
     """
     split = canonical_split(split)
@@ -238,11 +241,12 @@ def load_dataset(name: str, root: str | Path | None = None, split: str = "train"
             f"data directory {root} does not exist; pass --data-dir with the {name} folder or archive"
         )
     crop_pct = check_crop_pct(default_crop_pct(name) if crop_pct is None else crop_pct)
+    check_interpolation(interpolation)
     if name in ("imagenet", "shards"):
         listing = open_streamed(name, root, split, image_size=image_size, stats=dataset_stats(name),
-                                crop_pct=crop_pct)
+                                crop_pct=crop_pct, interpolation=interpolation)
         return listing.materialize(image_size, mixed_size=mixed_size)
-    view = {"size": image_size, "crop_pct": crop_pct, "mixed_size": mixed_size}
+    view = {"size": image_size, "crop_pct": crop_pct, "mixed_size": mixed_size, "interpolation": interpolation}
     tensors, classes = _cached_decode(name, root, split, view)
     mean, std = _STATS.get(name, _IMAGENET_STATS)
     extras = {k: v for k, v in tensors.items() if k not in ("images", "labels")}

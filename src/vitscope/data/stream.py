@@ -21,7 +21,9 @@ from torch import Tensor
 from vitscope.data.dataset import ImageDataset, stratified_indices
 from vitscope.data.pixels import (
     DEFAULT_CROP_PCT,
+    DEFAULT_INTERPOLATION,
     check_crop_pct,
+    check_interpolation,
     decode_rgb,
     eval_view,
     image_header_size,
@@ -64,7 +66,8 @@ class StreamedDataset:
     ``labels`` int64 (N,); ``reader`` the encoded images, addressed through ``items`` (N,) (the positions of
     this set's images in the reader, so subsets share the reader); ``image_size`` the side in pixels of the
     evaluation views (``images_at``) and of supervised training inputs, ``crop_pct`` the fraction of the resized
-    shorter side those views keep (``vitscope.data.pixels.eval_view``); ``extras`` per-image targets such as
+    shorter side those views keep and ``interpolation`` their resampling (``vitscope.data.pixels.eval_view``);
+    ``extras`` per-image targets such as
     ``boxes`` (N, K, 4) in the original image's pixels x0, y0, x1, y1 (NaN rows pad). The rest as
     ``ImageDataset``.
     """
@@ -82,6 +85,7 @@ class StreamedDataset:
     selection: dict[str, Any] | None = None
     items: Tensor | None = None
     crop_pct: float = DEFAULT_CROP_PCT
+    interpolation: str = DEFAULT_INTERPOLATION
 
     def __post_init__(self) -> None:
         if self.items is None:
@@ -91,6 +95,7 @@ class StreamedDataset:
         if self.image_size < 1:
             raise ValueError(f"image_size={self.image_size} must be >= 1 (pixels)")
         check_crop_pct(self.crop_pct)
+        check_interpolation(self.interpolation)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -111,8 +116,8 @@ class StreamedDataset:
         """Evaluation views uint8 (B, 3, image_size, image_size) of images ``rows`` (decoded in threads)."""
         index = torch.arange(len(self))[rows] if isinstance(rows, slice) else rows
         with ThreadPoolExecutor(max_workers=4) as pool:
-            views = list(pool.map(lambda i: eval_view(self.decode(int(i)), self.image_size, self.crop_pct),
-                                  index.tolist()))
+            views = list(pool.map(lambda i: eval_view(self.decode(int(i)), self.image_size, self.crop_pct,
+                                                      self.interpolation), index.tolist()))
         return torch.stack(views) if views else torch.zeros(0, 3, self.image_size, self.image_size,
                                                             dtype=torch.uint8)
 
@@ -141,9 +146,9 @@ class StreamedDataset:
 
     def materialize(self, size: int | None, *, mixed_size: int | None = None) -> ImageDataset:
         """The whole set decoded into memory (an ``ImageDataset``): with ``size`` every image is its evaluation view
-        (``eval_view(image, size, crop_pct)``, the pixels ``images_at`` gives) and its boxes follow it; without
-        it images keep their pixels when they share one size, are viewed at ``mixed_size`` when they differ, and
-        are refused without one."""
+        (``eval_view(image, size, crop_pct, interpolation)``, the pixels ``images_at`` gives) and its boxes follow
+        it; without it images keep their pixels when they share one size, are viewed at ``mixed_size`` when they
+        differ, and are refused without one."""
         decoded = [None] * len(self)
 
         def load(i: int) -> None:
@@ -158,7 +163,8 @@ class StreamedDataset:
             raise ValueError(f"{self.name} images have different sizes ({shown}, ...); pass an image size S to view "
                              "them at S x S (shorter side resized, centre crop): --img-size S, or "
                              "dataset_options.image_size in a training config")
-        images = decoded if side is None else [eval_view(im, side, self.crop_pct) for im in decoded]
+        images = decoded if side is None else [eval_view(im, side, self.crop_pct, self.interpolation)
+                                               for im in decoded]
         extras = dict(self.extras)
         if "boxes" in extras and side is not None:
             extras["boxes"] = torch.stack([view_boxes(b, hw, side, self.crop_pct)

@@ -13,7 +13,7 @@ import torch
 from vitscope.data.files import FileTree, is_archive
 from vitscope.data.folder_layout import list_image_folder
 from vitscope.data.imagenet import imagenet_listing
-from vitscope.data.pixels import check_crop_pct, default_crop_pct
+from vitscope.data.pixels import DEFAULT_INTERPOLATION, check_crop_pct, default_crop_pct
 from vitscope.data.shards import shard_listing
 from vitscope.data.stream import FileReader, StreamedDataset
 
@@ -34,10 +34,11 @@ def _folder_listing(root: Path, split: str) -> tuple[Path, list[str], list[int],
 
 def open_streamed(name: str, root: str | Path | None, split: str, *, image_size: int | None = None,
                   stats: tuple[tuple[float, ...], tuple[float, ...]] = IMAGENET_STATS,
-                  crop_pct: float | None = None) -> StreamedDataset:
+                  crop_pct: float | None = None, interpolation: str = DEFAULT_INTERPOLATION) -> StreamedDataset:
     """A ``StreamedDataset`` of ``split`` ('train' or 'eval') of an unpacked folder ``root``; ``image_size`` is
     the side of evaluation views and supervised inputs (default 224), ``crop_pct`` the views' crop fraction
-    (default: 0.875 for ImageNet's layouts, else 1), ``stats`` the normalisation (mean, std)."""
+    (default: 0.875 for ImageNet's layouts, else 1) and ``interpolation`` their resampling (bilinear or bicubic),
+    ``stats`` the normalisation (mean, std)."""
     if name not in STREAMABLE:
         raise ValueError(f"dataset {name} cannot stream; stream: true works for {', '.join(STREAMABLE)} "
                          "(unpacked folders); use stream: false or auto")
@@ -61,4 +62,4 @@ def open_streamed(name: str, root: str | Path | None, split: str, *, image_size:
         reader = FileReader(base, tuple(paths))
     crop_pct = check_crop_pct(default_crop_pct(name) if crop_pct is None else crop_pct)
     return StreamedDataset(name, split, reader, torch.tensor(labels, dtype=torch.long), classes, mean, std, size,
-                           str(root), extras, crop_pct=crop_pct)
+                           str(root), extras, crop_pct=crop_pct, interpolation=interpolation)

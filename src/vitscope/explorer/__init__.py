@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from vitscope.analyze.inputs import model_crop_pct, model_input
+from vitscope.analyze.inputs import model_crop_pct, model_input, model_interpolation
 from vitscope.data import ImageDataset, normalize
 from vitscope.data.pixels import eval_view
 from vitscope.explorer.measure import ModelRecord, matched_layers, record_model
@@ -71,15 +71,16 @@ def _pictures(images: Tensor) -> Tensor:
 def model_inputs(model: nn.Module, pictures: Tensor, dataset: ImageDataset | None = None,
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> Tensor:
     """Normalised inputs (images, 3, S, S) of ``model`` from uint8 ``pictures``: their evaluation view at the model's
-    input side S (``eval_view`` with the model's ``crop_pct``, as ``vitscope analyze`` feeds it), normalised with
-    ``mean``/``std``, else the dataset's, else the model's pretrained ones, else ImageNet's."""
+    input side S (``eval_view`` with the model's ``crop_pct`` and interpolation, as ``vitscope analyze`` feeds it),
+    normalised with ``mean``/``std``, else the dataset's, else the model's pretrained ones, else ImageNet's."""
     pretrained = getattr(model, "pretrained_cfg", None) or {}
     stats = dataset if dataset is not None else SimpleNamespace(
         mean=tuple(mean or pretrained.get("mean", IMAGENET_MEAN)),
         std=tuple(std or pretrained.get("std", IMAGENET_STD)), image_size=pictures.shape[-1])
     side, m, s = model_input(model, stats)
     m, s = (tuple(mean), tuple(std)) if mean is not None and std is not None else (m, s)
-    return normalize(eval_view(pictures, side, model_crop_pct(model, getattr(dataset, "name", None))), m, s)
+    crop = model_crop_pct(model, getattr(dataset, "name", None))
+    return normalize(eval_view(pictures, side, crop, model_interpolation(model)), m, s)
 
 
 def shown_pictures(model: nn.Module, pictures: Tensor, dataset: ImageDataset | None = None) -> Tensor:
@@ -91,7 +92,7 @@ def shown_pictures(model: nn.Module, pictures: Tensor, dataset: ImageDataset | N
     height, width = pictures.shape[-2:]
     if height == width and (crop == 1 or height == side):
         return pictures
-    return eval_view(pictures, side, crop)
+    return eval_view(pictures, side, crop, model_interpolation(model))
 
 
 def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDataset, *,
