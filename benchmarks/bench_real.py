@@ -5,7 +5,7 @@ Usage: python benchmarks/bench_real.py [--images 32] [--batch-size 16] [--repeat
 Model: ``timm:vit_small_patch14_dinov2`` with ../shared/data/dinov2s_imgfocus_timm.safetensors at 224 px (its random
 twin when the file is absent: the cost is the same). Images: a seeded CIFAR-10 sample from ../shared/data (synthetic
 scenes when absent), decoded once before timing. Both sides feed the same batches the same way (``model_batches``:
-bilinear resize to 224, the model's normalisation):
+resize to 224 with the model's interpolation, its normalisation):
 - ``timm forward``: ``model.forward_features(batch)`` under ``torch.no_grad``, what a timm user writes;
 - ``probe knn, no cache``: ``extract_features(model, data, "last", cache=False)``, the backbone pass of ``probe
   knn`` (tokens recorded after the final norm, copied to float16);
