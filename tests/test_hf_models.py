@@ -210,3 +210,39 @@ def test_the_normaliser_swap_takes_vitscopes_entmax(tmp_path, name):
         q, k = (t.view(2, -1, 2, 16).transpose(1, 2) for t in (queries[0], keys[0]))
         torch.testing.assert_close(rec.maps[0], entmax15(q @ k.transpose(-2, -1) * 16 ** -0.5), atol=1e-5, rtol=0)
     assert softmax_model.hf.config._attn_implementation == "vitscope_sdpa"  # the other load keeps its softmax
+
+
+def test_a_folders_image_processor_sets_the_view(tmp_path):
+    """A DINOv2 folder's preprocessor_config.json (shortest edge 56, centre crop 48, bicubic: DINOv2's 256 / 224
+    scaled down) gives the loaded model that view: vitscope feeds a photo as transformers' own image processor does
+    (PIL's bicubic against torchvision's, so to resampling rounding; a bilinear or uncropped view is much further)."""
+    from PIL import Image
+
+    from vitscope.analyze.inputs import model_batches, model_view_options
+    from vitscope.data import load_dataset
+
+    folder = save(tmp_path, "Dinov2Model")
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "BitImageProcessor", "do_resize": True, "size": {"shortest_edge": 56},
+        "resample": 3, "do_center_crop": True, "crop_size": {"height": 48, "width": 48}, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.485, 0.456, 0.406],
+        "image_std": [0.229, 0.224, 0.225], "do_convert_rgb": True}))
+    model = load(f"hf:{folder}")
+    assert model.pretrained_cfg["interpolation"] == "bicubic"
+    assert model.pretrained_cfg["crop_pct"] == pytest.approx(48 / 56)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = torch.Generator().manual_seed(0)
+    for i, (h, w) in enumerate([(90, 146), (130, 70)]):  # long sides 90 and 104 at 56: even margins to crop
+        # (torchvision, as timm, rounds a half-pixel crop offset up and transformers down: sizes that need none)
+        small = (torch.rand(3, 5, 6, generator=rng) * 255).byte().permute(1, 2, 0).numpy()
+        Image.fromarray(small).resize((w, h), Image.BILINEAR).save(photos / f"{i}.png")
+    data = load_dataset("imagefolder", photos, "eval", **model_view_options(model, "imagefolder"))
+    fed, _ = next(model_batches(model, data, 2, "cpu"))
+    processor = transformers.AutoImageProcessor.from_pretrained(folder)
+    theirs = processor([Image.open(photos / f"{i}.png") for i in range(2)], return_tensors="pt")["pixel_values"]
+    assert fed.shape == theirs.shape == (2, 3, 48, 48)
+    assert (fed - theirs).abs().mean() < 0.03  # about 2/255 of a pixel after normalisation
+    plain = load_dataset("imagefolder", photos, "eval", mixed_size=48)  # bilinear, whole shorter side: not it
+    other, _ = next(model_batches(model, plain, 2, "cpu"))
+    assert (other - theirs).abs().mean() > 3 * (fed - theirs).abs().mean()

@@ -165,13 +165,24 @@ def _weights_error(name: str, err: Exception) -> str:
             "the model again with save_pretrained")
 
 
+_PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}  # the image processors' ``resample`` codes (PIL's) vitscope's views take
+
+
 def _preprocessor(folder: Path) -> dict[str, Any]:
-    """Mean and std from the folder's preprocessor_config.json, when it has one."""
+    """The evaluation view the folder's preprocessor_config.json describes, in timm's ``pretrained_cfg`` terms:
+    ``mean`` and ``std``; ``interpolation`` from ``resample``; ``crop_pct`` = crop side / shortest edge where it
+    resizes the shortest edge and centre-crops (DINOv2's processor: 224 of 256, 0.875). Empty without the file."""
     path = folder / "preprocessor_config.json"
     if not path.is_file():
         return {}
     data = json.loads(path.read_text())
-    return {k: tuple(data[f"image_{k}"]) for k in ("mean", "std") if f"image_{k}" in data}
+    out: dict[str, Any] = {k: tuple(data[f"image_{k}"]) for k in ("mean", "std") if f"image_{k}" in data}
+    if data.get("resample") in _PIL_RESAMPLE:
+        out["interpolation"] = _PIL_RESAMPLE[data["resample"]]
+    size, crop = data.get("size") or {}, data.get("crop_size") or {}
+    if data.get("do_center_crop") and isinstance(size, dict) and size.get("shortest_edge") and crop.get("height"):
+        out["crop_pct"] = min(1.0, crop["height"] / size["shortest_edge"])
+    return out
 
 
 class HFVisionTransformer(nn.Module):

@@ -189,7 +189,8 @@ def export_hf(model: nn.Module, folder: str | Path) -> dict[str, Any]:
             side = twin.config.image_size
             (tmp / "preprocessor_config.json").write_text(json.dumps({
                 "image_processor_type": "BitImageProcessor", "do_resize": True,
-                "size": {"height": side, "width": side}, "resample": 3, "do_center_crop": False,
+                "size": {"height": side, "width": side}, "do_center_crop": False,
+                "resample": 2 if stats.get("interpolation") == "bilinear" else 3,  # PIL's code; timm's ViTs: bicubic
                 "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
                 "image_mean": list(stats["mean"]), "image_std": list(stats["std"])}, indent=2))
         if folder.exists():

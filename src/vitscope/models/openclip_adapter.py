@@ -118,7 +118,9 @@ class OpenCLIPVisionTransformer(nn.Module):
         preprocess = getattr(visual, "preprocess_cfg", None) or {}
         side = visual.image_size[0]
         self.pretrained_cfg = {"input_size": (3, side, side),
-                               **{k: tuple(preprocess[k]) for k in ("mean", "std") if k in preprocess}}
+                               **{k: tuple(preprocess[k]) for k in ("mean", "std") if k in preprocess},
+                               **({"interpolation": preprocess["interpolation"]} if "interpolation" in preprocess
+                                  else {})}
         resblocks = list(visual.transformer.resblocks)
         for i, block in enumerate(resblocks):
             if not isinstance(getattr(block, "attn", None), nn.MultiheadAttention):
