@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from vitscope.analyze.inputs import model_batches, model_crop_pct, model_input, model_interpolation
 from vitscope.data import ImageDataset
+from vitscope.data.pixels import DEFAULT_INTERPOLATION
 from vitscope.files import cache_root, remove_stale_temporaries
 from vitscope.models import token_layout
 from vitscope.record import record_tokens
@@ -219,7 +220,7 @@ def extract_features(model: nn.Module, dataset: ImageDataset, layers: str | Sequ
     side, mean, std = model_input(model, dataset, img_size)
     # how the images became inputs: a change of preprocessing is a new cache entry, never a stale one
     geometry = [side, list(mean), list(std), "eval-view", model_crop_pct(model, getattr(dataset, "name", None))]
-    if model_interpolation(model) != "bilinear":  # bilinear views keep their cache keys from before
+    if model_interpolation(model) != DEFAULT_INTERPOLATION:  # bilinear views keep their cache keys from before
         geometry.append(model_interpolation(model))
     folder = None if cache is False or cache is None else (cache_root() / "features" if cache is True
                                                             else Path(cache))
