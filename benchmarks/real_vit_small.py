@@ -125,8 +125,8 @@ def main(runs: Path, out: Path) -> Path:
     payload: dict[str, Any] = {"schema_version": 1, "kind": "real-vit-small",
                                "model": "timm:vit_small_patch14_dinov2 + dinov2s_imgfocus_timm.safetensors, 224 px",
                                "locality": locality(runs), "norms": norms(runs), "probes": {}, "timings": timings(runs)}
-    larger = [f"{probe}-{data}-1k{pool}" for pool in ("", "-cls") for data in ("c10", "c100")
-              for probe in ("knn", "linear")]
+    larger = [f"{probe}-{data}-1k{pool}{resampling}" for resampling in ("", "-bicubic") for pool in ("", "-cls")
+              for data in ("c10", "c100") for probe in ("knn", "linear")]
     for folder in ("knn-c10", "linear-c10", "knn-c100", "linear-c100", "tokens-c10", *larger):
         found = probe_rows(runs, folder)
         if found is not None:
