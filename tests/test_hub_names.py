@@ -204,6 +204,9 @@ def test_export_hf_loads_back_to_the_same_tokens(tmp_path):
                    **options).eval()
     assert export_hf(resized, tmp_path / "hf") == {"class": "Dinov2WithRegistersModel", "image_size": 42}
     twin = load(f"hf:{tmp_path / 'hf'}").eval()
+    from vitscope.analyze.inputs import model_interpolation
+
+    assert model_interpolation(twin) == model_interpolation(resized) == "bicubic"  # the same view, from its config
     images = torch.randn(2, 3, 42, 42)
     with torch.no_grad():
         want, got = resized.forward_features(images), twin.forward_features(images)

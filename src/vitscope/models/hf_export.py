@@ -190,7 +190,8 @@ def export_hf(model: nn.Module, folder: str | Path) -> dict[str, Any]:
             (tmp / "preprocessor_config.json").write_text(json.dumps({
                 "image_processor_type": "BitImageProcessor", "do_resize": True,
                 "size": {"height": side, "width": side}, "do_center_crop": False,
-                "resample": 2 if stats.get("interpolation") == "bilinear" else 3,  # PIL's code; timm's ViTs: bicubic
+                # PIL's code for the view vitscope gives this model: bicubic where it names it, else bilinear
+                "resample": 3 if stats.get("interpolation") == "bicubic" else 2,
                 "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
                 "image_mean": list(stats["mean"]), "image_std": list(stats["std"])}, indent=2))
         if folder.exists():

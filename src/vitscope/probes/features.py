@@ -220,8 +220,9 @@ def extract_features(model: nn.Module, dataset: ImageDataset, layers: str | Sequ
     side, mean, std = model_input(model, dataset, img_size)
     # how the images became inputs: a change of preprocessing is a new cache entry, never a stale one
     geometry = [side, list(mean), list(std), "eval-view", model_crop_pct(model, getattr(dataset, "name", None))]
-    if model_interpolation(model) != DEFAULT_INTERPOLATION:  # bilinear views keep their cache keys from before
-        geometry.append(model_interpolation(model))
+    resampling = model_interpolation(model)
+    if resampling != DEFAULT_INTERPOLATION:  # bilinear views keep their cache keys from before
+        geometry.append(resampling)
     folder = None if cache is False or cache is None else (cache_root() / "features" if cache is True
                                                             else Path(cache))
     files: dict[int, Path] = {}
