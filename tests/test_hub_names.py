@@ -249,3 +249,44 @@ def test_a_study_model_entry_keeps_the_hub_revision_of_an_hf_name():
     assert (entry.spec, entry.weights) == ("hf:facebook/dinov2-small@v2", None)
     entry = parse_model_entry("deit=timm:deit3_small_patch16_224@w.safetensors")
     assert (entry.spec, entry.weights) == ("timm:deit3_small_patch16_224", "w.safetensors")
+
+
+def test_has_random_weights_says_what_load_does(tmp_path, cache):
+    """The rule reports label models by ("random weights"), checked against ``load`` itself: a spec has random
+    weights exactly when two loads under different seeds differ."""
+    from timm.models import get_pretrained_cfg
+    from transformers import Dinov2Config, Dinov2Model
+
+    from vitscope.models import has_random_weights
+
+    file, _ = tiny_deit_file(tmp_path)
+    write_cached(cache, get_pretrained_cfg("deit3_small_patch16_224.fb_in1k").hf_hub_id, {"model.safetensors": file})
+    hf_small = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "mlp_ratio": 2,
+                "image_size": 28, "patch_size": 14}
+    Dinov2Model(Dinov2Config(**hf_small)).save_pretrained(tmp_path / "dinov2-folder")
+    write_cached(cache, "org/tiny-dinov2", {n: tmp_path / "dinov2-folder" / n for n in ("config.json",
+                                                                                         "model.safetensors")})
+    run = tmp_path / "micro.safetensors"
+    save_model(create("vit-micro"), run)
+    tower = {"layers": 1, "width": 64, "head_width": 32, "image_size": 64}
+    cases = [  # spec, weights, pretrained, load options
+        ("timm:deit3_small_patch16_224", None, None, DEIT),
+        ("timm:deit3_small_patch16_224", file, None, DEIT),
+        ("timm:deit3_small_patch16_224.fb_in1k", None, None, DEIT),
+        ("timm:deit3_small_patch16_224.fb_in1k", None, False, DEIT),
+        ("timm:deit3_small_patch16_224", None, True, DEIT),
+        ("vit-micro", None, None, {}),
+        ("vit-micro", run, None, {}),
+        (str(run), None, None, {}),
+        ("hf:dinov2", None, None, hf_small),
+        (f"hf:{tmp_path / 'dinov2-folder'}", None, None, {}),
+        ("hf:org/tiny-dinov2", None, None, {}),
+        ("open_clip:ViT-B-32", None, None, tower),
+    ]
+    for spec, weights, pretrained, options in cases:
+        states = []
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            states.append(load(spec, weights=weights, pretrained=pretrained, **options).state_dict())
+        differs = any(not torch.equal(a, states[1][k]) for k, a in states[0].items() if a.is_floating_point())
+        assert has_random_weights(spec, weights, pretrained) == differs, (spec, weights, pretrained)

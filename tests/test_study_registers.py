@@ -134,6 +134,27 @@ def test_report_findings_say_whether_they_agree_and_by_which_rule(finished_study
         assert f"<th>{column}</th>" in section
 
 
+def test_the_report_says_which_models_have_random_weights(finished_study):
+    """The untagged timm architectures are random and the report says so, in its opening and titles; the same entry
+    given a weights file or a pretrained tag is not called random (the rule is ``has_random_weights``)."""
+    from vitscope.report.openings import registers_opening
+    from vitscope.report.registers.page import _title
+
+    out, payload = finished_study
+    text = (out / "report.html").read_text()
+    assert "timm-vit, timm-swin with random weights" in text
+    assert "timm-vit (timm:vit_small_patch16_224, random weights)" in text
+    assert {m["label"] for m in payload["models"] if "random weights" in _title(m)} == {"timm-vit", "timm-swin"}
+    results = json.loads((out / "results.json").read_text())
+    for change in ({"weights": "vit.safetensors"}, {"spec": "timm:vit_small_patch16_224.augreg_in21k"}):
+        for model in results["models"]:
+            if model["label"] == "timm-vit":
+                model["entry"] = {**model["entry"], **change}
+        opening = registers_opening(results)
+        assert "timm-vit with the weights given" in opening and "timm-swin with random weights" in opening
+        assert "whether the given models grow artifacts" in opening
+
+
 def test_rerun_reuses_every_measurement(finished_study):
     out, _ = finished_study
     before = {p: p.stat().st_mtime_ns for p in out.glob("models/*/census.json")}

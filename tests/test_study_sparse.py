@@ -146,6 +146,24 @@ def test_cli_model_label_spec_and_report(killed_then_finished, tmp_path, capsys)
     assert "LABEL=SPEC" in capsys.readouterr().err
 
 
+def test_given_models_with_random_weights_are_named_so(killed_then_finished):
+    """The fixture's given preset (random weights) is labelled so in the figures' curves and in the opening; the
+    same entry with a weights file is not (the rule is ``has_random_weights``)."""
+    from vitscope.report.openings import sparse_opening
+    from vitscope.report.sparse.page import _curves, shown_names
+
+    out, _ = killed_then_finished
+    results = json.loads((out / "results.json").read_text())
+    assert shown_names(results) == {"given-micro": "given-micro (random weights)"}
+    curves = _curves(results, "attention_mad", "attention", "heads")
+    assert "given-micro (random weights)" in curves and "given-micro" not in curves and "softmax" in curves
+    assert "given-micro (random weights)" in sparse_opening(results)
+    given = next(r for r in results["runs"] if r["condition"] == "given-micro")["source"]["given"]
+    given["weights"] = "micro.safetensors"
+    assert shown_names(results) == {} and "given-micro" in _curves(results, "attention_mad", "attention", "heads")
+    assert "given-micro (the weights given)" in sparse_opening(results)
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
 def test_report_renders_in_headless_chromium(killed_then_finished, tmp_path):
     from vitscope.report.sparse.page import build_report

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -11,6 +10,7 @@ from torch import Tensor, nn
 from vitscope.data import ImageDataset, normalize
 from vitscope.data.dataset import raw_batches
 from vitscope.data.pixels import DEFAULT_INTERPOLATION, INTERPOLATIONS, check_crop_pct, default_crop_pct, eval_view
+from vitscope.models import has_random_weights
 
 
 def model_side(model: nn.Module, img_size: int | None = None) -> int | None:
@@ -67,25 +67,6 @@ def model_batches(model: nn.Module, dataset: ImageDataset, batch_size: int, devi
     crop, resampling = model_crop_pct(model, getattr(dataset, "name", None)), model_interpolation(model)
     for images, labels in raw_batches(dataset, batch_size, "cpu"):  # viewed on the CPU: the loaders' pixels
         yield normalize(eval_view(images, side, crop, resampling).to(device), mean, std), labels.to(device)
-
-
-def has_random_weights(spec: str, weights: str | None = None, pretrained: bool | None = None) -> bool:
-    """True when ``spec`` names an architecture built with random weights: a preset, ``timm:NAME`` without a tag
-    (or any with ``pretrained=False``), ``hf:ARCH`` or ``open_clip:ARCH`` without a weights file, tag or hub name
-    (run folders, ``.safetensors`` files, hub names and cached tags hold trained weights)."""
-    from vitscope.models import PRESETS
-
-    spec = str(spec)
-    if weights is not None or pretrained:
-        return False
-    kind, _, name = spec.partition(":")
-    if kind == "timm":
-        return "." not in name or pretrained is False
-    if kind == "hf":
-        return "/" not in name and not Path(name).expanduser().is_dir()
-    if kind == "open_clip":
-        return not any(mark in name for mark in "@/")
-    return spec in PRESETS
 
 
 def model_label(spec: str, weights: str | None = None, pretrained: bool | None = None) -> str:

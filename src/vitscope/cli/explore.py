@@ -81,11 +81,10 @@ def warn_large_grid(model, img_size: int | None) -> None:
 
 
 def run_explore(args: argparse.Namespace) -> int:
-    from vitscope.analyze.inputs import has_random_weights
     from vitscope.cli.analyze import detect_layer_index, resolve_data
     from vitscope.explorer import explore
     from vitscope.metrics.norms import parse_threshold
-    from vitscope.models import attention_sites
+    from vitscope.models import attention_sites, has_random_weights
 
     parse_threshold(args.threshold)  # fail before loading anything
     layers, heads = parse_numbers(args.layers, "--layers"), parse_numbers(args.heads, "--heads")

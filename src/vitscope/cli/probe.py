@@ -153,7 +153,7 @@ def _cached(args: argparse.Namespace, model, data: list, compute):
 
 
 def _finish(args: argparse.Namespace, result, out: Path, device, subsets: dict, metrics: list[str]) -> int:
-    from vitscope.analyze.inputs import has_random_weights
+    from vitscope.models import has_random_weights
     from vitscope.report.figures.probes import score_by_layer
 
     if has_random_weights(args.model, args.weights, args.pretrained) and args.baseline:

@@ -92,6 +92,23 @@ def load(spec: str, weights: str | Path | None = None, *, attention: str | None 
     return model if img_size is None else resize_input(model, img_size)
 
 
+def has_random_weights(spec: str, weights: str | None = None, pretrained: bool | None = None) -> bool:
+    """True when ``load(spec, weights, pretrained=pretrained)`` starts from random weights: a preset, ``timm:NAME``
+    without a tag (or any with ``pretrained=False``), ``hf:ARCH`` or ``open_clip:ARCH`` without a weights file, tag or
+    hub name (run folders, ``.safetensors`` files, hub names and cached tags hold trained weights)."""
+    spec = str(spec)
+    if weights is not None or pretrained:
+        return False
+    kind, _, name = spec.partition(":")
+    if kind == "timm":
+        return "." not in name or pretrained is False
+    if kind == "hf":
+        return "/" not in name and not Path(name).expanduser().is_dir()
+    if kind == "open_clip":
+        return not any(mark in name for mark in "@/")
+    return spec in PRESETS
+
+
 def _timm_source(name: str, weights: Any, pretrained: bool | None, download: bool):
     """The cached pretrained file for ``timm:name`` when its tag or ``pretrained`` asks for one, else None."""
     tagged = "." in name
@@ -144,7 +161,7 @@ def _load_adapted(spec: str, weights: Any, attention: str | None, num_registers:
 
 __all__ = [
     "PRESETS", "AttentionSite", "TokenLayout", "ViTConfig", "VisionTransformer", "attention_sites",
-    "check_img_size", "count_parameters", "create", "load", "load_model", "load_weights", "preset_config",
-    "resize_input", "save_model",
+    "check_img_size", "count_parameters", "create", "has_random_weights", "load", "load_model", "load_weights",
+    "preset_config", "resize_input", "save_model",
     "token_layout",
 ]

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vitscope.studies.models import loads_random_weights
+from vitscope.studies.registers.findings import is_random_model
 from vitscope.studies.sparse.presets import COMMAND_LINES as SPARSE_COMMANDS
 from vitscope.studies.sparse.presets import PAPER_GPU_HOURS
 
@@ -150,11 +152,15 @@ def locality_opening(results: dict[str, Any]) -> str:
 def sparse_opening(results: dict[str, Any]) -> str:
     settings = results["settings"]
     trained = [r["source"]["trained"] for r in results["runs"] if "trained" in r.get("source", {})]
-    what = "the given models"
+    given = {r["condition"]: r["source"]["given"] for r in results["runs"] if "given" in r.get("source", {})}
+    named = ", ".join(f"{label} ({'random weights' if loads_random_weights(entry) else 'the weights given'})"
+                      for label, entry in given.items())
+    what = f"the given models {html.escape(named)}"
     if trained:
         epochs = trained[0]["epochs"]
         what = (f"<code>{html.escape(str(trained[0]['model']))}</code> pretrained with DINO for {epochs} "
-                f"epoch{'s' if epochs != 1 else ''} on {html.escape(str(trained[0]['dataset']))}")
+                f"epoch{'s' if epochs != 1 else ''} on {html.escape(str(trained[0]['dataset']))}"
+                + (f", beside the given models {html.escape(named)}," if given else ""))
     scale = (f"This run ({html.escape(str(settings.get('preset')))} preset) compares {what}, differing only in "
              f"the attention normaliser, with {_seeds(results)} seed(s) per condition. At this scale it can test "
              "whether entmax-1.5 gives attention exact zeros and whether that changes the probes and semantic "
@@ -165,17 +171,25 @@ def sparse_opening(results: dict[str, Any]) -> str:
 
 
 def registers_opening(results: dict[str, Any]) -> str:
+    """The registers report's opening: which models were measured (pretrained as given, trained here, random or
+    planted) and what that lets this run test."""
     models = results["models"]
-    random = [m["label"] for m in models if not m.get("training") and not m.get("planted")]
+    random = [m["label"] for m in models if is_random_model(m)]
     trained = [m["label"] for m in models if m.get("training") and not m.get("planted")]
-    scale = (f"This run measures {len(models)} models on {html.escape(str(results['provenance']['dataset']))}: "
-             + (f"{html.escape(', '.join(trained))} trained here for minutes, " if trained else "")
-             + (f"{html.escape(', '.join(random))} with random weights (they show that the census runs on each "
-                "architecture, not findings), " if random else "")
-             + ("and a model with planted outliers whose answer is known. " if any(m.get("planted") for m in models)
-                else "") + "At this scale it can test the detector, "
-             "the census and the probes, and whether small, briefly trained models grow artifacts (the paper says "
-             "they do not);")
+    given = [m["label"] for m in models if m["label"] not in random + trained and not m.get("planted")]
+    kinds = [f"{', '.join(given)} with the weights given" if given else "",
+             f"{', '.join(trained)} trained here for minutes" if trained else "",
+             f"{', '.join(random)} with random weights (they show that the census runs on each architecture, not "
+             "findings)" if random else "",
+             "a model with planted outliers whose answer is known" if any(m.get("planted") for m in models) else ""]
+    count = f"{len(models)} model" + ("s" if len(models) != 1 else "")
+    scale = (f"This run measures {count} on {html.escape(str(results['provenance']['dataset']))}: "
+             + html.escape("; ".join(k for k in kinds if k)) + ". At this scale it can test the detector, the census "
+             "and the probes" + (", and whether the given models grow artifacts" if given else "")
+             + (", and whether small, briefly trained models grow them (the paper says they do not)" if trained else "")
+             + ";")
     cannot = ("it cannot test whether large, long-trained models (DINOv2, OpenCLIP, DeiT-III) grow them, which "
-              "needs their pretrained weights.")
+              "needs their pretrained weights." if not given else
+              "its verdicts rest on the models given alone, not on the paper's whole set (DINOv2, OpenCLIP, "
+              "DeiT-III and others, at every size).")
     return opening("registers", results, scale, cannot)

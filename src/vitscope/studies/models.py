@@ -45,6 +45,16 @@ class ModelEntry:
                 "thresholds": list(self.thresholds)}
 
 
+def loads_random_weights(entry: dict[str, Any] | None) -> bool:
+    """True when a model entry as results record it (``ModelEntry.to_dict()``) loads random weights
+    (``vitscope.models.has_random_weights``): a preset or an untagged architecture, with no weights file."""
+    from vitscope.models import has_random_weights
+
+    if not entry or not entry.get("spec"):
+        return False
+    return has_random_weights(entry["spec"], entry.get("weights"), (entry.get("options") or {}).get("pretrained"))
+
+
 def parse_model_entry(text: str, flag: str = "--model") -> ModelEntry:
     """``LABEL=SPEC[@WEIGHTS]`` -> ModelEntry; a bad form names the option (``flag``) and the expected form."""
     label, sep, rest = text.partition("=")

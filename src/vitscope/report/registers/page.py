@@ -10,7 +10,6 @@ from typing import Any
 
 from vitscope.files import atomic_write_bytes
 from vitscope.metrics.high_norm import MAX_FRACTION, MIN_RATIO
-from vitscope.models import PRESETS
 from vitscope.report.figures.norms import high_norm_maps
 from vitscope.report.html import fmt, image, index_link, page, study_results, table
 from vitscope.report.openings import registers_opening
@@ -22,6 +21,7 @@ from vitscope.studies.registers.findings import (
     MIN_HELD_OUT,
     detector_check,
     findings,
+    is_random_model,
 )
 from vitscope.studies.registers.study import load_census_tensors
 
@@ -229,11 +229,9 @@ def _probe_tables(results: dict[str, Any]) -> str:
 
 def _title(model: dict[str, Any]) -> str:
     """A model's label as titles show it: random weights said so."""
-    entry = model.get("entry") or {}
-    spec = str(entry.get("spec") or "")
-    random = not model.get("training") and not model.get("planted") and not entry.get("weights") and (
-        spec.startswith(("timm:", "hf:", "open_clip:")) or spec in PRESETS)
-    return f"{model['label']} ({spec}, random weights)" if random else model["label"]
+    if is_random_model(model):
+        return f"{model['label']} ({model['entry']['spec']}, random weights)"
+    return model["label"]
 
 
 def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:

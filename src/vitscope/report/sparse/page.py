@@ -16,6 +16,7 @@ from vitscope.report.html import image, index_link, page, study_results, table
 from vitscope.report.openings import sparse_opening
 from vitscope.report.render import trusted
 from vitscope.report.sparse import figures as sparse_figures
+from vitscope.studies.models import loads_random_weights
 from vitscope.studies.runner import RunSpec
 from vitscope.studies.sparse.presets import (
     CLAIM_EFFECTS,
@@ -56,14 +57,28 @@ def _summary_lookup(results: dict[str, Any]) -> dict[tuple, dict[str, Any]]:
             for r in results["summary"]}
 
 
+def shown_names(results: dict[str, Any]) -> dict[str, str]:
+    """condition -> its name in figures: a given model with random weights says so (``label (random weights)``)."""
+    return {r["condition"]: f"{r['condition']} (random weights)" for r in results["runs"]
+            if loads_random_weights((r.get("source") or {}).get("given"))}
+
+
+def _shown(name: str, shown: dict[str, str]) -> str:
+    """A curve name with its model part as ``shown_names`` shows it (variant suffixes kept)."""
+    model = sparse_figures.model_of(name)
+    return name.replace(model, shown[model], 1) if model in shown else name
+
+
 def _curves(results: dict[str, Any], metric: str, kind: str, group: str, with_cls: bool | None = None,
             suffix: str = "") -> dict[str, tuple]:
-    """model -> (layers, mean, std) of one metric from the summary (``suffix`` appended to model names)."""
+    """model -> (layers, mean, std) of one metric from the summary (``suffix`` appended to model names, which are
+    shown as ``shown_names`` says)."""
     out: dict[str, list] = {}
+    shown = shown_names(results)
     for r in results["summary"]:
         if r["metric"] == metric and r["layer_kind"] == kind and r["group"] == group and (
                 with_cls is None or r.get("with_cls") == with_cls or (r.get("with_cls") is None and not with_cls)):
-            out.setdefault(r["model"] + suffix, []).append((r["layer"], r["mean"], r["std"]))
+            out.setdefault(_shown(r["model"], shown) + suffix, []).append((r["layer"], r["mean"], r["std"]))
     return {m: tuple(np.asarray(v, dtype=float) for v in zip(*sorted(points), strict=True))
             for m, points in out.items()}
 
@@ -106,7 +121,8 @@ def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     if examples:
         first = next(iter(examples.values()))[1]
         grids = {c: tuple(r["grid_size"]) for c, (r, _) in examples.items()}
-        same_grid = {c: t["patches_last"] for c, (r, t) in examples.items()
+        shown = shown_names(results)
+        same_grid = {shown.get(c, c): t["patches_last"] for c, (r, t) in examples.items()
                      if "patches_last" in t and grids[c] == next(iter(grids.values()))}
         if same_grid:
             paths["pca"] = sparse_figures.pca_maps(first["images"], same_grid, next(iter(grids.values())),
@@ -122,12 +138,13 @@ def make_figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
                 if len(set(prefix.values())) > 1:  # registers change the token count: one figure per model
                     for c, m in maps.items():
                         paths[f"attention:{layer}:{i}:{c}"] = sparse_figures.attention_heads(
-                            first["images"][i], {c: m}, grids[c], prefix[c], fig_dir / f"attn_{layer}_{i}_{c}.png",
-                            layer=f"{layer} layer, image {i + 1}")
+                            first["images"][i], {shown.get(c, c): m}, grids[c], prefix[c],
+                            fig_dir / f"attn_{layer}_{i}_{c}.png", layer=f"{layer} layer, image {i + 1}")
                 else:
                     paths[f"attention:{layer}:{i}"] = sparse_figures.attention_heads(
-                        first["images"][i], maps, tuple(run0["grid_size"]), run0["num_prefix_tokens"],
-                        fig_dir / f"attn_{layer}_{i}.png", layer=f"{layer} layer, image {i + 1}")
+                        first["images"][i], {shown.get(c, c): m for c, m in maps.items()}, tuple(run0["grid_size"]),
+                        run0["num_prefix_tokens"], fig_dir / f"attn_{layer}_{i}.png",
+                        layer=f"{layer} layer, image {i + 1}")
     return paths
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from vitscope.metrics.high_norm import is_separate_mode
 from vitscope.stats import Comparison, Precondition, compare, verdict
+from vitscope.studies.models import loads_random_weights
 
 ENRICHMENT = 2.0  # attention mass at least this many times the high-norm tokens' share of keys
 MIN_HELD_OUT = 16  # held-out tokens per group below which a comparison is no evidence
@@ -46,6 +47,12 @@ PUBLISHED = {
     "attention": "The CLS token attends to them far more than their share",
     "registers": "Registers remove them",
 }
+
+
+def is_random_model(model: dict[str, Any]) -> bool:
+    """A measured model with random weights: neither trained here nor planted, and its entry names no weights
+    (a preset or an untagged architecture); a pretrained model by name or file is not one."""
+    return not model.get("training") and not model.get("planted") and loads_random_weights(model.get("entry"))
 
 
 def _row(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
