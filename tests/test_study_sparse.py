@@ -157,7 +157,8 @@ def test_given_models_with_random_weights_are_named_so(killed_then_finished):
     assert shown_names(results) == {"given-micro": "given-micro (random weights)"}
     curves = _curves(results, "attention_mad", "attention", "heads")
     assert "given-micro (random weights)" in curves and "given-micro" not in curves and "softmax" in curves
-    assert "given-micro (random weights)" in sparse_opening(results)
+    opening = sparse_opening(results)
+    assert "beside the given models given-micro (random weights), differing only" in opening
     given = next(r for r in results["runs"] if r["condition"] == "given-micro")["source"]["given"]
     given["weights"] = "micro.safetensors"
     assert shown_names(results) == {} and "given-micro" in _curves(results, "attention_mad", "attention", "heads")

@@ -160,7 +160,7 @@ def sparse_opening(results: dict[str, Any]) -> str:
         epochs = trained[0]["epochs"]
         what = (f"<code>{html.escape(str(trained[0]['model']))}</code> pretrained with DINO for {epochs} "
                 f"epoch{'s' if epochs != 1 else ''} on {html.escape(str(trained[0]['dataset']))}"
-                + (f", beside the given models {html.escape(named)}," if given else ""))
+                + (f", beside the given models {html.escape(named)}" if given else ""))
     scale = (f"This run ({html.escape(str(settings.get('preset')))} preset) compares {what}, differing only in "
              f"the attention normaliser, with {_seeds(results)} seed(s) per condition. At this scale it can test "
              "whether entmax-1.5 gives attention exact zeros and whether that changes the probes and semantic "
