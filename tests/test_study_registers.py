@@ -138,11 +138,12 @@ def test_the_report_says_which_models_have_random_weights(finished_study):
     """The untagged timm architectures are random and the report says so, in its opening and titles; the same entry
     given a weights file or a pretrained tag is not called random (the rule is ``has_random_weights``)."""
     from vitscope.report.openings import registers_opening
-    from vitscope.report.registers.page import _title
+    from vitscope.report.registers.page import _scale_note, _title
 
     out, payload = finished_study
     text = (out / "report.html").read_text()
     assert "timm-vit, timm-swin with random weights" in text
+    assert "seeded initialisation): timm-vit, timm-swin;" in text and "Given with their weights" not in text
     assert "timm-vit (timm:vit_small_patch16_224, random weights)" in text
     assert {m["label"] for m in payload["models"] if "random weights" in _title(m)} == {"timm-vit", "timm-swin"}
     results = json.loads((out / "results.json").read_text())
@@ -153,6 +154,8 @@ def test_the_report_says_which_models_have_random_weights(finished_study):
         opening = registers_opening(results)
         assert "timm-vit with the weights given" in opening and "timm-swin with random weights" in opening
         assert "whether the given models grow artifacts" in opening
+        note = _scale_note(results)
+        assert "Given with their weights: timm-vit." in note and "initialisation): timm-swin;" in note
 
 
 def test_rerun_reuses_every_measurement(finished_study):

@@ -286,7 +286,8 @@ def _verdict_list(entries: list[dict[str, Any]]) -> str:
 def _scale_note(results: dict[str, Any]) -> str:
     models = results["models"]
     trained = [m["label"] for m in models if m.get("training") and not m.get("planted")]
-    given = [m["label"] for m in models if not m.get("training") and not m.get("planted")]
+    random = [m["label"] for m in models if is_random_model(m)]
+    given = [m["label"] for m in models if not m.get("training") and not m.get("planted") and m["label"] not in random]
     planted = [m["label"] for m in models if m.get("planted")]
     parts = [f"Measured on <b>{html.escape(str(results['provenance']['dataset']))}</b>, "
              f"{models[0]['num_images'] if models else 0} evaluation images."]
@@ -304,13 +305,14 @@ def _scale_note(results: dict[str, Any]) -> str:
         parts.append("The demo trains supervised runs only, to stay within its minutes; the same comparison under "
                      "the DINO objective is the <code>demo-dino</code> preset.")
     if given:
-        parts.append(f"Given or preset models: {html.escape(', '.join(given))}; those whose spec starts with "
-                     "<code>timm:</code> and show <i>random</i> weights are randomly initialised: they show that "
-                     "the census runs on each geometry, not findings.")
+        parts.append(f"Given with their weights: {html.escape(', '.join(given))}.")
+    if random:
+        parts.append(f"With <i>random</i> weights (seeded initialisation): {html.escape(', '.join(random))}; they "
+                     "show that the census runs on each geometry, not findings.")
     if planted:
         parts.append(f"Constructed: {html.escape(', '.join(planted))} (planted outliers).")
-    parts.append("Artifacts need large models trained long; a small model trained for minutes is not expected to "
-                 "grow them, and this report claims only what these runs show.")
+    parts.append("Artifacts need large models trained long" + ("; a small model trained for minutes is not expected "
+                 "to grow them" if trained else "") + ", and this report claims only what these runs show.")
     return " ".join(parts)
 
 
