@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vitscope.studies.models import loads_random_weights
-from vitscope.studies.registers.findings import is_random_model
+from vitscope.studies.registers.findings import model_groups
 from vitscope.studies.sparse.presets import COMMAND_LINES as SPARSE_COMMANDS
 from vitscope.studies.sparse.presets import PAPER_GPU_HOURS
 
@@ -174,14 +174,13 @@ def registers_opening(results: dict[str, Any]) -> str:
     """The registers report's opening: which models were measured (pretrained as given, trained here, random or
     planted) and what that lets this run test."""
     models = results["models"]
-    random = [m["label"] for m in models if is_random_model(m)]
-    trained = [m["label"] for m in models if m.get("training") and not m.get("planted")]
-    given = [m["label"] for m in models if m["label"] not in random + trained and not m.get("planted")]
+    groups = model_groups(models)
+    given, trained, random = groups["given"], groups["trained"], groups["random"]
     kinds = [f"{', '.join(given)} with the weights given" if given else "",
              f"{', '.join(trained)} trained here for minutes" if trained else "",
              f"{', '.join(random)} with random weights (they show that the census runs on each architecture, not "
              "findings)" if random else "",
-             "a model with planted outliers whose answer is known" if any(m.get("planted") for m in models) else ""]
+             "a model with planted outliers whose answer is known" if groups["planted"] else ""]
     count = f"{len(models)} model" + ("s" if len(models) != 1 else "")
     scale = (f"This run measures {count} on {html.escape(str(results['provenance']['dataset']))}: "
              + html.escape("; ".join(k for k in kinds if k)) + ". At this scale it can test the detector, the census "

@@ -22,6 +22,7 @@ from vitscope.studies.registers.findings import (
     detector_check,
     findings,
     is_random_model,
+    model_groups,
 )
 from vitscope.studies.registers.study import load_census_tensors
 
@@ -285,10 +286,8 @@ def _verdict_list(entries: list[dict[str, Any]]) -> str:
 
 def _scale_note(results: dict[str, Any]) -> str:
     models = results["models"]
-    trained = [m["label"] for m in models if m.get("training") and not m.get("planted")]
-    random = [m["label"] for m in models if is_random_model(m)]
-    given = [m["label"] for m in models if not m.get("training") and not m.get("planted") and m["label"] not in random]
-    planted = [m["label"] for m in models if m.get("planted")]
+    groups = model_groups(models)
+    given, trained, random, planted = groups["given"], groups["trained"], groups["random"], groups["planted"]
     parts = [f"Measured on <b>{html.escape(str(results['provenance']['dataset']))}</b>, "
              f"{models[0]['num_images'] if models else 0} evaluation images."]
     if trained:

@@ -55,6 +55,17 @@ def is_random_model(model: dict[str, Any]) -> bool:
     return not model.get("training") and not model.get("planted") and loads_random_weights(model.get("entry"))
 
 
+def model_groups(models: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The measured models' labels by where their weights come from: ``planted`` (constructed outliers),
+    ``trained`` (here), ``random`` (``is_random_model``) and ``given`` (pretrained, by name or file)."""
+    groups: dict[str, list[str]] = {"given": [], "trained": [], "random": [], "planted": []}
+    for m in models:
+        kind = ("planted" if m.get("planted") else "trained" if m.get("training")
+                else "random" if is_random_model(m) else "given")
+        groups[kind].append(m["label"])
+    return groups
+
+
 def _row(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
     return next((row for row in rows if all(row.get(k) == v for k, v in match.items())), None)
 
