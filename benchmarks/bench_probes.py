@@ -39,6 +39,7 @@ from vitscope.data.dense import synthetic_dense  # noqa: E402
 from vitscope.models import create  # noqa: E402
 from vitscope.probes.baselines import random_twin  # noqa: E402
 from vitscope.probes.dense.probe import dense_probe, fit_dense_head, patch_maps  # noqa: E402
+from vitscope.probes.dense.settings import DenseProbeSettings  # noqa: E402
 from vitscope.probes.features import extract_features  # noqa: E402
 from vitscope.probes.linear import fit_classifier, fit_regressor  # noqa: E402
 
@@ -100,8 +101,9 @@ def _probe_seconds(model, train, held, layers: str, points, untiled: bool, epoch
                    bins_at: str):
     start = time.perf_counter()
     depth = {"bin_resolution": bins_at} if train.task == "depth" else {}
-    result = dense_probe(model, train, held, layers, epochs=epochs, cache=cache, progress=False, loss_points=points,
-                         device=device, **({"tile_values": 1 << 62} if untiled else {}), **depth)  # 1 tile: untiled
+    result = dense_probe(model, train, held, layers, DenseProbeSettings(
+        epochs=epochs, cache=cache, progress=False, loss_points=points, device=device,
+        **({"tile_values": 1 << 62} if untiled else {}), **depth))  # 1 tile: untiled
     return time.perf_counter() - start, result
 
 

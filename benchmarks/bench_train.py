@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import interleaved_medians, machine, table  # noqa: E402
 from vitscope.data import synthetic_scenes  # noqa: E402
 from vitscope.models import create  # noqa: E402
-from vitscope.models.packed import PackedViT, VmappedModels  # noqa: E402
+from vitscope.models.own.packed import PackedViT, VmappedModels  # noqa: E402
 from vitscope.train.packed.adamw import PackedAdamW  # noqa: E402
 from vitscope.train.protocols import Protocol, soft_cross_entropy  # noqa: E402
 from vitscope.train.step_compile import StepRunner  # noqa: E402

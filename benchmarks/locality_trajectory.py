@@ -26,8 +26,8 @@ import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from vitscope.analyze import measure_locality  # noqa: E402
+from vitscope.atomic_io import write_csv  # noqa: E402
 from vitscope.data import load_dataset  # noqa: E402
-from vitscope.files import write_csv  # noqa: E402
 from vitscope.models import load  # noqa: E402
 from vitscope.studies.locality.verdicts import LOCAL_MARGIN, judge, locality_precondition  # noqa: E402
 

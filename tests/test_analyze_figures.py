@@ -8,7 +8,7 @@ from vitscope.analyze.norms import NormsResult
 from vitscope.data import ImageDataset
 from vitscope.metrics.norms import Threshold
 from vitscope.models import create
-from vitscope.models.token_map import token_map
+from vitscope.models.capture.token_map import token_map
 from vitscope.report.figures.analysis import MAX_MAP_IMAGES, norm_figures, norm_map_inputs
 
 

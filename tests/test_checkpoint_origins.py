@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
 
 from vitscope.models import load
-from vitscope.models.origins import detect_origin
+from vitscope.models.weights.origins import detect_origin
 
 TINY = {"depth": 1, "embed_dim": 64, "num_heads": 2}
 

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from vitscope.cli import build_parser, main
 from vitscope.cli.analyze import detect_layer_index
-from vitscope.cli.common import quiet_torch_notices, resolve_shared
+from vitscope.cli.options import resolve_shared
+from vitscope.cli.preflight import quiet_torch_notices
 from vitscope.models import create, load, save_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,7 +111,7 @@ def test_shared_options_before_or_after_the_command():
 
 
 def test_study_seed_is_one_seeds():
-    from vitscope.cli.common import parse_seeds
+    from vitscope.cli.options import parse_seeds
 
     assert parse_seeds(None, None) == [0] and parse_seeds(None, 4) == [4] and parse_seeds("1,2", None) == [1, 2]
     with pytest.raises(ValueError, match="use one"):

@@ -66,6 +66,7 @@ def test_a_trained_backbone_segments_the_demo_scenes_better_than_its_random_twin
     from vitscope.data.dense_layouts import load_dense
     from vitscope.models import load
     from vitscope.probes.dense.probe import dense_probe
+    from vitscope.probes.dense.settings import DenseProbeSettings
     from vitscope.train import TrainConfig, train
 
     with tempfile.TemporaryDirectory() as folder:
@@ -77,8 +78,8 @@ def test_a_trained_backbone_segments_the_demo_scenes_better_than_its_random_twin
         model = load(folder)
     sets = [load_dense("synthetic-texture", None, split, synthetic_images=n) for split, n in (("train", 128),
                                                                                               ("eval", 32))]
-    result = dense_probe(model, *sets, "last", with_cls=(False,), epochs=8, progress=False, cache=False,
-                         label="trained")
+    result = dense_probe(model, *sets, "last", DenseProbeSettings(with_cls=(False,), epochs=8, progress=False,
+                                                                  cache=False, label="trained"))
     miou = {r["model"]: r["value"] for r in result.rows if r["metric"] == "miou"}
     assert miou["trained"] > miou["trained (random init)"] + 1.0, miou
     assert miou["trained"] > miou["chance"] + 1.0, miou

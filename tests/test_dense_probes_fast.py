@@ -15,6 +15,7 @@ from vitscope.models import create
 from vitscope.probes.dense.heads import depth_bins
 from vitscope.probes.dense.points import PointSampler, depth_at, logits_at, point_cross_entropy, point_silog, rows_at
 from vitscope.probes.dense.probe import dense_probe, fit_dense_head, iter_predictions, silog_loss
+from vitscope.probes.dense.settings import DenseProbeSettings
 from vitscope.probes.dense.tiles import predict_full
 
 
@@ -137,8 +138,8 @@ def test_both_losses_rank_a_pixel_backbone_and_a_random_one_alike(task, metric, 
     train, held = synthetic_dense(task, "train", 32), synthetic_dense(task, "eval", 16)
     scores = {}
     for points in ("full", 256):
-        result = dense_probe(model, train, held, "last", with_cls=(False,), epochs=6, norm=False, cache=tmp_path,
-                             progress=False, loss_points=points)
+        result = dense_probe(model, train, held, "last", DenseProbeSettings(
+            with_cls=(False,), epochs=6, norm=False, cache=tmp_path, progress=False, loss_points=points))
         assert result.settings["loss_points"] == points
         scores[points] = [result.value(4, metric=metric, model=name, with_cls=False)
                           for name in ("model", "model (random init)")]

@@ -13,6 +13,7 @@ from vitscope.probes.dense.heads import depth_bins
 from vitscope.probes.dense.modules import HeadInputs
 from vitscope.probes.dense.points import PointSampler, cells_at, rows_at
 from vitscope.probes.dense.probe import dense_probe, fit_dense_head, iter_predictions
+from vitscope.probes.dense.settings import DenseProbeSettings
 
 
 def _reference_depth(table: torch.Tensor, bins: torch.Tensor, factor: int = DEPTH_UPSAMPLE) -> torch.Tensor:
@@ -93,14 +94,14 @@ def test_the_x4_grid_is_trained_and_recorded_and_label_resolution_stays_availabl
     train, held = synthetic_dense("depth", "train", 8), synthetic_dense("depth", "eval", 4)
     results = {}
     for resolution in ("x4", "label"):
-        results[resolution] = dense_probe(model, train, held, "last", with_cls=(False,), epochs=2, cache=tmp_path,
-                                          baseline=False, progress=False, bin_resolution=resolution)
+        results[resolution] = dense_probe(model, train, held, "last", DenseProbeSettings(
+            with_cls=(False,), epochs=2, cache=tmp_path, baseline=False, progress=False, bin_resolution=resolution))
         settings_ = results[resolution].settings
         assert settings_["bin_resolution"] == resolution and "depth_head" in settings_
     rmse = {k: r.value(4, metric="rmse", model="model", with_cls=False) for k, r in results.items()}
     assert rmse["x4"] != rmse["label"] and abs(rmse["x4"] - rmse["label"]) < 0.25 * rmse["label"], rmse
     with pytest.raises(ValueError, match="'x8'"):
-        dense_probe(model, train, held, "last", bin_resolution="x8", progress=False, cache=False)
+        dense_probe(model, train, held, "last", DenseProbeSettings(bin_resolution="x8", progress=False, cache=False))
 
 
 def test_x4_training_lowers_the_full_resolution_loss_it_estimates(one_thread):

@@ -7,6 +7,7 @@ from vitscope.data.dense import synthetic_dense
 from vitscope.models import create
 from vitscope.probes.dense.bin_norm import bin_weights, depth_from_bins
 from vitscope.probes.dense.probe import dense_probe
+from vitscope.probes.dense.settings import DenseProbeSettings
 
 
 def test_linear_normalisation_is_relu_plus_a_tenth_over_the_sum():
@@ -25,9 +26,8 @@ def test_a_set_that_asks_for_the_eigen_crop_is_scored_inside_it():
     torch.manual_seed(0)
     train, held = synthetic_dense("depth", "train", 8), synthetic_dense("depth", "eval", 4)
     held.settings["eigen_crop"] = True  # what the NYU loader records
-    result = dense_probe(create("vit-micro"), train, held, "last", with_cls=(False,), epochs=1, baseline=False,
-                         cache=False, progress=False)
+    quick = DenseProbeSettings(with_cls=(False,), epochs=1, baseline=False, cache=False, progress=False)
+    result = dense_probe(create("vit-micro"), train, held, "last", quick)
     assert result.settings["eigen_crop"] is True and result.settings["bin_norm"] == "linear"
-    off = dense_probe(create("vit-micro"), train, held, "last", with_cls=(False,), epochs=1, baseline=False,
-                      cache=False, progress=False, eigen_crop=False)
+    off = dense_probe(create("vit-micro"), train, held, "last", quick.replace(eigen_crop=False))
     assert off.settings["eigen_crop"] is False

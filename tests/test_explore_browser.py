@@ -17,7 +17,7 @@ from explore_models import PLANTED_PATCH, pictures, planted_attention_model, sha
 from vitscope.explorer import model_inputs
 from vitscope.metrics.visible_keys import swin_window_keys
 from vitscope.models import create, load
-from vitscope.models.planted import plant_outliers
+from vitscope.models.own.planted import plant_outliers
 from vitscope.record import record_attention, record_tokens
 
 CHROMIUM = Path("/usr/bin/chromium")

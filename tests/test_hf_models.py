@@ -9,7 +9,7 @@ import torch
 
 import vitscope
 from vitscope.models import load, token_layout
-from vitscope.models.token_map import token_map
+from vitscope.models.capture.token_map import token_map
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,4 +1,4 @@
-"""Pretrained weights by name from local caches (vitscope.models.hub), with the network blocked.
+"""Pretrained weights by name from local caches (vitscope.models.weights.hub), with the network blocked.
 
 Each test writes a Hugging Face hub cache in a temporary folder with the layout huggingface_hub writes
 (models--ORG--NAME/{blobs,refs/main,snapshots/COMMIT/FILE -> ../../blobs/SHA256}) holding a small random model, points
@@ -190,7 +190,7 @@ def test_download_is_asked_for_before_anything_is_fetched(tmp_path, cache, monke
 
 
 def test_export_hf_loads_back_to_the_same_tokens(tmp_path):
-    from vitscope.models.hf_export import export_hf
+    from vitscope.models.export.hf import export_hf
 
     torch.manual_seed(5)
     options = {"depth": 2, "embed_dim": 32, "num_heads": 2}

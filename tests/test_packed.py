@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from vitscope.models import create
-from vitscope.models.packed import PackedViT, VmappedModels
+from vitscope.models.own.packed import PackedViT, VmappedModels
 from vitscope.train import TrainConfig, TrainingInterrupted, train
 from vitscope.train.packed.adamw import PackedAdamW
 from vitscope.train.packed.state import clip_member_gradients, solo_optimizer

@@ -6,6 +6,7 @@ import torch
 from vitscope.data.dense import DenseDataset, synthetic_dense
 from vitscope.models import create
 from vitscope.probes.dense.probe import dense_probe, fit_dense_head, predict_dense, score_dense
+from vitscope.probes.dense.settings import DenseProbeSettings
 
 
 def _bands(n: int, classes: int, seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -45,12 +46,13 @@ def test_synthetic_segmentation_and_depth_with_registers_and_cls_concat():
     torch.manual_seed(0)
     model = create("vit-micro", num_registers=2)
     train, held = synthetic_dense("segmentation", "train", 12), synthetic_dense("segmentation", "eval", 6)
-    result = dense_probe(model, train, held, "last", epochs=2, baseline=False, cache=False, progress=False)
+    result = dense_probe(model, train, held, "last", DenseProbeSettings(epochs=2, baseline=False, cache=False,
+                                                                              progress=False))
     assert {(r.get("with_cls"), r["model"]) for r in result.rows if r["metric"] == "miou"} == {
         (False, "model"), (True, "model"), (None, "chance")}
     assert 0 <= result.value(4, metric="miou", with_cls=True) <= 100
     depth = dense_probe(model, synthetic_dense("depth", "train", 8), synthetic_dense("depth", "eval", 4), "0",
-                        with_cls=(True,), epochs=2, cache=False, progress=False)
+                        DenseProbeSettings(with_cls=(True,), epochs=2, cache=False, progress=False))
     assert depth.value(0, metric="rmse", model="chance") > 0
     assert depth.value(0, metric="rmse", model="model (random init)") > 0
 
@@ -84,8 +86,8 @@ def test_sliding_window_probe_on_synthetic_scenes():
     model = create("vit-micro")
     train, held = synthetic_dense("segmentation", "train", 6, image_size=48), synthetic_dense(
         "segmentation", "eval", 3, image_size=48)
-    result = dense_probe(model, train, held, "last", with_cls=(False,), epochs=1, size=40, crops_per_image=2,
-                         baseline=False, cache=False, progress=False)
+    result = dense_probe(model, train, held, "last", DenseProbeSettings(
+        with_cls=(False,), epochs=1, size=40, crops_per_image=2, baseline=False, cache=False, progress=False))
     assert 0 <= result.value(4, metric="miou", with_cls=False) <= 100
     assert "sliding window" in result.settings["geometry"]
 
@@ -103,7 +105,7 @@ def test_the_trivial_depth_floor_averages_the_pixels_the_scores_count():
     held = [torch.full((32, 32), 5.0) for _ in range(2)]
     torch.manual_seed(0)
     result = dense_probe(create("vit-micro"), _depth_set("train", train), _depth_set("eval", held), "0",
-                         with_cls=(False,), epochs=1, baseline=False, cache=False, progress=False)
+                         DenseProbeSettings(with_cls=(False,), epochs=1, baseline=False, cache=False, progress=False))
     assert result.value(0, metric="rmse", model="chance") == pytest.approx(0.0, abs=1e-6)
     assert result.value(0, metric="abs_rel", model="chance") == pytest.approx(0.0, abs=1e-6)
 

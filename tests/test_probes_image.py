@@ -8,6 +8,7 @@ import torch
 from vitscope.data import ImageDataset, load_dataset
 from vitscope.models import create
 from vitscope.probes import knn_probe, linear_probe
+from vitscope.probes.settings import ImageProbeSettings
 
 FAST = {"lrs": (0.05,), "weight_decays": (0.0,), "epochs": 60}
 CIFAR10 = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "cifar10_jpg.tar.gz"
@@ -28,20 +29,22 @@ def test_planted_classes_give_100_percent_with_floors_beside_them():
     torch.manual_seed(0)
     model = create("vit-micro", num_classes=0)
     train, held = _flat("train", 12), _flat("eval", 6)
-    result = linear_probe(model, train, held, "0,last", pool="mean", cache=False, progress=False,
-                          fit_options=FAST, dino_last4=True)
+    result = linear_probe(model, train, held, "0,last", ImageProbeSettings(
+        pool="mean", cache=False, progress=False, fit_options=FAST, dino_last4=True))
     assert result.value(0, "mean", "top1") == 1.0 and result.value(4, "mean", "top1") == 1.0
     assert result.value(4, "mean", "top1", model="chance") == pytest.approx(0.25)
     assert result.value(4, "dino-last4", "top1") >= 0.9
     assert {r["model"] for r in result.rows} == {"model", "model (random init)", "chance"}
-    near = knn_probe(model, train, held, "0", pool="mean", k=5, cache=False, progress=False, baseline=False)
+    near = knn_probe(model, train, held, "0", ImageProbeSettings(pool="mean", k=5, cache=False, progress=False,
+                                                                 baseline=False))
     assert near.value(0, "mean", "knn_top1") == 1.0
 
 
 def test_cls_pool_refused_on_a_model_without_cls():
     model = create("vit-micro", class_token=False, pool="gap")
     with pytest.raises(ValueError, match="pool='mean'"):
-        knn_probe(model, _flat("train", 2), _flat("eval", 2), "last", cache=False, progress=False, baseline=False)
+        knn_probe(model, _flat("train", 2), _flat("eval", 2), "last",
+                  ImageProbeSettings(cache=False, progress=False, baseline=False))
 
 
 @pytest.mark.skipif(not CIFAR10.exists(), reason="real CIFAR-10 archive absent")
@@ -51,9 +54,9 @@ def test_linear_and_knn_read_real_cifar10_above_chance():
     assert len(train.labels.unique()) == 10
     torch.manual_seed(0)
     model = create("vit-micro")
-    lin = linear_probe(model, train, held, "0", pool="mean", baseline=False, cache=False, progress=False,
-                       fit_options=FAST)
-    near = knn_probe(model, train, held, "0", pool="mean", baseline=False, cache=False, progress=False)
+    quick = ImageProbeSettings(pool="mean", baseline=False, cache=False, progress=False)
+    lin = linear_probe(model, train, held, "0", quick.replace(fit_options=FAST))
+    near = knn_probe(model, train, held, "0", quick)
     chance = lin.value(0, "mean", "top1", model="chance")
     assert chance <= 0.11
     assert lin.value(0, "mean", "top1") > chance + 0.08

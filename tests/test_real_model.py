@@ -21,6 +21,7 @@ from vitscope.cli import main
 from vitscope.data import load_dataset
 from vitscope.models import load
 from vitscope.probes import knn_probe
+from vitscope.probes.settings import ImageProbeSettings
 from vitscope.stats import wilson_interval
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -104,9 +105,9 @@ def test_real_model_reads_cifar10_above_its_random_twin_and_attends_locally_mid_
     train = load_dataset("cifar10", CIFAR10, "train").subset(500, seed=0)  # 50 per class: 1,400 forwards with the
     held = load_dataset("cifar10", CIFAR10, "eval").subset(200, seed=0)  # twin (about 2-3 min on 2 idle cores)
     model = load("timm:vit_small_patch14_dinov2", weights=WEIGHTS, img_size=224).eval()
-    options = {"cache": tmp_path, "progress": False, "batch_size": 50}  # the second pooling reuses the features
-    by_cls = knn_probe(model, train, held, "8,last", pool="cls", **options)
-    by_mean = knn_probe(model, train, held, "8,last", pool="mean", **options)
+    options = ImageProbeSettings(cache=tmp_path, progress=False, batch_size=50)  # the second pooling reuses features
+    by_cls = knn_probe(model, train, held, "8,last", options.replace(pool="cls"))
+    by_mean = knn_probe(model, train, held, "8,last", options.replace(pool="mean"))
     twin = "model (random init)"
     trained, random = by_cls.value(12, "cls", "knn_top1"), by_cls.value(12, "cls", "knn_top1", model=twin)
     low, _ = wilson_interval(round(trained * len(held)), len(held))

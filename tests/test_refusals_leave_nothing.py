@@ -191,12 +191,12 @@ def test_a_refused_rerun_keeps_the_existing_folder(tmp_path, capsys):
 # ---- faults underneath a command ----
 
 def test_a_full_disk_names_the_folder(tmp_path, capsys, monkeypatch):
-    import vitscope.files
+    import vitscope.atomic_io
 
     def full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device")  # as json and numpy writers report it: no path
 
-    monkeypatch.setattr(vitscope.files, "atomic_write_bytes", full)
+    monkeypatch.setattr(vitscope.atomic_io, "atomic_write_bytes", full)
     out = tmp_path / "norms"
     line = refused(["analyze", "norms", *PROBE, "--out", str(out)], capsys)
     assert f"the disk holding {out} is full" in line and "free space" in line

@@ -7,7 +7,7 @@ import torch
 
 from vitscope.data import synthetic_scenes
 from vitscope.models import create, load
-from vitscope.models.planted import plant_outliers
+from vitscope.models.own.planted import plant_outliers
 from vitscope.record import record_tokens
 from vitscope.studies.models import ModelEntry, parse_model_entries, parse_model_entry
 from vitscope.studies.registers.census import CensusSettings, run_census

@@ -11,7 +11,7 @@ from timm.models.swin_transformer import window_partition
 from vitscope.data import synthetic_scenes
 from vitscope.metrics.visible_keys import reduced_high_keys, swin_window_keys, window_mass_on_high_norm
 from vitscope.models import load
-from vitscope.models.sites import token_blocks
+from vitscope.models.capture.sites import token_blocks
 from vitscope.probes.stage_features import stage_last_layers
 from vitscope.probes.tokens import probe_tokens
 from vitscope.record import record_attention

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from vitscope.models import create
-from vitscope.models.packed import PackedViT
+from vitscope.models.own.packed import PackedViT
 from vitscope.train.config import TrainConfig
 from vitscope.train.packed.train import train_packed
 from vitscope.train.step_compile import ENV, StepRunner, compile_wanted, step_runner

@@ -11,7 +11,7 @@ from timm.models.naflexvit import batch_patchify
 import vitscope
 from vitscope.metrics import attention_entropy, mean_attention_distance
 from vitscope.models import load, token_layout
-from vitscope.models.token_map import token_map
+from vitscope.models.capture.token_map import token_map
 from vitscope.record import record_tokens
 
 TINY = {"depth": 2, "embed_dim": 64, "num_heads": 2}

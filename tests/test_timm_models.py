@@ -16,8 +16,8 @@ from vitscope.attention import Attention, fast_paths, native
 from vitscope.cli import main
 from vitscope.metrics import attention_entropy, mean_attention_distance
 from vitscope.models import attention_sites, load
-from vitscope.models.hierarchical import PvtReducedKeys, SwinWindows
-from vitscope.models.token_map import token_map
+from vitscope.models.capture.hierarchical import PvtReducedKeys, SwinWindows
+from vitscope.models.capture.token_map import token_map
 from vitscope.record import record_tokens
 
 FAMILIES = {
@@ -368,3 +368,24 @@ def test_registers_only_where_timm_gives_them_no_positional_embedding():
         load("timm:vit_small_patch16_224.dino", num_registers=4, img_size=32, depth=1, pretrained=False)
     with pytest.raises(ValueError, match="already has registers"):
         load("timm:vit_small_patch14_reg4_dinov2", num_registers=4, img_size=28, depth=1)
+
+
+@pytest.mark.parametrize("with_weights", [False, True])
+def test_an_image_size_off_the_patch_grid_is_refused_before_anything_is_read(tmp_path, with_weights, capsys):
+    """225 px at patch 14 was built as a cut-down 16 x 16 grid (timm floors it) and recorded as 225 when weights were
+    given (issue 46, item 16): refused in one line naming the two sizes around it, in Python and in the CLI."""
+    spec, options, _ = FAMILIES["dinov2-reg"]
+    weights = None
+    if with_weights:
+        model = load(spec, **options)
+        weights = tmp_path / "w.safetensors"
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    with pytest.raises(ValueError, match=r"img_size=225 is not a multiple of .*patch size 14; .*224 or 238"):
+        load(spec, weights=weights, **{**options, "img_size": 225})
+    extra = ["--weights", str(weights)] if with_weights else []
+    code = main(["analyze", "locality", "--model", spec, *extra, "--img-size", "225", "--dataset", "synthetic",
+                 "--num-images", "2", "--out", str(tmp_path / "out")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "img_size=225 is not a multiple" in err[-1] and "224 or 238" in err[-1]
+    assert not (tmp_path / "out" / "results.json").exists()

@@ -28,8 +28,8 @@ from torch import Tensor, nn
 from vitscope.metrics import UNITS, AttentionBatch, AttentionStats, LocalityAccumulator, StreamingMetric
 from vitscope.metrics.norms import token_norms
 from vitscope.models import AttentionSite, TokenLayout, attention_sites
-from vitscope.models.sites import Capture, token_blocks
-from vitscope.models.vit import resolve_block_indices
+from vitscope.models.capture.sites import Capture, token_blocks
+from vitscope.models.own.vit import resolve_block_indices
 
 
 class AttentionRecording:

@@ -11,9 +11,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from vitscope.analyze.inputs import model_batches
+from vitscope.atomic_io import write_csv, write_json
 from vitscope.attention import learned_alphas
 from vitscope.data import ImageDataset
-from vitscope.files import write_csv, write_json
 from vitscope.metrics import AttentionStats
 from vitscope.record import record_attention
 

@@ -17,11 +17,11 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from vitscope.analyze.inputs import model_batches
+from vitscope.atomic_io import write_csv, write_json
 from vitscope.data import ImageDataset
-from vitscope.files import write_csv, write_json
 from vitscope.metrics.high_norm import ModeCheck, separate_mode
 from vitscope.metrics.norms import Threshold, high_norm_threshold, parse_threshold
-from vitscope.models.token_map import token_map
+from vitscope.models.capture.token_map import token_map
 from vitscope.record import record_tokens
 
 DEFINITIONS = {

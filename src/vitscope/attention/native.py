@@ -34,7 +34,7 @@ from torch import Tensor
 
 from vitscope.attention.kinds import kind as kind_named
 from vitscope.attention.paths import current
-from vitscope.files import cache_root
+from vitscope.cache_dir import cache_root
 
 MAX_PASSES = 32  # a row still open after this many passes is left to the exact eager solver
 HERE = Path(__file__).parent

@@ -1,11 +1,11 @@
 """The ``vitscope`` command. Errors print one line on stderr and exit 2 (a traceback with --debug); a full disk or an
 unwritable cache gets a line naming the folder (``write_errors``), and a failed command removes the output folders
-it created and wrote nothing into (``common.created_folders``).
+it created and wrote nothing into (``out_folders.created_folders``).
 
 Each command lives in its own module of this package and exposes ``register(commands)``, which adds its
 subparser and sets ``handler`` (a function of the parsed arguments returning the exit code). A new command
 is one new module and one entry in ``COMMAND_MODULES``. A command takes the shared options it names with
-``common.add_shared`` (``--device --batch-size --seed --out --debug``), before or after its name.
+``options.add_shared`` (``--device --batch-size --seed --out --debug``), before or after its name.
 """
 
 from __future__ import annotations
@@ -17,16 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import vitscope
-from vitscope.cli.common import (
-    add_shared_to_top,
-    check_data_dir,
-    check_device_flag,
-    check_launcher_flag,
-    check_output_dir,
-    created_folders,
-    quiet_torch_notices,
-    resolve_shared,
-)
+from vitscope.cli.options import add_shared_to_top, resolve_shared
+from vitscope.cli.out_folders import check_output_dir, created_folders
+from vitscope.cli.preflight import check_data_dir, check_device_flag, check_launcher_flag, quiet_torch_notices
 from vitscope.cli.write_errors import write_failure_line
 from vitscope.threads import apply_thread_count, apply_wait_policy
 

@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vitscope.cli.common import add_common, add_dataset_options, add_model_changes, prepare_analysis, print_files
+from vitscope.cli.options import add_common, add_dataset_options, add_model_changes
+from vitscope.cli.out_folders import print_files
+from vitscope.cli.preflight import prepare_analysis
 
 
 def register(commands) -> None:

@@ -14,7 +14,8 @@ import importlib
 import time
 from dataclasses import dataclass
 
-from vitscope.cli.common import add_shared, output_dir
+from vitscope.cli.options import add_shared
+from vitscope.cli.out_folders import output_dir
 
 DEMO_SEEDS = 2  # seeds per condition in every demo: the fewest from which the decision rule gives a verdict
 

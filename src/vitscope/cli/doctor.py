@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from vitscope.cli.common import add_shared
+from vitscope.cli.options import add_shared
 
 PACKAGES = ("vitscope", "torch", "torchvision", "timm", "numpy", "safetensors", "entmax")
 
@@ -97,7 +97,7 @@ def folder_size(folder: Path) -> int:
 
 
 def caches() -> dict[str, str]:
-    from vitscope.files import cache_root
+    from vitscope.cache_dir import cache_root
 
     root = cache_root()
     found = {"root": f"{root} ({'VITSCOPE_CACHE' if os.environ.get('VITSCOPE_CACHE') else 'default'})"}

@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from vitscope.cli.common import add_common, add_dataset_options, add_model_changes, prepare_analysis
+from vitscope.cli.options import add_common, add_dataset_options, add_model_changes
+from vitscope.cli.preflight import prepare_analysis
 
 
 def register(commands) -> None:

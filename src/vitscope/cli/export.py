@@ -1,6 +1,6 @@
 """``vitscope export``: write a model's weights for another library: a timm checkpoint (``--format timm``, vitscope
 models) or a transformers ``save_pretrained`` folder (``--format hf``, vitscope and timm ViTs; ``hf:FOLDER`` loads it
-back to the same tokens; ``vitscope.models.hf_export``)."""
+back to the same tokens; ``vitscope.models.export.hf``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import argparse
 import json
 from pathlib import Path
 
-from vitscope.cli.common import add_model_source, add_shared, output_dir, positive_int
+from vitscope.cli.options import add_model_source, add_shared, positive_int
+from vitscope.cli.out_folders import output_dir
 
 
 def register(commands) -> None:
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_hf(args: argparse.Namespace, model) -> int:
-    from vitscope.models.hf_export import export_hf
+    from vitscope.models.export.hf import export_hf
 
     output_dir(Path(args.out).parent)
     try:
@@ -55,7 +56,7 @@ def _run_hf(args: argparse.Namespace, model) -> int:
 def _run_timm(args: argparse.Namespace, model) -> int:
     from safetensors import SafetensorError
 
-    from vitscope.models.export import export_timm
+    from vitscope.models.export.timm import export_timm
 
     output_dir(Path(args.out).parent)
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from vitscope.cli.common import add_shared
+from vitscope.cli.options import add_shared
 
 
 def register(commands) -> None:

@@ -10,16 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitscope.cli.common import (
-    add_common,
-    add_model_changes,
-    check_output_dir,
-    output_dir,
-    positive_float,
-    positive_int,
-    print_files,
-    unit_fraction,
-)
+from vitscope.cli.options import add_common, add_model_changes, positive_float, positive_int, unit_fraction
+from vitscope.cli.out_folders import check_output_dir, output_dir, print_files
 
 METRICS = {"linear": "top1", "knn": "knn_top1"}
 
@@ -179,19 +171,19 @@ def _finish(args: argparse.Namespace, result, out: Path, device, subsets: dict, 
 
 def run_image(args: argparse.Namespace) -> int:
     from vitscope.probes import knn_probe, linear_probe
+    from vitscope.probes.settings import ImageProbeSettings
 
     out, device, model, label = _prepare(args)
     train, held = _load(args, "train", args.train_images, model), _load(args, "eval", args.num_images, model)
-    common = {"pool": args.pool, "baseline": args.baseline, "label": label, "norm": args.norm,
-              "batch_size": args.batch_size, "device": device, "img_size": args.img_size, "cache": args.cache,
-              "seed": args.seed}
+    common = ImageProbeSettings(pool=args.pool, baseline=args.baseline, label=label, norm=args.norm,
+                                batch_size=args.batch_size, device=device, img_size=args.img_size, cache=args.cache,
+                                seed=args.seed)
     if args.probe == "linear":
-        result = _cached(args, model, [train, held], lambda: linear_probe(
-            model, train, held, args.layers, dino_last4=args.dino_last4, fit_options={"epochs": args.epochs},
-            **common))
+        settings = common.replace(dino_last4=args.dino_last4, fit_options={"epochs": args.epochs})
+        result = _cached(args, model, [train, held], lambda: linear_probe(model, train, held, args.layers, settings))
     else:
-        result = _cached(args, model, [train, held], lambda: knn_probe(
-            model, train, held, args.layers, k=args.k, temperature=args.temperature, **common))
+        settings = common.replace(k=args.k, temperature=args.temperature)
+        result = _cached(args, model, [train, held], lambda: knn_probe(model, train, held, args.layers, settings))
     subsets = {"train": train.selection, "eval": held.selection}
     return _finish(args, result, out, device, subsets, [METRICS[args.probe]])
 
@@ -229,7 +221,7 @@ def run_pib(args: argparse.Namespace) -> int:
 
 
 def run_pca(args: argparse.Namespace) -> int:
-    from vitscope.files import write_json
+    from vitscope.atomic_io import write_json
     from vitscope.probes.pca import pca_maps
     from vitscope.report.figures.probes import pca_grid
 
@@ -255,6 +247,7 @@ def run_pca(args: argparse.Namespace) -> int:
 def run_dense(args: argparse.Namespace) -> int:
     from vitscope.data.dense_layouts import load_dense
     from vitscope.probes.dense.probe import dense_probe, loss_points_of
+    from vitscope.probes.dense.settings import DenseProbeSettings
 
     loss_points_of(args.loss_points)  # a bad --loss-points is refused before the model loads
     task = "segmentation" if args.probe == "segment" else "depth"
@@ -264,12 +257,12 @@ def run_dense(args: argparse.Namespace) -> int:
     train = load_dense(args.dataset, args.data_dir, "train", task=task).subset(args.train_images, seed=args.seed)
     held = load_dense(args.dataset, args.data_dir, "eval", task=task).subset(args.num_images, seed=args.seed)
     with_cls = {"no": (False,), "yes": (True,), "both": (False, True)}[args.with_cls]
-    result = _cached(args, model, [train, held], lambda: dense_probe(
-        model, train, held, args.layers, with_cls=with_cls, epochs=args.epochs, lr=args.lr,
-        eigen_crop=getattr(args, "eigen_crop", None), max_depth=getattr(args, "max_depth", 10.0),
-        baseline=args.baseline, label=label, norm=args.norm, batch_size=args.batch_size, device=device,
-        img_size=args.img_size, cache=args.cache, seed=args.seed, size=args.size,
-        crops_per_image=args.crops_per_image, loss_points=args.loss_points,
-        **({"bin_resolution": args.bin_resolution} if task == "depth" else {})))
+    settings = DenseProbeSettings(
+        with_cls=with_cls, epochs=args.epochs, lr=args.lr, eigen_crop=getattr(args, "eigen_crop", None),
+        max_depth=getattr(args, "max_depth", 10.0), baseline=args.baseline, label=label, norm=args.norm,
+        batch_size=args.batch_size, device=device, img_size=args.img_size, cache=args.cache, seed=args.seed,
+        size=args.size, crops_per_image=args.crops_per_image, loss_points=args.loss_points,
+        **({"bin_resolution": args.bin_resolution} if task == "depth" else {}))
+    result = _cached(args, model, [train, held], lambda: dense_probe(model, train, held, args.layers, settings))
     subsets = {"train": train.settings.get("subset"), "eval": held.settings.get("subset")}
     return _finish(args, result, out, device, subsets, ["miou", "rmse"])

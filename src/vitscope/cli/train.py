@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from vitscope.cli.common import add_shared, created_folders
+from vitscope.cli.options import add_shared
+from vitscope.cli.out_folders import created_folders
 
 # command-line flags that are shortcuts for config keys (flag dest -> TrainConfig key)
 CONFIG_FLAGS = {"dataset": "dataset", "data_dir": "data_dir", "out": "out", "device": "device",

@@ -11,7 +11,7 @@ import argparse
 import errno
 from pathlib import Path
 
-from vitscope.files import cache_root
+from vitscope.cache_dir import cache_root
 
 # what torch's zip writer raises when a write fails (a full disk, or a file system that went away)
 TORCH_WRITER_FAILURE = ("inline_container.cc", "PytorchStreamWriter failed", "file write failed")

@@ -1,5 +1,5 @@
 """Decoding image files and the evaluation view of an image: the one place both the in-memory loaders
-(``sources.py``, ``files.py``) and the streamed datasets (``stream.py``) turn bytes into model-sized pixels.
+(``sources.py``, ``image_trees.py``) and the streamed datasets (``stream.py``) turn bytes into model-sized pixels.
 
 The view is timm's evaluation transform, done with torchvision v2 (``resize`` + ``center_crop``, antialiased, with
 the model's interpolation: bicubic for most pretrained timm ViTs, bilinear where none is named): the shorter side is

@@ -36,13 +36,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from vitscope.atomic_io import atomic_path
+from vitscope.cache_dir import cache_root
 from vitscope.data.dataset import ImageDataset
-from vitscope.data.files import FileTree, decode_images, fingerprint
 from vitscope.data.folder_layout import list_image_folder
+from vitscope.data.image_trees import FileTree, decode_images, fingerprint
 from vitscope.data.pixels import DEFAULT_INTERPOLATION, check_crop_pct, check_interpolation, default_crop_pct, eval_view
 from vitscope.data.stream_sources import open_streamed
 from vitscope.data.synthetic import synthetic_scenes
-from vitscope.files import atomic_path, cache_root
 
 DATASETS = ("cifar10", "cifar100", "tiny-imagenet", "imagefolder", "imagenet", "shards", "synthetic")
 _SPLIT_ALIASES = {"train": "train", "eval": "eval", "test": "eval", "val": "eval", "validation": "eval"}

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from vitscope.data.files import FileTree, is_archive
 from vitscope.data.folder_layout import list_image_folder
+from vitscope.data.image_trees import FileTree, is_archive
 from vitscope.data.imagenet import imagenet_listing
 from vitscope.data.pixels import DEFAULT_INTERPOLATION, check_crop_pct, default_crop_pct
 from vitscope.data.shards import shard_listing

@@ -22,12 +22,12 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.analyze.inputs import model_crop_pct, model_input, model_interpolation
+from vitscope.atomic_io import atomic_write_bytes
 from vitscope.data import ImageDataset, normalize
 from vitscope.data.pixels import eval_view
 from vitscope.explorer.measure import ModelRecord, matched_layers, record_model
 from vitscope.explorer.page import render_page
 from vitscope.explorer.payload import build_payload
-from vitscope.files import atomic_write_bytes
 from vitscope.models import attention_sites
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from vitscope.data import load_dataset
 from vitscope.explorer import explore
 from vitscope.models import VisionTransformer, ViTConfig, load_model
-from vitscope.models.checkpoint import CONFIG_KEY
+from vitscope.models.weights.checkpoint import CONFIG_KEY
 from vitscope.provenance import resolve_device
 from vitscope.run_folder import model_file
 from vitscope.studies.runner import RunSpec

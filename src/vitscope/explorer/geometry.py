@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from vitscope.metrics.visible_keys import swin_window_keys
 from vitscope.models import AttentionSite, TokenLayout
-from vitscope.models.hierarchical import PvtReducedKeys, SwinWindows
+from vitscope.models.capture.hierarchical import PvtReducedKeys, SwinWindows
 
 
 def prefix_labels(layout: TokenLayout) -> list[str]:

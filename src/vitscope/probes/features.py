@@ -30,9 +30,10 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from vitscope.analyze.inputs import model_batches, model_crop_pct, model_input, model_interpolation
+from vitscope.atomic_io import remove_stale_temporaries
+from vitscope.cache_dir import cache_root
 from vitscope.data import ImageDataset
 from vitscope.data.pixels import DEFAULT_INTERPOLATION
-from vitscope.files import cache_root, remove_stale_temporaries
 from vitscope.models import token_layout
 from vitscope.record import record_tokens
 from vitscope.run_folder import writer_lock

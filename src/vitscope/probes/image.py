@@ -8,7 +8,7 @@ also holds the same probe on a randomly initialised copy of the backbone and the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from vitscope.probes.baselines import majority_top1, random_twin
 from vitscope.probes.features import depth_of, extract_features, parse_layers
 from vitscope.probes.linear import fit_classifier
 from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, ProbeResult, row
+from vitscope.probes.settings import ImageProbeSettings
 
 DINO_GROUP = "dino-last4"
 # A scorer maps (train features, train labels, eval features, eval labels, classes) to a fraction in [0, 1].
@@ -42,17 +43,21 @@ def _image_features(backbone: nn.Module, train: ImageDataset, eval_set: ImageDat
 
 
 def _image_probe(kind: str, metric: str, scorer: Scorer, model: nn.Module, train: ImageDataset,
-                 eval_set: ImageDataset, layers: str | Sequence[int | str], *, pool: str, dino_last4: bool,
-                 baseline: bool, label: str, seed: int, feature_options: dict[str, Any],
-                 settings: dict[str, Any]) -> ProbeResult:
+                 eval_set: ImageDataset, layers: str | Sequence[int | str], settings: ImageProbeSettings,
+                 recorded: dict[str, Any]) -> ProbeResult:
+    """Every layer's ``scorer`` value for the model, its random-init twin (``settings.baseline``) and the majority
+    class; ``recorded``: the probe's own settings for the result."""
     if train.num_classes != eval_set.num_classes:
         raise ValueError(f"train has {train.num_classes} classes but eval has {eval_set.num_classes}; "
                          "use two splits of the same dataset")
     wanted = parse_layers(layers, depth_of(model))
-    models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, seed))] if baseline else [])
+    label, pool = settings.label, settings.pool
+    models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, settings.seed))]
+                                 if settings.baseline else [])
     rows = []
     for name, backbone in models:
-        features = _image_features(backbone, train, eval_set, wanted, pool, dino_last4, feature_options)
+        features = _image_features(backbone, train, eval_set, wanted, pool, settings.dino_last4,
+                                   settings.feature_options())
         for (layer, group), (x_train, x_eval) in features.items():
             value = scorer(x_train, train.labels, x_eval, eval_set.labels, train.num_classes)
             rows.append(row(model=name, layer=layer, layer_kind="token", group=group, metric=metric, value=value,
@@ -61,46 +66,38 @@ def _image_probe(kind: str, metric: str, scorer: Scorer, model: nn.Module, train
     for layer, group in features:
         rows.append(row(model=CHANCE, layer=layer, layer_kind="token", group=group, metric=metric, value=chance,
                         n=len(eval_set)))
-    return ProbeResult(kind, rows, {"model": label, "layers": wanted, "pool": pool, "dino_last4": dino_last4,
-                                    "train_images": len(train), "eval_images": len(eval_set), "seed": seed,
-                                    "norm": feature_options.get("norm", True), **settings})
+    return ProbeResult(kind, rows, {"model": label, "layers": wanted, "pool": pool, "dino_last4": settings.dino_last4,
+                                    "train_images": len(train), "eval_images": len(eval_set), "seed": settings.seed,
+                                    "norm": settings.norm, **recorded})
 
 
 def linear_probe(model: nn.Module, train: ImageDataset, eval_set: ImageDataset,
-                 layers: str | Sequence[int | str] = "last", *, pool: str = "cls", dino_last4: bool = False,
-                 baseline: bool = True, label: str = "model",
-                 norm: bool = True, fit_options: Mapping[str, Any] | None = None, batch_size: int = 64,
-                 device: torch.device | str = "cpu", img_size: int | None = None, cache: Any = True, seed: int = 0,
-                 progress: bool = True) -> ProbeResult:
+                 layers: str | Sequence[int | str] = "last", settings: ImageProbeSettings | None = None
+                 ) -> ProbeResult:
     """Linear-probe top-1 on ``eval_set`` of a logistic regression fitted on ``train`` features, per token layer.
 
-    The learning rate and weight decay are swept on a held-out 20 % of ``train`` (``fit_options`` go to
+    The learning rate and weight decay are swept on a held-out 20 % of ``train`` (``settings.fit_options`` go to
     ``vitscope.probes.linear.fit_classifier``), the best refitted on all of ``train``."""
-    options = {"seed": seed, "device": device, **(fit_options or {})}
+    settings = settings or ImageProbeSettings()
+    options = {"seed": settings.seed, "device": settings.device, **(settings.fit_options or {})}
 
     def scorer(x_train: Tensor, y_train: Tensor, x_eval: Tensor, y_eval: Tensor, classes: int) -> float:
         return fit_classifier(x_train, y_train, classes, **options).top1(x_eval, y_eval)
 
-    features = {"norm": norm, "batch_size": batch_size, "device": device, "img_size": img_size, "cache": cache,
-                "progress": progress}
-    return _image_probe("linear", "top1", scorer, model, train, eval_set, layers, pool=pool, dino_last4=dino_last4,
-                        baseline=baseline, label=label, seed=seed, feature_options=features,
-                        settings={"fit_options": {k: v for k, v in options.items() if k != "device"}})
+    return _image_probe("linear", "top1", scorer, model, train, eval_set, layers, settings,
+                        {"fit_options": {k: v for k, v in options.items() if k != "device"}})
 
 
 def knn_probe(model: nn.Module, train: ImageDataset, eval_set: ImageDataset,
-              layers: str | Sequence[int | str] = "last", *, pool: str = "cls", k: int = 20,
-              temperature: float = 0.07, baseline: bool = True, label: str = "model", norm: bool = True,
-              batch_size: int = 64, device: torch.device | str = "cpu", img_size: int | None = None,
-              cache: Any = True, seed: int = 0, progress: bool = True) -> ProbeResult:
-    """Weighted kNN top-1 (k neighbours by cosine similarity, vote weight exp(similarity / temperature)) of
-    ``eval_set`` against the ``train`` features, per token layer (``vitscope.metrics.knn``)."""
+              layers: str | Sequence[int | str] = "last", settings: ImageProbeSettings | None = None) -> ProbeResult:
+    """Weighted kNN top-1 (``settings.k`` neighbours by cosine similarity, vote weight exp(similarity /
+    ``settings.temperature``)) of ``eval_set`` against the ``train`` features, per token layer
+    (``vitscope.metrics.knn``); DINO's last-4 protocol is the linear probe's only."""
+    settings = (settings or ImageProbeSettings()).replace(dino_last4=False)
 
     def scorer(x_train: Tensor, y_train: Tensor, x_eval: Tensor, y_eval: Tensor, classes: int) -> float:
-        return knn_top1(x_train.to(device), y_train, x_eval, y_eval, classes, k=k, temperature=temperature)
+        return knn_top1(x_train.to(settings.device), y_train, x_eval, y_eval, classes, k=settings.k,
+                        temperature=settings.temperature)
 
-    features = {"norm": norm, "batch_size": batch_size, "device": device, "img_size": img_size, "cache": cache,
-                "progress": progress}
-    return _image_probe("knn", "knn_top1", scorer, model, train, eval_set, layers, pool=pool, dino_last4=False,
-                        baseline=baseline, label=label, seed=seed, feature_options=features,
-                        settings={"k": k, "temperature": temperature})
+    return _image_probe("knn", "knn_top1", scorer, model, train, eval_set, layers, settings,
+                        {"k": settings.k, "temperature": settings.temperature})

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitscope.files import write_csv, write_json
+from vitscope.atomic_io import write_csv, write_json
 
 ROW_FIELDS = ("model", "layer", "layer_kind", "group", "with_cls", "metric", "value", "n")
 RANDOM_SUFFIX = " (random init)"

@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from vitscope.atomic_io import write_json
 from vitscope.data.dense import DenseDataset
-from vitscope.files import write_json
 from vitscope.probes.features import _hash_tensors
 from vitscope.probes.results import ProbeResult
 

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from vitscope.analyze.inputs import model_batches, model_input
 from vitscope.data import ImageDataset
-from vitscope.models.sites import token_blocks
+from vitscope.models.capture.sites import token_blocks
 from vitscope.probes.features import LayerFeatures
 from vitscope.record import record_tokens
 

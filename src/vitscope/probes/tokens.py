@@ -33,7 +33,7 @@ from vitscope.analyze.inputs import model_batches
 from vitscope.data import ImageDataset
 from vitscope.metrics.locality import grid_distances
 from vitscope.metrics.units import per_image
-from vitscope.models.sites import token_blocks
+from vitscope.models.capture.sites import token_blocks
 from vitscope.probes.baselines import best_constant_distance, majority_top1, mean_predictor_mse, random_twin
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import fit_classifier, fit_regressor, stratified_split

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vitscope.files import atomic_write_bytes
+from vitscope.atomic_io import atomic_write_bytes
 from vitscope.report.render import render
 
 EXPLORER = ("explorer/explorer.html", "Attention explorer: the sparse demo's backbones before and after training, "

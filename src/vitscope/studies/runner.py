@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from vitscope.files import write_json
+from vitscope.atomic_io import write_json
 from vitscope.run_folder import writer_lock
 
 LAUNCHERS = ("local", "slurm", "submitit-local")

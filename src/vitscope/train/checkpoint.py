@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from vitscope.files import atomic_path, atomic_write_bytes, remove_stale_temporaries
+from vitscope.atomic_io import atomic_path, atomic_write_bytes, remove_stale_temporaries
 from vitscope.models import save_model
 from vitscope.run_folder import CHECKSUMS, LATEST, MODEL_FILE, STATE_FILE, checkpoints_dir, model_file
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vitscope.files import atomic_write_bytes
+from vitscope.atomic_io import atomic_write_bytes
 
 
 class MetricsLog:

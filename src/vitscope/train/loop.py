@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitscope.files import write_json
+from vitscope.atomic_io import write_json
 from vitscope.models import VisionTransformer, save_model
 from vitscope.provenance import provenance
 from vitscope.train.checkpoint import latest_checkpoint, usable_checkpoint

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitscope.cli.common import add_shared, output_dir, parse_seeds, positive_int
+from vitscope.cli.options import add_shared, parse_seeds, positive_int
+from vitscope.cli.out_folders import output_dir
 from vitscope.run_folder import writer_lock
 
 

@@ -45,19 +45,19 @@ from vitscope.probes.dense.depth_grid import (
 )
 from vitscope.probes.dense.heads import DEPTH_BINS, DenseHead, HeadInputs, depth_bins, fit_heads, silog_loss
 from vitscope.probes.dense.points import depth_at
+from vitscope.probes.dense.settings import DEFAULT_LOSS_POINTS, DenseProbeSettings
 from vitscope.probes.dense.tiles import TILE_VALUES, predict_full
 from vitscope.probes.dense.windows import eval_windows, stitch, train_crops
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import threads_for
 from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, ProbeResult, row
 
-DEFAULT_LOSS_POINTS = 4096
 EVAL_CHUNK = 16  # eval images whose low-resolution logits are computed together
 # placements (image, y, x) of each window, resized (height, width) of each image, window side in pixels
 Windows = tuple[list[tuple[int, int, int]], list[tuple[int, int]], int]
-__all__ = ["DEPTH_BINS", "DenseHead", "HeadInputs", "dense_probe", "depth_at", "fit_dense_head", "fit_heads",
-           "iter_predictions", "loss_points_of", "patch_maps", "predict_dense", "score_dense", "silog_loss",
-           "trivial_scores"]
+__all__ = ["DEPTH_BINS", "DenseHead", "DenseProbeSettings", "HeadInputs", "dense_probe", "depth_at", "fit_dense_head",
+           "fit_heads", "iter_predictions", "loss_points_of", "patch_maps", "predict_dense", "score_dense",
+           "silog_loss", "trivial_scores"]
 
 
 def loss_points_of(value: int | str | None) -> int | None:
@@ -174,73 +174,64 @@ def trivial_scores(train: DenseDataset, eval_set: DenseDataset, *, eigen_crop: b
 
 
 def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, layers: str | Sequence[int | str]
-                = "last", *, with_cls: Sequence[bool] = (False, True), epochs: int = 20, lr: float = 1e-2,
-                eigen_crop: bool | None = None, min_depth: float = 1e-3, max_depth: float = 10.0, baseline: bool = True,
-                label: str = "model", norm: bool = True, batch_size: int = 16, device: torch.device | str = "cpu",
-                img_size: int | None = None, cache: Any = True, seed: int = 0, progress: bool = True,
-                size: int | None = None, crops_per_image: int = 1,
-                loss_points: int | str | None = DEFAULT_LOSS_POINTS, tile_values: int = TILE_VALUES,
-                bin_resolution: str = DEFAULT_BIN_RESOLUTION) -> ProbeResult:
-    """Segmentation or depth probe (by ``train.task``) per token layer, with and without CLS concatenated.
-
-    ``size=None``: every image resized whole to the backbone's square input side. ``size=S``: images resized to
-    short side S; training on ``crops_per_image`` random crops of the input side, evaluation by sliding window
-    (stride two thirds of the window), see ``vitscope.probes.dense.windows``. ``loss_points``: label pixels per
-    image in each training step's loss, or ``"full"`` for every pixel (see the module docstring); ``tile_values``:
-    logits per evaluation tile (the same predictions at any value; larger holds more memory); ``bin_resolution``
-    (depth): ``"x4"`` normalises the bins on the patch grid upsampled x4 and resizes the depth (DINOv2's linear
-    head), ``"label"`` at every label pixel (``vitscope.probes.dense.depth_grid``)."""
-    points = loss_points_of(loss_points)
-    check_bin_resolution(bin_resolution)
+                = "last", settings: DenseProbeSettings | None = None) -> ProbeResult:
+    """Segmentation or depth probe (by ``train.task``) per token layer, with and without CLS concatenated; what it
+    fits and how is ``settings`` (``DenseProbeSettings``; the module docstring says what is computed)."""
+    settings = settings or DenseProbeSettings()
+    points = loss_points_of(settings.loss_points)
+    resolution = check_bin_resolution(settings.bin_resolution)
     if train.task != eval_set.task:
         raise ValueError(f"train is a {train.task} set but eval a {eval_set.task} set")
-    eigen_crop = eval_set.settings.get("eigen_crop", False) if eigen_crop is None else eigen_crop  # NYU: on
+    eigen_crop = eval_set.settings.get("eigen_crop", False) if settings.eigen_crop is None else settings.eigen_crop
+    depth_range = {"min_depth": settings.min_depth, "max_depth": settings.max_depth}
     wanted = parse_layers(layers, depth_of(model))
     if not len(train) or not len(eval_set):
         raise ValueError(f"dense probes need training and evaluation images; got {len(train)} and {len(eval_set)}")
     one = train.subset(1)
-    side = model_input(model, one.model_view(min(one.images[0].shape[-2:])), img_size)[0]
-    head_options = {"num_classes": train.num_classes, "ignore_index": train.ignore_index, "min_depth": min_depth,
-                    "max_depth": max_depth, "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
-                    "device": device, "loss_points": points, "with_cls": tuple(with_cls),
-                    "bin_resolution": bin_resolution}
-    models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, seed))] if baseline else [])
+    side = model_input(model, one.model_view(min(one.images[0].shape[-2:])), settings.img_size)[0]
+    head_options = {"num_classes": train.num_classes, "ignore_index": train.ignore_index, **depth_range,
+                    "epochs": settings.epochs, "lr": settings.lr, "batch_size": settings.batch_size,
+                    "seed": settings.seed, "device": settings.device, "loss_points": points,
+                    "with_cls": tuple(settings.with_cls), "bin_resolution": resolution}
+    label = settings.label
+    models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, settings.seed))]
+                                 if settings.baseline else [])
     sizes = [tuple(t.shape[-2:]) for t in eval_set.targets]
     windows: Windows | None = None
     fit_data, eval_view = train, eval_set.model_view(side)
-    if size is not None:
-        fit_data = train_crops(train, size, side, crops_per_image, seed)
-        eval_view, placements, shapes = eval_windows(eval_set, size, side, max(1, side * 2 // 3))
+    if settings.size is not None:
+        fit_data = train_crops(train, settings.size, side, settings.crops_per_image, settings.seed)
+        eval_view, placements, shapes = eval_windows(eval_set, settings.size, side, max(1, side * 2 // 3))
         windows = (placements, shapes, side)
-    feats = {name: [extract_features(backbone, view, wanted, norm=norm, batch_size=batch_size, device=device,
-                                     img_size=img_size, cache=cache, progress=progress)
+    feats = {name: [extract_features(backbone, view, wanted, **settings.feature_options())
                     for view in (fit_data.model_view(side), eval_view)] for name, backbone in models}
     # the heads of both backbones train in one pass: the same batches and points (one seed), shared steps
     heads = fit_heads({(name, layer): HeadInputs.of(feats[name][0][layer]) for name, _ in models for layer in wanted},
                       fit_data.targets, train.task, **head_options)
     rows = []
     for ((name, layer), cls), head in sorted(heads.items()):
-        preds = iter_predictions(head, HeadInputs.of(feats[name][1][layer]), sizes, train.task, min_depth=min_depth,
-                                 max_depth=max_depth, device=device, windows=windows, tile_values=tile_values,
-                                 bin_resolution=bin_resolution)
-        with threads_for(head.outputs * max(h * w for h, w in sizes), device):  # one thread for small labels
-            scores = score_dense(preds, eval_set, eigen_crop=eigen_crop, min_depth=min_depth, max_depth=max_depth)
+        preds = iter_predictions(head, HeadInputs.of(feats[name][1][layer]), sizes, train.task, **depth_range,
+                                 device=settings.device, windows=windows, tile_values=settings.tile_values,
+                                 bin_resolution=resolution)
+        with threads_for(head.outputs * max(h * w for h, w in sizes), settings.device):  # one thread: small labels
+            scores = score_dense(preds, eval_set, eigen_crop=eigen_crop, **depth_range)
         rows += _rows(name, layer, cls, scores, eval_set)
-    trivial = trivial_scores(train, eval_set, eigen_crop=eigen_crop, min_depth=min_depth, max_depth=max_depth)
+    trivial = trivial_scores(train, eval_set, eigen_crop=eigen_crop, **depth_range)
     for layer in wanted:
         rows += _rows(CHANCE, layer, None, trivial, eval_set)
     return ProbeResult("segment" if train.task == "segmentation" else "depth", rows, {
-        "model": label, "layers": wanted, "with_cls": list(with_cls), "epochs": epochs, "lr": lr, "norm": norm,
-        "input_side": side, "train_images": len(train), "eval_images": len(eval_set), "eigen_crop": eigen_crop,
-        "depth_range": [min_depth, max_depth], "bin_norm": DEFAULT_BIN_NORM, "seed": seed, "dataset": eval_set.name,
-        **({"bin_resolution": bin_resolution, "depth_head": _DEPTH_HEADS[bin_resolution]} if train.task == "depth"
-           else {}),
+        "model": label, "layers": wanted, "with_cls": list(settings.with_cls), "epochs": settings.epochs,
+        "lr": settings.lr, "norm": settings.norm, "input_side": side, "train_images": len(train),
+        "eval_images": len(eval_set), "eigen_crop": eigen_crop, "depth_range": [settings.min_depth, settings.max_depth],
+        "bin_norm": DEFAULT_BIN_NORM, "seed": settings.seed, "dataset": eval_set.name,
+        **({"bin_resolution": resolution, "depth_head": _DEPTH_HEADS[resolution]} if train.task == "depth" else {}),
         "loss_points": "full" if points is None else points,
         "loss": "full-resolution, every valid pixel" if points is None else
         f"{points} uniformly sampled valid pixels per image (unbiased estimate of the full-resolution loss; "
         "every pixel when no label has more)",
-        "geometry": "whole image resized to the input side" if size is None else
-        f"short side {size}, {crops_per_image} random crop(s) of {side} px, sliding window stride {side * 2 // 3}"})
+        "geometry": "whole image resized to the input side" if settings.size is None else
+        f"short side {settings.size}, {settings.crops_per_image} random crop(s) of {side} px, sliding window stride "
+        f"{side * 2 // 3}"})
 
 
 _DEPTH_HEADS = {

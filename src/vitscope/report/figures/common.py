@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from vitscope.files import atomic_path  # noqa: E402
+from vitscope.atomic_io import atomic_path  # noqa: E402
 
 REFERENCE_STYLE = {"color": "grey", "ls": "--", "lw": 1}
 

@@ -16,7 +16,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from vitscope.analyze.locality import DEFINITIONS
-from vitscope.files import atomic_write_bytes
+from vitscope.atomic_io import atomic_write_bytes
 from vitscope.metrics import early_layers
 from vitscope.report.figures import locality as figures
 from vitscope.report.html import image, index_link, page, study_results, table

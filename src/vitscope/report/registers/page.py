@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vitscope.files import atomic_write_bytes
+from vitscope.atomic_io import atomic_write_bytes
 from vitscope.metrics.high_norm import MAX_FRACTION, MIN_RATIO
 from vitscope.report.figures.norms import high_norm_maps
 from vitscope.report.html import fmt, image, index_link, page, study_results, table
@@ -33,8 +33,8 @@ TERMS = ("<p><b>Terms, used once and for all.</b> A <i>high-norm token</i> is a 
          "<i>artifact</i> is the phenomenon of Darcet et al.: a separate high-norm mode of a few percent of "
          f"patches, tested here as an <code>auto</code> (Otsu) split leaving at most {MAX_FRACTION:.0%} of "
          f"patches above a threshold at least {MIN_RATIO:g}x the median patch norm. <i>Planted</i> outliers are "
-         "made by a documented forward hook (<code>vitscope.models.planted</code>) to test the detector and probes; "
-         "they are never evidence.</p>")
+         "made by a documented forward hook (<code>vitscope.models.own.planted</code>) to test the detector and "
+         "probes; they are never evidence.</p>")
 METRICS = {
     "high_norm_fraction": "fraction of patch tokens above the threshold (threshold and its value beside it)",
     "background_share": "high-norm group: fraction of high-norm patches on background (object pixels < half the "

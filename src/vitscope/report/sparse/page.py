@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file
 
-from vitscope.files import atomic_write_bytes
+from vitscope.atomic_io import atomic_write_bytes
 from vitscope.report.html import image, index_link, page, study_results, table
 from vitscope.report.openings import sparse_opening
 from vitscope.report.render import trusted

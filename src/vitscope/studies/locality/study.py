@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import save_file
 
 from vitscope.analyze import measure_locality
+from vitscope.atomic_io import write_csv, write_json
 from vitscope.data import eval_batches, load_dataset
-from vitscope.files import write_csv, write_json
 from vitscope.models import load as load_model
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.record import record_attention

@@ -42,8 +42,8 @@ from vitscope.metrics.high_norm import (
 )
 from vitscope.metrics.norms import Threshold, high_norm_threshold, log_histograms, parse_threshold
 from vitscope.metrics.units import per_image_picked
-from vitscope.models.sites import token_blocks
-from vitscope.models.token_map import token_map
+from vitscope.models.capture.sites import token_blocks
+from vitscope.models.capture.token_map import token_map
 from vitscope.probes.results import row
 from vitscope.record import record_attention, record_tokens
 from vitscope.studies.registers.hier import hierarchical_attention_rows

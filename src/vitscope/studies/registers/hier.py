@@ -20,7 +20,7 @@ from vitscope.metrics.visible_keys import (
     swin_window_keys,
     window_mass_on_high_norm,
 )
-from vitscope.models.sites import token_blocks
+from vitscope.models.capture.sites import token_blocks
 from vitscope.record import record_attention
 
 

@@ -10,7 +10,7 @@ Two sources of models, in one list:
   names with the user's weights).
 
 Each model gets the census (``census``) on the evaluation split; one model may also be measured
-with planted outliers (``vitscope.models.planted``). Every model's measurement is cached in
+with planted outliers (``vitscope.models.own.planted``). Every model's measurement is cached in
 ``models/<label>/`` (written atomically) under a key of everything that determines it (``measurement_key``),
 so a rerun after a kill measures only what is missing, and a label reused for another model is measured again.
 The results go to ``results.json`` (``{schema_version, kind, settings, rows, provenance}``) and ``results.csv``;
@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from vitscope.atomic_io import write_csv, write_json
 from vitscope.data import load_dataset
-from vitscope.files import write_csv, write_json
-from vitscope.models.planted import plant_outliers
+from vitscope.models.own.planted import plant_outliers
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.run_folder import model_file, writer_lock
 from vitscope.studies.models import ModelEntry

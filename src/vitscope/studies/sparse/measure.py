@@ -33,6 +33,7 @@ from vitscope.metrics import SupportAccumulator
 from vitscope.metrics.knn import knn_predict
 from vitscope.models import token_layout
 from vitscope.probes.dense.probe import dense_probe
+from vitscope.probes.dense.settings import DenseProbeSettings
 from vitscope.probes.diffusion import dataset_background, diffusion_scores, semantic_diffusion
 from vitscope.probes.features import depth_of, extract_features
 from vitscope.probes.linear import fit_classifier
@@ -158,9 +159,9 @@ def dense(model: nn.Module, label: str, sets: DenseSets, settings: MeasureSettin
                                                                         for name, pair in sets.depth.items()]
     for k, (kind, name, (train, eval_set)) in enumerate(jobs):
         layers = settings.dense_layers if k == 0 and kind == "seg" else "last"
-        result = dense_probe(model, train, eval_set, layers, epochs=settings.dense_epochs, baseline=False,
-                             label=label, batch_size=settings.batch_size, device=device, cache=cache, seed=seed,
-                             progress=progress)
+        result = dense_probe(model, train, eval_set, layers, DenseProbeSettings(
+            epochs=settings.dense_epochs, baseline=False, label=label, batch_size=settings.batch_size, device=device,
+            cache=cache, seed=seed, progress=progress))
         keep = DENSE_METRICS[train.task]
         rows += [r | {"group": f"{kind}:{name}"} for r in result.rows if r["metric"] in keep and "group" not in r]
     return rows

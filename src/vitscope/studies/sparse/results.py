@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from vitscope.files import write_csv, write_json
+from vitscope.atomic_io import write_csv, write_json
 from vitscope.stats import Precondition, compare, verdict
 from vitscope.studies.sparse.presets import claim_effect
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitscope.atomic_io import write_json
 from vitscope.attention import parse_normalizer
 from vitscope.data import load_dataset
 from vitscope.data.dense_layouts import DEPTH, SEGMENTATION, load_dense
-from vitscope.files import write_json
 from vitscope.models import load as load_model
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.run_folder import writer_lock

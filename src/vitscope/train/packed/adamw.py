@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vitscope.models.packed import PackedViT
+from vitscope.models.own.packed import PackedViT
 from vitscope.train.packed.state import clip_member_gradients
 
 

@@ -34,7 +34,7 @@ from vitscope.attention import deferred_exactness, unproven_scalars
 from vitscope.data import ImageDataset, load_dataset
 from vitscope.data.choice import open_for_training
 from vitscope.models import VisionTransformer, load_weights
-from vitscope.models.packed import PackedViT, check_packable
+from vitscope.models.own.packed import PackedViT, check_packable
 from vitscope.provenance import resolve_device
 from vitscope.run_folder import writer_lock
 from vitscope.threads import CoreShare

@@ -36,7 +36,7 @@ def _refuse(what: str, fix: str) -> ValueError:
 
 def _source_parts(model: nn.Module) -> tuple[dict[str, Tensor], int, int, nn.Module, Any]:
     """The model's tensors under timm's names, its patch size, registers, one block and the final norm."""
-    from vitscope.models.vit import VisionTransformer
+    from vitscope.models.own.vit import VisionTransformer
 
     if isinstance(model, VisionTransformer):
         if model.cfg.attention != "softmax":

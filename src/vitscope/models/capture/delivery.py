@@ -9,7 +9,7 @@ from torch import Tensor
 
 from vitscope.attention import AttentionEvent
 from vitscope.metrics import SoftmaxInputs
-from vitscope.models.layout import TokenLayout
+from vitscope.models.capture.layout import TokenLayout
 
 
 @dataclass

@@ -21,12 +21,12 @@ import torch
 from torch import nn
 
 from vitscope.attention import Attention
-from vitscope.models import origins
-from vitscope.models.checkpoint import convert_or_refuse, read_state_dict
-from vitscope.models.hub import CachedFile
-from vitscope.models.origins import LoadReport
-from vitscope.models.resize import check_img_size
-from vitscope.models.sites import is_timm_vit_attention
+from vitscope.models.capture.sites import is_timm_vit_attention
+from vitscope.models.weights import origins
+from vitscope.models.weights.checkpoint import convert_or_refuse, read_state_dict
+from vitscope.models.weights.hub import CachedFile
+from vitscope.models.weights.origins import LoadReport
+from vitscope.models.weights.resize import check_img_size
 
 # The submodules of timm's ViT Attention that vitscope's Attention reproduces, under the same names.
 KNOWN_PARTS = {"qkv", "q_norm", "k_norm", "attn_drop", "norm", "gate", "proj", "proj_drop"}
@@ -48,6 +48,17 @@ def create_timm(name: str, *, attention: str | None = None, num_registers: int =
     model = _build(name, overrides)
     model.vitscope_added_registers = num_registers  # registers the file need not have
     return model
+
+
+def check_timm_img_size(name: str, img_size: int, overrides: dict[str, Any]) -> int:
+    """``img_size`` checked against timm:``name``'s patch size (read from the architecture built on the meta
+    device, no memory) before any weights are read: timm itself would floor 225 px to a 16 x 16 grid at patch 14."""
+    probe = _build(name, dict(overrides), device="meta")
+    embed = getattr(probe, "patch_embed", None) or getattr(probe, "embeds", None)
+    patch = getattr(embed, "patch_size", None)
+    if patch is None:  # no patch embedding of timm's kind (PVT-v2 takes any size): nothing to check
+        return img_size
+    return check_img_size(img_size, int(patch[0] if isinstance(patch, tuple | list) else patch), f"timm:{name}")
 
 
 def _build(name: str, overrides: dict[str, Any], device: str | None = None) -> nn.Module:
@@ -116,7 +127,7 @@ def _check_registers(model: nn.Module, count: int) -> None:
 
 def load_timm_weights(model: nn.Module, path: str | Path, pos_interp: str | None = None,
                       source: CachedFile | None = None) -> LoadReport:
-    """Load timm or original-repository weights (``vitscope.models.origins``: origin from the keys, positions
+    """Load timm or original-repository weights (``vitscope.models.weights.origins``: origin from the keys, positions
     interpolated as the origin's code does unless ``pos_interp`` says 'timm' or 'original', refusals), then the
     architecture's checkpoint_filter_fn. Registers added by vitscope (``reg_token``) and a learned normaliser's
     parameters may be absent from the file and keep their initialisation. One line on stderr says what was loaded

@@ -25,8 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.metrics import SoftmaxInputs
-from vitscope.models.capture import hooks_removed
-from vitscope.models.layout import TokenLayout
+from vitscope.models.capture.delivery import hooks_removed
+from vitscope.models.capture.layout import TokenLayout
 
 # hands over a layer's raw probabilities (computed when called) and, where its canonical form is the raw one,
 # its softmax inputs

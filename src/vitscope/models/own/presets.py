@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitscope.models.config import ViTConfig
-from vitscope.models.vit import VisionTransformer
+from vitscope.models.own.config import ViTConfig
+from vitscope.models.own.vit import VisionTransformer
 
 PRESETS: dict[str, ViTConfig] = {
     # small enough for CPU tests and demos: 8x8 patches of a 32 px image, 4 blocks of width 64

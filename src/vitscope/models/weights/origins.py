@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitscope.models.checkpoint import differences, misfit, mismatched_keys
+from vitscope.models.weights.checkpoint import differences, misfit, mismatched_keys
 
 ORIGINS = ("timm", "dino", "dinov2", "dinov3", "hf")
 POS_INTERP = ("timm", "original")

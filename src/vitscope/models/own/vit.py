@@ -13,7 +13,7 @@ from timm.layers import DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
 from torch import Tensor, nn
 
 from vitscope.attention import Attention
-from vitscope.models.config import ViTConfig
+from vitscope.models.own.config import ViTConfig
 
 
 class Block(nn.Module):

@@ -3,10 +3,10 @@
 ``hf:FOLDER`` loads a model saved with ``save_pretrained`` (``config.json`` and its weights; a full CLIP / SigLIP /
 SigLIP2 folder gives its vision tower); ``hf:ARCH`` (a class name such as ``Dinov2Model`` or a ``model_type`` such
 as ``dinov2``) builds one with random weights from its default config, changed by keyword overrides.
-``hf:ORG/NAME[@REVISION]`` loads that hub repository's snapshot from the local hub cache (``vitscope.models.hub``);
-a name that is also an existing folder is the folder. Nothing is downloaded unless ``download=True``
-(``--download``): a name that is not cached is refused with the cache folder searched and the command that fetches
-it.
+``hf:ORG/NAME[@REVISION]`` loads that hub repository's snapshot from the local hub cache
+(``vitscope.models.weights.hub``); a name that is also an existing folder is the folder. Nothing is downloaded
+unless ``download=True`` (``--download``): a name that is not cached is refused with the cache folder searched and
+the command that fetches it.
 
 Covered: ViTModel, DeiTModel (CLS and distillation token), Dinov2Model, Dinov2WithRegistersModel, DINOv3ViTModel
 (rotary positions, registers), CLIPVisionModel, SiglipVisionModel and Siglip2VisionModel (images are patchified
@@ -18,7 +18,7 @@ called unchanged, which first hands the queries and keys it receives (after any 
 scale to an observer when one is attached. So the fast path stays on, outputs are those of ``"sdpa"``, and the
 probabilities are recomputed (softmax of scale q k^T plus the mask) only when asked for. ``set_normalizer``
 (``load(..., attention=)``) switches to ``vitscope_normalized``, vitscope's normaliser in place of softmax
-(``models.hf_attention``).
+(``models.adapters.hf_attention``).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.attention import AttentionEvent, make_normalizer
-from vitscope.models import hf_attention, hub
-from vitscope.models.layout import TokenLayout
-from vitscope.models.padded import Group, PaddedLayouts, row_major_coords
+from vitscope.models.adapters import hf_attention
+from vitscope.models.capture.layout import TokenLayout
+from vitscope.models.capture.padded import Group, PaddedLayouts, row_major_coords
+from vitscope.models.weights import hub
 
 IMPLEMENTATION = hf_attention.OBSERVED
 INSTALL = "pip install 'vitscope[hf]'"
@@ -89,60 +90,19 @@ def _family(model_type: str, where: str) -> Family:
 
 def load_hf(name: str, img_size: int | None = None, download: bool = False, **overrides: Any) -> HFVisionTransformer:
     """The model of ``hf:name``: a local ``save_pretrained`` folder; else a hub name ``ORG/NAME[@REVISION]`` from
-    the hub cache (``models.hub``; fetched only with ``download``); else an architecture with random weights."""
+    the hub cache (``models.weights.hub``; fetched only with ``download``); else an architecture with random weights.
+
+    The steps of ``vitscope.models.load``, in order: find the folder, read its config and build the model with its
+    weights (or build the architecture), fit the positions to ``img_size`` (the adapter), take the folder's view."""
     transformers = _transformers()
-    folder = Path(name).expanduser()
-    source = None
-    if not folder.is_dir() and HUB_NAME.match(name) and BY_CLASS.get(name, name) not in FAMILIES:
-        repo_id, revision = hub.split_revision(name)  # a folder of that path, when one exists, wins
-        folder = hub.hub_folder(f"hf:{name}", repo_id, revision, download=download)
-        source = hub.folder_weights(folder, repo_id)
-    if folder.is_dir():
-        if not (folder / "config.json").is_file():
-            raise ValueError(f"hf:{name} has no config.json; point hf: at a folder written by save_pretrained")
-        config = transformers.AutoConfig.from_pretrained(folder)
-        family = _family(config.model_type, f"hf:{name}")
-        cls = getattr(transformers, family.cls)
-        logs = transformers.utils.logging
-        verbosity, bars = logs.get_verbosity(), logs.is_progress_bar_enabled()
-        logs.set_verbosity_error()  # its key table and progress bar: vitscope says in one line what it loaded
-        logs.disable_progress_bar()
-        try:
-            model, info = cls.from_pretrained(folder, attn_implementation=IMPLEMENTATION, output_loading_info=True,
-                                              **overrides)
-        except Exception as err:  # transformers' multi-line reports and safetensors' raw header errors
-            raise ValueError(_weights_error(name, err)) from None
-        finally:
-            logs.set_verbosity(verbosity)
-            if bars:
-                logs.enable_progress_bar()
-        missing = [k for k in info.get("missing_keys", []) if "pooler" not in k and not k.startswith("head.")]
-        if missing:
-            raise ValueError(f"hf:{name}: the key {sorted(missing)[0]!r} of {family.cls} is missing from the folder's "
-                             "weights; save the model with save_pretrained and load that folder")
-        dropped = sorted(info.get("unexpected_keys", []))
-        stats = _preprocessor(folder)
-        origin = f"hf {family.cls}"
+    folder, source = _find_folder(name, download)
+    if folder is None:
+        model, family = _build_architecture(transformers, name, overrides)
+        dropped, view, origin = [], {}, f"hf {family.cls} (random weights)"
     else:
-        model_type = BY_CLASS.get(name, name)
-        if model_type not in FAMILIES and model_type not in COMPOSITE:
-            if folder.exists() or folder.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1:
-                what = "is a file, not a folder" if folder.exists() else "does not exist"
-                raise ValueError(f"hf:{name} {what}; give hf: the folder written by save_pretrained (holding "
-                                 "config.json and the weights)")
-            raise ValueError(f"hf:{name} is neither a local folder, a hub name (ORG/NAME[@REVISION]) nor an "
-                             f"architecture; use a save_pretrained folder, a hub name or one of {', '.join(BY_CLASS)}")
-        family = _family(model_type, f"hf:{name}")
-        cls = getattr(transformers, family.cls)
-        known = set(cls.config_class().to_dict())
-        unknown = sorted(set(overrides) - known)
-        if unknown:  # a config takes any keyword silently; a typo would change nothing
-            raise ValueError(f"hf:{name}: {', '.join(unknown)} not in {cls.config_class.__name__}; use its fields, "
-                             f"e.g. {', '.join(sorted(k for k in known if not k.startswith('_'))[:6])}")
-        model = cls(cls.config_class(**overrides))
-        model.set_attn_implementation(IMPLEMENTATION)
-        dropped, stats, origin = [], {}, f"hf {family.cls} (random weights)"
-    adapter = HFVisionTransformer(model.eval(), family, stats, img_size)
+        model, family, dropped = _read_folder(transformers, name, folder, overrides)
+        view, origin = _preprocessor(folder), f"hf {family.cls}"
+    adapter = HFVisionTransformer(model.eval(), family, view, img_size)
     line = f"vitscope: loaded hf:{name}: origin {origin}, {sum(1 for _ in model.state_dict())} keys matched"
     if dropped:
         line += f"; dropped {len(dropped)} keys of the folder not in {family.cls} (e.g. {dropped[0]})"
@@ -152,6 +112,70 @@ def load_hf(name: str, img_size: int | None = None, download: bool = False, **ov
         line += f"; {source.note()}"
     print(line, file=sys.stderr)
     return adapter
+
+
+def _find_folder(name: str, download: bool) -> tuple[Path | None, hub.CachedFile | None]:
+    """The ``save_pretrained`` folder ``hf:name`` names (a local folder wins over a hub name of that path) and, for
+    a hub name, its cached weights file; (None, None) for an architecture name."""
+    folder = Path(name).expanduser()
+    if not folder.is_dir() and HUB_NAME.match(name) and BY_CLASS.get(name, name) not in FAMILIES:
+        repo_id, revision = hub.split_revision(name)
+        folder = hub.hub_folder(f"hf:{name}", repo_id, revision, download=download)
+        return folder, hub.folder_weights(folder, repo_id)
+    if folder.is_dir():
+        return folder, None
+    model_type = BY_CLASS.get(name, name)
+    if model_type in FAMILIES or model_type in COMPOSITE:
+        return None, None
+    if folder.exists() or folder.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1:
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise ValueError(f"hf:{name} {what}; give hf: the folder written by save_pretrained (holding "
+                         "config.json and the weights)")
+    raise ValueError(f"hf:{name} is neither a local folder, a hub name (ORG/NAME[@REVISION]) nor an "
+                     f"architecture; use a save_pretrained folder, a hub name or one of {', '.join(BY_CLASS)}")
+
+
+def _read_folder(transformers: Any, name: str, folder: Path, overrides: dict[str, Any]
+                 ) -> tuple[nn.Module, Family, list[str]]:
+    """The model a ``save_pretrained`` folder holds, built from its config.json with its weights (transformers'
+    ``from_pretrained``), and the folder's keys the model did not take; a missing key is refused in one line."""
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"hf:{name} has no config.json; point hf: at a folder written by save_pretrained")
+    config = transformers.AutoConfig.from_pretrained(folder)
+    family = _family(config.model_type, f"hf:{name}")
+    cls = getattr(transformers, family.cls)
+    logs = transformers.utils.logging
+    verbosity, bars = logs.get_verbosity(), logs.is_progress_bar_enabled()
+    logs.set_verbosity_error()  # its key table and progress bar: vitscope says in one line what it loaded
+    logs.disable_progress_bar()
+    try:
+        model, info = cls.from_pretrained(folder, attn_implementation=IMPLEMENTATION, output_loading_info=True,
+                                          **overrides)
+    except Exception as err:  # transformers' multi-line reports and safetensors' raw header errors
+        raise ValueError(_weights_error(name, err)) from None
+    finally:
+        logs.set_verbosity(verbosity)
+        if bars:
+            logs.enable_progress_bar()
+    missing = [k for k in info.get("missing_keys", []) if "pooler" not in k and not k.startswith("head.")]
+    if missing:
+        raise ValueError(f"hf:{name}: the key {sorted(missing)[0]!r} of {family.cls} is missing from the folder's "
+                         "weights; save the model with save_pretrained and load that folder")
+    return model, family, sorted(info.get("unexpected_keys", []))
+
+
+def _build_architecture(transformers: Any, name: str, overrides: dict[str, Any]) -> tuple[nn.Module, Family]:
+    """``hf:ARCH`` with random weights from its default config, changed by ``overrides`` (its own fields only)."""
+    family = _family(BY_CLASS.get(name, name), f"hf:{name}")
+    cls = getattr(transformers, family.cls)
+    known = set(cls.config_class().to_dict())
+    unknown = sorted(set(overrides) - known)
+    if unknown:  # a config takes any keyword silently; a typo would change nothing
+        raise ValueError(f"hf:{name}: {', '.join(unknown)} not in {cls.config_class.__name__}; use its fields, "
+                         f"e.g. {', '.join(sorted(k for k in known if not k.startswith('_'))[:6])}")
+    model = cls(cls.config_class(**overrides))
+    model.set_attn_implementation(IMPLEMENTATION)
+    return model, family
 
 
 def _weights_error(name: str, err: Exception) -> str:
@@ -258,8 +282,8 @@ class HFVisionTransformer(nn.Module):
         return detach
 
     def set_normalizer(self, spec: str) -> None:
-        """Every layer's attention with vitscope's normaliser ``spec`` in place of softmax (``models.hf_attention``);
-        'softmax' returns to the observed SDPA path."""
+        """Every layer's attention with vitscope's normaliser ``spec`` in place of softmax
+        (``models.adapters.hf_attention``); 'softmax' returns to the observed SDPA path."""
         if spec == "softmax":
             self.hf.set_attn_implementation(hf_attention.OBSERVED)
             return
@@ -269,7 +293,7 @@ class HFVisionTransformer(nn.Module):
         self.hf.set_attn_implementation(hf_attention.NORMALIZED)
 
     def input_groups(self) -> list[Group] | None:
-        """For a padded SigLIP2 batch, its images grouped by layout (``models.padded``); else None."""
+        """For a padded SigLIP2 batch, its images grouped by layout (``models.capture.padded``); else None."""
         return self._groups
 
     def _padded_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -345,7 +369,7 @@ class HFVisionTransformer(nn.Module):
     def forward_intermediates(self, images: Tensor, indices: int | Sequence[int] | None = None,
                               norm: bool = False) -> list[Tensor]:
         """Layer outputs (B, T, D) for ``indices`` (as vitscope's VisionTransformer), optionally normed."""
-        from vitscope.models.vit import resolve_block_indices
+        from vitscope.models.own.vit import resolve_block_indices
 
         wanted = resolve_block_indices(indices, len(self._layers))
         _, seen = self._run(images, wanted)

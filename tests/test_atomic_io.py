@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from vitscope.files import atomic_path, atomic_write_bytes
+from vitscope.atomic_io import atomic_path, atomic_write_bytes
 from vitscope.models import create, load
 from vitscope.run_folder import latest_pointer, model_file
 from vitscope.train.checkpoint import save_checkpoint
@@ -46,7 +46,7 @@ class _Terminal(io.StringIO):
 def test_decoding_an_archive_sized_folder_shows_progress_on_a_terminal_only(tmp_path, monkeypatch, terminal):
     from PIL import Image
 
-    import vitscope.data.files as files
+    import vitscope.data.image_trees as files
 
     for i in range(3):
         Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / f"{i}.png")

@@ -4,7 +4,7 @@
 weights, keyword overrides changing its ``vision_cfg`` (``layers``, ``width``, ``image_size`` ...);
 ``open_clip:ARCH@FILE`` loads its tensors from a local checkpoint (a full CLIP state dict, whose ``visual.`` keys
 are taken, or the tower's own), strictly; ``open_clip:ARCH/TAG`` loads the file OpenCLIP's pretrained registry names
-for the tag from the local caches (``vitscope.models.hub``). Nothing is downloaded unless ``download=True``.
+for the tag from the local caches (``vitscope.models.weights.hub``). Nothing is downloaded unless ``download=True``.
 
 Towers built on a timm trunk (the SigLIP configs) are that timm model, which vitscope reads directly. OpenCLIP's own
 ``VisionTransformer`` (CLS first, then patches; ``ln_post`` its final norm) uses ``nn.MultiheadAttention``: its
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitscope.attention import AttentionEvent, Softmax
-from vitscope.models.layout import TokenLayout
+from vitscope.models.capture.layout import TokenLayout
 
 INSTALL = "pip install 'vitscope[open_clip]'"
 
@@ -39,7 +39,7 @@ def _open_clip():
 
 def load_open_clip(spec: str, img_size: int | None = None, download: bool = False, **overrides: Any) -> nn.Module:
     """The visual tower of ``open_clip:ARCH[@FILE]`` or ``open_clip:ARCH/TAG`` (``spec`` without the prefix; the
-    tag's file from the local caches, ``vitscope.models.hub``, fetched only with ``download``)."""
+    tag's file from the local caches, ``vitscope.models.weights.hub``, fetched only with ``download``)."""
     open_clip = _open_clip()
     from open_clip.model import _build_vision_tower
 
@@ -53,7 +53,7 @@ def load_open_clip(spec: str, img_size: int | None = None, download: bool = Fals
         raise ValueError(f"open_clip:{arch} is not an OpenCLIP architecture; see open_clip.list_models()")
     source, notes = None, ""
     if tag:
-        from vitscope.models.hub import open_clip_pretrained
+        from vitscope.models.weights.hub import open_clip_pretrained
 
         if file:
             raise ValueError(f"open_clip:{spec} names both a tag and a file; drop one")
@@ -86,7 +86,7 @@ def load_open_clip(spec: str, img_size: int | None = None, download: bool = Fals
 
 def _load_visual(visual: nn.Module, file: Path, arch: str) -> int:
     """Load the tower's tensors from ``file`` strictly; refuses a missing or unexpected key in one line."""
-    from vitscope.models.checkpoint import read_state_dict
+    from vitscope.models.weights.checkpoint import read_state_dict
 
     state = read_state_dict(file)
     state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
@@ -207,7 +207,7 @@ class OpenCLIPVisionTransformer(nn.Module):
 
     def forward_intermediates(self, images: Tensor, indices: int | Sequence[int] | None = None,
                               norm: bool = False) -> list[Tensor]:
-        from vitscope.models.vit import resolve_block_indices
+        from vitscope.models.own.vit import resolve_block_indices
 
         wanted = resolve_block_indices(indices, len(self._blocks))
         _, seen = self._blocks_out(images, wanted)

@@ -1,4 +1,4 @@
-"""Changing the input size of a vitscope VisionTransformer while keeping its weights.
+"""Input sizes of a vitscope VisionTransformer: checking a size, and fitting a learned position table to a grid.
 
 The learned positional embedding (CLS entry kept, patch grid resampled bicubically) goes through timm's
 ``resample_abs_pos_embed``, as timm does for its own ViTs; a sine-cosine table is rebuilt for the new grid.
@@ -6,9 +6,12 @@ The learned positional embedding (CLS entry kept, patch grid resampled bicubical
 
 from __future__ import annotations
 
-from timm.layers import resample_abs_pos_embed
+import math
 
-from vitscope.models.vit import VisionTransformer
+from timm.layers import resample_abs_pos_embed
+from torch import Tensor
+
+from vitscope.models.own.vit import VisionTransformer
 
 MAX_PATCH_TOKENS = 16_384  # a 128 x 128 patch grid (2048 px at patch 16): one attention map is 1 GiB in float32
 
@@ -28,6 +31,17 @@ def check_img_size(img_size: object, patch_size: int, what: str) -> int:
     return img_size
 
 
+def fit_position_table(table: Tensor, model: VisionTransformer) -> Tensor:
+    """A learned position table (1, prefix + M*M, D) of a square M x M grid resampled to ``model``'s grid (its CLS
+    entry kept); ``table`` itself when it already fits."""
+    prefix = int(model.cfg.class_token)
+    side = math.isqrt(table.shape[1] - prefix)
+    old_grid = [side, side]
+    if old_grid == list(model.grid_size):
+        return table
+    return resample_abs_pos_embed(table, list(model.grid_size), old_grid, num_prefix_tokens=prefix)
+
+
 def resize_input(model: VisionTransformer, img_size: int) -> VisionTransformer:
     """A copy of ``model`` for ``img_size`` x ``img_size`` inputs (same weights, positional embedding resampled);
     ``model`` itself when the size is unchanged."""
@@ -38,7 +52,6 @@ def resize_input(model: VisionTransformer, img_size: int) -> VisionTransformer:
     resized = VisionTransformer(cfg.replace(img_size=img_size))
     state = model.state_dict()
     if "pos_embed" in state:  # learned table; a sine-cosine one is a non-persistent buffer rebuilt above
-        state["pos_embed"] = resample_abs_pos_embed(state["pos_embed"], list(resized.grid_size),
-                                                    list(model.grid_size), num_prefix_tokens=int(cfg.class_token))
+        state["pos_embed"] = fit_position_table(state["pos_embed"], resized)
     resized.load_state_dict(state)
     return resized.train(model.training)

@@ -10,10 +10,10 @@ recording, whichever path (fused or manual) the layer takes.
 - timm's ViT ``Attention`` (ViT, DeiT-III, DINO, DINOv2, CLIP; q/k-norm and gated variants): queries and
   keys are read at the outputs of its ``q_norm`` / ``k_norm`` and the mask at its input.
 - timm's ``EvaAttention`` and ``AttentionRope`` (EVA-02, DINOv3, the RoPE ViTs): q and k as for timm's Attention,
-  rotated as the module rotates them (``models.timm_families``); NaFlexVit's per-image layouts from its patch
+  rotated as the module rotates them (``models.capture.rope_naflex``); NaFlexVit's per-image layouts from its patch
   coordinates, and the grid of each input for models built with ``dynamic_img_size``.
 - timm's Swin and PVT-v2 attention (a relative-position bias and shift mask, or reduced keys): queries and
-  keys at the outputs of their projections (``models.hierarchical``).
+  keys at the outputs of their projections (``models.capture.hierarchical``).
 - adapted models (Hugging Face ``hf:``, OpenCLIP ``open_clip:``): through the adapter's own
   ``attach_attention(index, deliver)``, with the layout of its latest input (``input_layout()``).
 """
@@ -28,11 +28,11 @@ from torch import Tensor, nn
 
 from vitscope.attention import Attention, AttentionEvent, Softmax
 from vitscope.metrics import SoftmaxInputs
-from vitscope.models.capture import Capture, Observer, plain_capture
-from vitscope.models.hierarchical import Geometry, hierarchical_geometry
-from vitscope.models.layout import TokenLayout
-from vitscope.models.padded import split_capture
-from vitscope.models.timm_families import (
+from vitscope.models.capture.delivery import Capture, Observer, plain_capture
+from vitscope.models.capture.hierarchical import Geometry, hierarchical_geometry
+from vitscope.models.capture.layout import TokenLayout
+from vitscope.models.capture.padded import split_capture
+from vitscope.models.capture.rope_naflex import (
     InputGrid,
     NaFlexTokens,
     attach_rope_attention,

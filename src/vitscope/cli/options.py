@@ -1,18 +1,16 @@
-"""Options and helpers shared by the commands.
+"""The command-line options commands share, and their argparse types.
 
 The shared options (``--device --batch-size --seed --out --debug``) are one table, ``SHARED_OPTIONS``. Each
 command names the ones it takes, with its own defaults (``add_shared``); they may be given before or after
 the command's name (``vitscope --device cpu demo`` = ``vitscope demo --device cpu``), and one given before
-a command that does not take it is refused rather than ignored.
+a command that does not take it is refused rather than ignored. ``add_common``, ``add_model_source``,
+``add_model_changes`` and ``add_dataset_options`` are the model and data options of the commands that read them.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
-import shutil
-from pathlib import Path
 from typing import Any
 
 
@@ -107,108 +105,6 @@ def resolve_shared(args: argparse.Namespace, command: str) -> None:
             args.debug = args.debug or bool(top)
 
 
-def check_output_dir(path: str | Path) -> Path:
-    """``path`` if it is a writable folder or could be created as one (nothing is created: a refused command
-    leaves no folder behind), else a ValueError naming it and the fix."""
-    folder = Path(path).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"--out {folder} is an existing file, not a folder; pass a folder path "
-                         "(it is created if missing)")
-    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        raise ValueError(f"--out {folder} cannot be created ({existing} is a file, not a folder); pass a folder you "
-                         "can write to")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        what = "is not writable" if existing == folder else f"cannot be created ({existing} is not writable)"
-        raise ValueError(f"--out {folder} {what}; pass a folder you can write to")
-    return folder
-
-
-class CreatedFolders:
-    """The output folders this command created (the outermost new one of each path), so that a command that
-    fails before writing anything there removes them again: a refused command leaves no folder behind. The CLI
-    clears it before each command (``begin``) and calls ``remove_unused`` when the command fails."""
-
-    def __init__(self) -> None:
-        self.folders: list[Path] = []
-
-    def begin(self) -> None:
-        self.folders = []
-
-    def note(self, folder: Path) -> None:
-        """Record ``folder``'s outermost ancestor that does not exist yet (call before creating it)."""
-        missing = [p for p in (folder, *folder.absolute().parents) if not p.exists()]
-        if missing:
-            self.folders.append(missing[-1])
-
-    def remove_unused(self) -> None:
-        """Remove each recorded folder that holds nothing but lock files and empty folders (nothing written)."""
-        for folder in self.folders:
-            if folder.is_dir() and all(p.is_dir() or _is_lock_file(p) for p in folder.rglob("*")):
-                shutil.rmtree(folder, ignore_errors=True)
-        self.folders = []
-
-
-def _is_lock_file(path: Path) -> bool:
-    from vitscope.run_folder import LOCK_FILE
-
-    return path.name == LOCK_FILE or (path.name.startswith(".") and path.name.endswith(".lock"))
-
-
-created_folders = CreatedFolders()
-
-
-def output_dir(path: str | Path) -> Path:
-    """``path`` as a folder that exists and can be written (created here, once the command's options are
-    checked, and noted in ``created_folders``), else a ValueError naming it and the fix."""
-    folder = check_output_dir(path)
-    created_folders.note(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"--out {folder} cannot be created ({err.strerror or err}); pass a folder you can "
-                         "write to") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {folder} is not writable; pass a folder you can write to")
-    return folder
-
-
-def quiet_torch_notices() -> None:
-    """Keep torch's irrelevant CPU-run notices ("No CUDA runtime is found"), and timm's UserWarnings about its own
-    internals (e.g. a non-contiguous searchsorted when Swin resamples its position tables), out of vitscope's
-    output (idempotent)."""
-    import warnings
-
-    from vitscope.compiled import quiet_cuda_notice
-
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"timm(\.|$)")
-    quiet_cuda_notice()
-
-
-def check_data_dir(args: argparse.Namespace) -> None:
-    """A ValueError when ``--data-dir`` is given with ``--dataset synthetic``, which reads no directory."""
-    if getattr(args, "dataset", None) == "synthetic" and getattr(args, "data_dir", None):
-        raise ValueError(f"--data-dir {args.data_dir} is not read by --dataset synthetic (generated scenes); drop "
-                         "--data-dir or name the dataset it holds with --dataset")
-
-
-def check_device_flag(args: argparse.Namespace) -> None:
-    """``--device`` refused before any work (an unknown name, or a GPU this machine lacks), so that a command
-    fails before writing anything (``demo`` wrote its index first)."""
-    if getattr(args, "device", None) not in (None, "auto"):
-        from vitscope.provenance import resolve_device
-
-        resolve_device(args.device)
-
-
-def check_launcher_flag(args: argparse.Namespace) -> None:
-    """``--launcher slurm`` refused before any work on a machine without SLURM."""
-    if getattr(args, "launcher", None) == "slurm":
-        from vitscope.studies.runner import require_slurm
-
-        require_slurm()
-
-
 DATA_DIR_HELP = ("dataset folder or archive; --dataset imagefolder reads PATH/{train,val,test}/<class>/<image>, or "
                  "PATH/<class>/<image> and a flat PATH/<image> (one class): those two are one evaluation set (every "
                  "image analysed; training and fitted probes refuse them, having no held-out split)")
@@ -271,40 +167,6 @@ def add_model_changes(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pos-interp", choices=("timm", "original"), default=None,
                         help="how --weights' position table is interpolated to another size: as timm does, or as the "
                              "checkpoint's original repository does (default: as its origin, detected from its keys)")
-
-
-def prepare_analysis(args: argparse.Namespace, default_out: str):
-    """Device, dataset, model, output folder and the provenance of a command that measures a model."""
-    import torch
-
-    from vitscope.analyze.inputs import model_view_options
-    from vitscope.data import load_dataset
-    from vitscope.models import load
-    from vitscope.provenance import provenance, resolve_device
-
-    device = resolve_device(args.device)
-    torch.manual_seed(args.seed)
-    model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,
-                 img_size=args.img_size, pos_interp=args.pos_interp, pretrained=args.pretrained,
-                 download=args.download)
-    options = dict(getattr(args, "dataset_options", {}))
-    if args.dataset != "synthetic":  # images of mixed sizes are viewed at the model's input side, as it sees them
-        options = {**model_view_options(model, args.dataset, args.img_size), **options}
-    dataset = load_dataset(args.dataset, args.data_dir, "eval", download=args.download, **options)
-    dataset = dataset.subset(args.num_images, seed=args.seed)
-    out = output_dir(args.out or default_out)  # after the model and data load: bad weights leave no folder
-    config = {k: v for k, v in vars(args).items()
-              if k not in ("command", "analysis", "debug", "handler", "shared_defaults")}
-    config["num_images"] = len(dataset)
-    config["model_load"] = getattr(model, "vitscope_load", None)  # origin, keys, drops, position interpolation used
-    meta = provenance(config=config, seed=args.seed, dataset=args.dataset, dataset_root=args.data_dir, device=device,
-                      subsets={"eval": dataset.selection})
-    return device, dataset, model, out, meta
-
-
-def print_files(files: dict[str, Path]) -> None:
-    for kind, path in files.items():
-        print(f"{kind:>10}: {path}")
 
 
 def parse_seeds(seeds: str | None, seed: int | None) -> list[int]:

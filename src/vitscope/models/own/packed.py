@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitscope.attention.module import masked_logits
-from vitscope.models.vit import VisionTransformer
+from vitscope.models.own.vit import VisionTransformer
 
 
 def check_packable(models: Sequence[VisionTransformer]) -> None:

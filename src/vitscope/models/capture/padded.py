@@ -10,8 +10,8 @@ from torch import Tensor
 
 from vitscope.attention import AttentionEvent
 from vitscope.metrics import SoftmaxInputs
-from vitscope.models.capture import Capture, plain_capture
-from vitscope.models.layout import TokenLayout
+from vitscope.models.capture.delivery import Capture, plain_capture
+from vitscope.models.capture.layout import TokenLayout
 
 
 class Group(NamedTuple):

@@ -10,9 +10,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from vitscope.files import atomic_path
-from vitscope.models.config import ViTConfig
-from vitscope.models.vit import VisionTransformer
+from vitscope.atomic_io import atomic_path
+from vitscope.models.own.config import ViTConfig
+from vitscope.models.own.vit import VisionTransformer
+from vitscope.models.weights.resize import check_img_size, fit_position_table
 from vitscope.run_folder import MODEL_FILE, model_file
 
 CONFIG_KEY = "vitscope_config"
@@ -40,7 +41,8 @@ def find_model_file(path: str | Path) -> Path:
 
 
 def load_model(path: str | Path, **overrides) -> VisionTransformer:
-    """A VisionTransformer rebuilt from a vitscope weights file or run folder."""
+    """A VisionTransformer rebuilt from a vitscope weights file or run folder; ``overrides`` change its config (an
+    ``img_size`` builds it at that size, the file's position table fitted to the grid as it is read)."""
     file = find_model_file(path)
     try:
         with safe_open(str(file), framework="pt") as handle:
@@ -49,9 +51,11 @@ def load_model(path: str | Path, **overrides) -> VisionTransformer:
         raise not_a_checkpoint(file, err) from None
     if CONFIG_KEY not in meta:
         raise ValueError(f"{file} has no vitscope config; load foreign weights with load(spec, weights={str(file)!r})")
-    cfg = ViTConfig.from_dict(json.loads(meta[CONFIG_KEY])).replace(**overrides)
-    model = VisionTransformer(cfg)
-    load_weights(model, file)
+    cfg = ViTConfig.from_dict(json.loads(meta[CONFIG_KEY]))
+    if overrides.get("img_size") is not None:
+        check_img_size(overrides["img_size"], overrides.get("patch_size", cfg.patch_size), str(file))
+    model = VisionTransformer(cfg.replace(**overrides))
+    load_weights(model, file, fit_positions=True)
     return model
 
 
@@ -81,14 +85,19 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_weights(model: torch.nn.Module, path: str | Path, convert=None, may_lack: set[str] = frozenset()) -> None:
+def load_weights(model: torch.nn.Module, path: str | Path, convert=None, may_lack: set[str] = frozenset(), *,
+                 fit_positions: bool = False) -> None:
     """Load a weights file into ``model``, strictly; a mismatch names the missing and unexpected keys.
 
     ``convert(state_dict, model)`` renames foreign keys first (timm's ``checkpoint_filter_fn``); keys in
-    ``may_lack`` (parameters added to a pretrained model) may be absent from the file."""
+    ``may_lack`` (parameters added to a pretrained model) may be absent from the file. ``fit_positions``: a
+    vitscope ViT's learned position table saved at another grid is resampled to the model's (``resize``)."""
     state = read_state_dict(path)
     if convert is not None:
         state = convert_or_refuse(state, model, convert, path)
+    table = state.get("pos_embed")
+    if fit_positions and isinstance(model, VisionTransformer) and table is not None and table.ndim == 3:
+        state["pos_embed"] = fit_position_table(table, model)
     missing, unexpected = differences(state, model, may_lack)
     if missing or unexpected or mismatched_keys(state, model):  # load_state_dict cuts its detail to one line
         raise misfit(path, state, model, missing, unexpected)

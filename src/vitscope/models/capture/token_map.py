@@ -7,8 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from vitscope.models.hierarchical import PvtReducedKeys, SwinWindows
-from vitscope.models.sites import attention_sites, token_layout
+from vitscope.models.capture.hierarchical import PvtReducedKeys, SwinWindows
+from vitscope.models.capture.sites import attention_sites, token_layout
 
 
 def token_map(model: nn.Module) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from vitscope.files import atomic_write_bytes
-from vitscope.models.vit import VisionTransformer
+from vitscope.atomic_io import atomic_write_bytes
+from vitscope.models.own.vit import VisionTransformer
 
 TIMM_ARGS_KEY = "timm_model_args"
 ATTENTION_KEY = "vitscope_attention"

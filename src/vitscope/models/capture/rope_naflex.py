@@ -23,9 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.attention import AttentionEvent, Softmax
-from vitscope.models.capture import hooks_removed, plain_capture
-from vitscope.models.layout import TokenLayout
-from vitscope.models.padded import Group, PaddedLayouts, split_capture
+from vitscope.models.capture.delivery import hooks_removed, plain_capture
+from vitscope.models.capture.layout import TokenLayout
+from vitscope.models.capture.padded import Group, PaddedLayouts, split_capture
 
 
 def is_rope_attention(module: nn.Module | None) -> bool:

@@ -1,4 +1,4 @@
-"""Writing result files atomically (a temporary file beside the target, then a rename), and vitscope's cache."""
+"""Writing files atomically: a temporary file beside the target, then a rename (JSON, CSV, bytes, any writer)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-
-def cache_root() -> Path:
-    """Where vitscope keeps what it can rebuild (decoded datasets, native kernels): ``$VITSCOPE_CACHE``, else
-    ``~/.cache/vitscope``."""
-    return Path(os.environ.get("VITSCOPE_CACHE", Path.home() / ".cache" / "vitscope"))
 
 
 @contextmanager

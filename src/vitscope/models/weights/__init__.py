@@ -1,0 +1,1 @@
+"""Finding and reading weights: the local hub caches, checkpoint files and their origins, position-table resizing."""
