@@ -211,16 +211,22 @@ def seeds_needed(effect: float, sd_a: float, sd_b: float, *, power: float = POWE
 def _seeds_needed(effect: float, sd_a: float, sd_b: float, power: float, level: float, most: int) -> int | None:
     def reaches(n: int) -> bool:
         return welch_power(effect, sd_a, sd_b, n, n, level) >= power
-    if not reaches(most):
-        return None
     z = normal_quantile((1 + level) / 2) + normal_quantile(power)
-    low = max(1, min(most - 1, math.floor((z / effect) ** 2 * (sd_a ** 2 + sd_b ** 2)) - 1))  # the z-test's need,
-    while low > 1 and reaches(low):  # less than the t-test's: usually below the answer
-        low //= 2
-    high = low + 1
-    while not reaches(high):
-        low, high = high, min(2 * high, most)
-    return _first(reaches, low + 1, high)
+    guess = min(most, max(2, math.ceil((z / effect) ** 2 * (sd_a ** 2 + sd_b ** 2))))  # the z-test's need: close
+    step = 1
+    if reaches(guess):  # gallop down to a count that does not reach, then bisect the last gap
+        while guess > 2:
+            below = max(2, guess - step)
+            if not reaches(below):
+                return _first(reaches, below + 1, guess)
+            guess, step = below, 2 * step
+        return 2
+    while guess < most:  # gallop up
+        above = min(most, guess + step)
+        if reaches(above):
+            return _first(reaches, guess + 1, above)
+        guess, step = above, 2 * step
+    return None
 
 
 def _first(reaches: Callable[[int], bool], low: int, high: int) -> int:
