@@ -160,6 +160,16 @@ def test_the_sentence_says_what_the_seeds_can_detect():
     assert sentence.startswith("with 2 seeds a side, Welch's test has 80 % power only for differences of 10.4")
     assert "3 vs 5 images" in power_sentence(1.0, 2.0, 3, 5, unit="images")
     assert "against a known value" in power_sentence(1.0, 0.0, 3, 0)
+    cutmix, baseline = [0.35513678193092346, 0.3635791838169098], [0.3412650227546692, 0.35586610436439514]
+    result = compare(cutmix, baseline, sign=-1, threshold=0.1)
+    assert result.power_sentence() == "with 2 seeds a side, Welch's t-test has 80 % power only for differences of " \
+                                      "0.0938 or more (two-sided 5 % level, at the observed spread)"
+    assert result.as_dict()["power_sentence"] == result.power_sentence()
+    paired = compare([0.5, 0.6, 0.55], [0.4, 0.45, 0.5], sign=1, threshold=0.1, paired=True)
+    assert paired.power_sentence().startswith("with 3 paired seeds, the paired t-test has 80 % power")
+    known = compare([0.3, 0.35, 0.31], 0.0, sign=1, threshold=0.1)
+    assert known.power_sentence().startswith("with 3 seeds against the known value 0, the one-sample t-test")
+    assert compare([0.3], [0.2], sign=1, threshold=0.1).power_sentence().startswith("needs >= 2")
 
 
 @pytest.mark.parametrize(("args", "message"), [((1.0, 0.0, 0.0, 2, 2), "not both 0"),

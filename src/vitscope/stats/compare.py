@@ -12,7 +12,7 @@ import numpy as np
 
 from vitscope.stats.distributions import t_quantile
 from vitscope.stats.estimate import MIN_PER_SIDE, Estimate, estimate
-from vitscope.stats.power import MAX_SEEDS, min_detectable, pooled_min_detectable, seeds_needed
+from vitscope.stats.power import MAX_SEEDS, detect_sentence, min_detectable, pooled_min_detectable, seeds_needed
 
 LEVEL = 0.95
 NOT_TESTABLE = "not testable"
@@ -68,6 +68,22 @@ class Comparison:
         return f"{line}; needs about {self.seeds_needed} seeds per side at this noise for the paper's effect " \
                f"({self.paper_effect:.3g})"
 
+    def power_sentence(self) -> str:
+        """What these seeds can say, for a report: "with 2 seeds a side, Welch's t-test has 80 % power only for
+        differences of 0.094 or more (two-sided 5 % level, at the observed spread)"; the power line's reason when
+        there is no spread to size it from."""
+        if math.isnan(self.min_detectable):
+            return self.power_line()
+        if self.known_b is not None:
+            counts = f"{self.n_a} {self.unit} against the known value {self.known_b:.3g}"
+        elif self.test.startswith("the paired"):
+            counts = f"{self.n_a} paired {self.unit}"
+        elif self.n_a == self.n_b:
+            counts = f"{self.n_a} {self.unit} a side"
+        else:
+            counts = f"{self.n_a} vs {self.n_b} {self.unit}"
+        return detect_sentence(self.min_detectable, counts, self.test)
+
     def describe(self) -> str:
         """The report's sentence: estimate, interval, counts, method, verdict, reason and power."""
         interval = f"95% interval {self.low:+.3g} to {self.high:+.3g}" if not math.isnan(self.low) else "no interval"
@@ -79,7 +95,7 @@ class Comparison:
     def as_dict(self) -> dict[str, Any]:
         """The fields plus ``paper_effect``, ``power_line`` and ``description``, JSON-ready."""
         return asdict(self) | {"paper_effect": self.paper_effect, "power_line": self.power_line(),
-                               "description": self.describe()}
+                               "power_sentence": self.power_sentence(), "description": self.describe()}
 
 
 def judge(difference: float, low: float, high: float, *, sign: int, threshold: float | None) -> tuple[str, str]:
@@ -130,7 +146,7 @@ def verdict(result: Judged | tuple[str, str], precondition: Precondition | None 
     and does not."""
     if precondition is not None and not precondition.met:
         return NOT_TESTABLE, precondition.reason
-    return (result[0], result[1]) if isinstance(result, tuple) else (result.verdict, result.reason)
+    return (result[0], result[1]) if isinstance(result, (tuple, list)) else (result.verdict, result.reason)
 
 
 def _check_rule(sign: int, threshold: float | None) -> None:
@@ -145,6 +161,8 @@ def _power_test(est: Estimate) -> str:
     """The test whose power the spread sizes, in words."""
     if est.pooled:
         return "the pooled-variance t-test"
+    if est.method.startswith(("paired", "cluster-robust t over images (paired)")):
+        return "the paired t-test on image means" if est.unit == "images" else "the paired t-test"
     one_sample = est.sd_b == 0
     if est.unit == "images":
         return "the one-sample t-test on image means" if one_sample else "Welch's test on image means"

@@ -243,13 +243,18 @@ def _first(reaches: Callable[[int], bool], low: int, high: int) -> int:
 def power_sentence(sd_a: float, sd_b: float, n_a: int, n_b: int, *, unit: str = "seeds", power: float = POWER,
                    level: float = LEVEL) -> str:
     """What these counts can say, in one sentence for a report: "with 2 seeds a side, Welch's test has 80 % power
-    only for differences of 0.087 or more (at the observed spread)"."""
+    only for differences of 10.4 or more (two-sided 5 % level, at the observed spread)" for ``sd_a = sd_b = 1``. A
+    side with sd 0 is a known value (the one-sample t-test of the other side)."""
     detect = min_detectable(sd_a, sd_b, n_a, n_b, power=power, level=level)
     if sd_b == 0 or sd_a == 0:
         n = n_a if sd_b == 0 else n_b
-        counts, test = f"{n} {unit} against a known value", "the one-sample t-test"
-    else:
-        counts = f"{n_a} {unit} a side" if n_a == n_b else f"{n_a} vs {n_b} {unit}"
-        test = "Welch's test"
-    return f"with {counts}, {test} has {power:.0%} power only for differences of {detect:.3g} or more (two-sided " \
-           f"{1 - level:.0%} level, at the observed spread)".replace("%", " %")
+        return detect_sentence(detect, f"{n} {unit} against a known value", "the one-sample t-test", power, level)
+    counts = f"{n_a} {unit} a side" if n_a == n_b else f"{n_a} vs {n_b} {unit}"
+    return detect_sentence(detect, counts, "Welch's test", power, level)
+
+
+def detect_sentence(detect: float, counts: str, test: str, power: float = POWER, level: float = LEVEL) -> str:
+    """"with COUNTS, TEST has 80 % power only for differences of DETECT or more (...)": the sentence of
+    ``power_sentence`` (and ``Comparison.power_sentence``) from an effect already computed."""
+    return f"with {counts}, {test} has {round(100 * power)} % power only for differences of {detect:.3g} or more " \
+           f"(two-sided {round(100 * (1 - level))} % level, at the observed spread)"
