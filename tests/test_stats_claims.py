@@ -3,6 +3,7 @@ equivalence by two one-sided tests (checked against scipy's t-tests where scipy 
 
 import math
 
+import mpmath
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -127,6 +128,13 @@ def test_equivalence_p_values_by_hand():
     assert (result.low, result.high) == pytest.approx((d - half, d + half))
     assert result.p_lower < 0.05 and result.p_upper < 0.05 and result.verdict == "reproduced"
     assert "equivalence shown" in result.reason
+
+    def upper_tail(t):  # Student's t density integrated numerically: independent of the incomplete beta used
+        log_norm = mpmath.loggamma((df + 1) / 2) - mpmath.loggamma(df / 2) - mpmath.log(df * mpmath.pi) / 2
+        return float(mpmath.quad(lambda x: mpmath.exp(log_norm - (df + 1) / 2 * mpmath.log1p(x * x / df)),
+                                 [t, mpmath.inf]))
+    assert result.p_lower == pytest.approx(upper_tail((d + 0.3) / se), rel=1e-8)
+    assert result.p_upper == pytest.approx(upper_tail((0.3 - d) / se), rel=1e-8)
 
 
 def test_equivalence_verdicts():

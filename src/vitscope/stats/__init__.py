@@ -37,7 +37,8 @@ otherwise. A claim of no difference: ``equivalence`` (two one-sided tests with a
 Power, for the test actually used (``power``): ``min_detectable`` is the smallest true difference the test detects
 with 80 % power at a two-sided 5 % level at the observed spread (Welch's test with its estimated df: at 2 seeds a
 side about 10.4 sigma, not the 5.4 sigma a known-df approximation gives), and ``seeds_needed`` the seeds per side
-at which it detects the paper's effect (twice the threshold). ``power_sentence`` says what N seeds can say.
+at which it detects the paper's effect (twice the threshold). ``power_sentence`` (and ``Comparison.power_sentence``)
+says what N seeds can say, in one sentence for a report.
 """
 
 from vitscope.stats.compare import (
@@ -56,6 +57,7 @@ from vitscope.stats.estimate import MIN_PER_SIDE, Estimate, cluster_robust_se, e
 from vitscope.stats.power import (
     MAX_SEEDS,
     POWER,
+    detect_sentence,
     min_detectable,
     pooled_power,
     power_sentence,
@@ -66,6 +68,6 @@ from vitscope.stats.power import (
 from vitscope.stats.proportion import wilson_interval
 
 __all__ = ["LEVEL", "MAX_SEEDS", "MIN_PER_SIDE", "NOT_TESTABLE", "POWER", "VERDICTS", "Comparison", "Equivalence",
-           "Estimate", "Precondition", "cluster_robust_se", "compare", "equivalence", "estimate", "judge",
-           "min_detectable", "pooled_power", "power_sentence", "seeds_needed", "t_power", "t_quantile",
+           "Estimate", "Precondition", "cluster_robust_se", "compare", "detect_sentence", "equivalence", "estimate",
+           "judge", "min_detectable", "pooled_power", "power_sentence", "seeds_needed", "t_power", "t_quantile",
            "t_quantiles", "t_sf", "verdict", "welch_power", "wilson_interval"]
