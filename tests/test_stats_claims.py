@@ -45,6 +45,20 @@ def test_values_that_happen_to_be_equal_stay_a_sample():
     assert compare(entmax, np.float64(0.0), sign=1, threshold=0.05).known_b == 0.0  # a numpy number is one number
 
 
+def test_a_known_value_with_clusters_is_the_one_sample_interval_of_image_means():
+    rng = np.random.default_rng(6)
+    per_image, images = 3, 5
+    values = np.repeat(rng.normal(0.4, 0.1, images), per_image) + rng.normal(0, 0.02, images * per_image)
+    ids = np.repeat(np.arange(images), per_image)
+    result = compare(values, 0.0, sign=1, threshold=0.05, clusters=ids)
+    means = values.reshape(images, per_image).mean(1)
+    half = t_quantile(0.975, images - 1) * means.std(ddof=1) / math.sqrt(images)
+    assert (result.low, result.high) == pytest.approx((means.mean() - half, means.mean() + half))
+    assert result.known_b == 0.0 and result.n_b == 0 and "against the known value 0" in result.method
+    one = compare(values[:3], 0.0, sign=1, threshold=0.05, clusters=ids[:3])
+    assert one.verdict == "inconclusive" and "needs >= 2 images (has 1)" in one.reason
+
+
 def test_a_known_value_needs_two_seeds_and_a_finite_value():
     assert compare([0.3], 0.0, sign=1, threshold=0.05).verdict == "inconclusive"
     with pytest.raises(ValueError, match="known value b=nan"):

@@ -150,7 +150,10 @@ def _clustered(a: Any, b: Any, *, paired: bool, clusters: Any) -> Estimate:
     """The difference of the units' means with the cluster-robust standard error over images: images, not units,
     are the independent draws, and an image may hold units of both sides."""
     xa = np.asarray(a, dtype=float).ravel()
-    if paired or is_known_value(b):
+    known = float(b) if is_known_value(b) else None
+    if known is not None and not math.isfinite(known):
+        raise ValueError(f"compare: a known value b={known} must be finite")
+    if paired or known is not None:
         xb = np.full(xa.size, float(b)) if is_known_value(b) else np.asarray(b, dtype=float).ravel()
         ca = np.asarray(clusters).ravel()
         if not xa.size == xb.size == ca.size:
@@ -173,19 +176,21 @@ def _clustered(a: Any, b: Any, *, paired: bool, clusters: Any) -> Estimate:
     images, index = np.unique(np.concatenate([ca, cb]), return_inverse=True)
     ia, ib = index[:ca.size], index[ca.size:]
     n_a = np.unique(ia).size
-    n_b = n_a if paired else np.unique(ib).size
+    n_b = (0 if known is not None else n_a) if paired else np.unique(ib).size
     difference = float(xa.mean() - (0.0 if paired else xb.mean())) if xa.size and (paired or xb.size) else math.nan
-    method = "cluster-robust t over images" + (" (paired)" if paired else "")
-    common = {"unit": "images", "notes": notes}
-    if min(n_a, n_b) < MIN_PER_SIDE:
+    method = "cluster-robust t over images" + (f" against the known value {known:.3g}" if known is not None
+                                                else " (paired)" if paired else "")
+    common = {"unit": "images", "notes": notes, "known_b": known}
+    if (n_a if paired else min(n_a, n_b)) < MIN_PER_SIDE:
         return Estimate(difference, math.nan, math.nan, method, n_a, n_b,
-                        problem=f"needs >= {MIN_PER_SIDE} images per side (has {n_a} vs {n_b})", **common)
+                        problem=f"needs >= {MIN_PER_SIDE} images per side (has {n_a} vs {n_b})" if not paired
+                        else f"needs >= {MIN_PER_SIDE} images (has {n_a})", **common)
     sums_a = np.bincount(ia, weights=xa, minlength=images.size)
     counts_a = np.bincount(ia, minlength=images.size).astype(float)
     sums_b = np.bincount(ib, weights=xb, minlength=images.size)
     counts_b = np.bincount(ib, minlength=images.size).astype(float)
     se, df, var_a, var_b = _cluster_parts(sums_a, counts_a, sums_b, counts_b)
-    if not se > 0:
+    if not (se > 0 and df > 0):
         return Estimate(difference, math.nan, math.nan, method, n_a, n_b,
                         problem="no spread between images to build an interval from", **common)
     # power as Welch's (or the one-sample t's) on image means, at the observed total variance split by side

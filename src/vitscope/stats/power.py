@@ -79,7 +79,7 @@ def _angle_grid(ka: int, kb: int) -> tuple[np.ndarray, np.ndarray]:
     return 1.0 / (1.0 + np.exp(2 * psi)), weights
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=64)  # 37 kB each; the ratio of the variances is new for nearly every comparison
 def _welch_critical(share_a: float, n_a: int, n_b: int, level: float) -> tuple[np.ndarray, np.ndarray]:
     """Welch's test with ``share_a`` = (sd_a^2 / n_a) / SE^2 of the true variance on side a: weights and the
     critical |difference| / SE over the joint distribution of the two sample variances (flattened)."""
@@ -133,6 +133,7 @@ def welch_power(effect: float, sd_a: float, sd_b: float, n_a: int, n_b: int, lev
     """Power of Welch's two-sided t-test at ``level`` to detect a true difference ``effect`` between sides of
     ``n_a`` and ``n_b`` values with standard deviations ``sd_a`` and ``sd_b`` (module docstring). A side with sd 0
     is a known value: the one-sample t-test of the other side."""
+    _check_sides(sd_a, sd_b, n_a, n_b, level)
     se, weights, critical = _grid(float(sd_a), float(sd_b), int(n_a), int(n_b), level)
     return _power(effect / se, weights, critical)
 
@@ -180,6 +181,7 @@ def min_detectable(sd_a: float, sd_b: float, n_a: int, n_b: int, *, power: float
     given the sides' standard deviations and counts (a side with sd 0: the one-sample t of the other)."""
     if not 0 < power < 1:
         raise ValueError(f"min_detectable: power={power} must lie in (0, 1), e.g. 0.8")
+    _check_sides(sd_a, sd_b, n_a, n_b, level)
     return _min_detectable(float(sd_a), float(sd_b), int(n_a), int(n_b), power, level)
 
 
