@@ -18,7 +18,7 @@ from vitscope.probes.settings import ImageProbeSettings, ProbeSettings
 from vitscope.probes.tokens import probe_tokens
 
 __all__ = [
-    "DenseProbeSettings", "ImageProbeSettings", "LayerFeatures", "ProbeSettings", "LinearClassifier", "LinearRegressor", "ProbeResult", "dense_probe", "extract_features",
-    "fit_classifier", "fit_regressor", "knn_probe", "linear_probe", "parse_layers", "pca_maps", "pib_probe",
-    "probe_tokens",
+    "DenseProbeSettings", "ImageProbeSettings", "LayerFeatures", "LinearClassifier", "LinearRegressor", "ProbeResult",
+    "ProbeSettings", "dense_probe", "extract_features", "fit_classifier", "fit_regressor", "knn_probe", "linear_probe",
+    "parse_layers", "pca_maps", "pib_probe", "probe_tokens",
 ]
