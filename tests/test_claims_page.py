@@ -3,13 +3,13 @@
 from pathlib import Path
 
 from vitscope.claims import REGISTRY
-from vitscope.claims.markdown import render, tested_verdicts
+from vitscope.claims.markdown import render, stored_verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_claims_page_is_current():
-    page = render(tested_verdicts(ROOT / "docs" / "results"))
+    page = render(stored_verdicts(ROOT / "docs" / "results"))
     for cid in REGISTRY:
         assert f"| {cid}" in page
     assert (ROOT / "docs" / "claims.md").read_text() == page + "\n", (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from vitscope.claims import locality, registers, sparse
 from vitscope.claims.judgement import NOT_JUDGED, VERDICTS, Judgement, Reading
-from vitscope.claims.registry import KINDS, STUDIES, Claim, Paper, Test
+from vitscope.claims.registry import KINDS, STUDIES, Claim, ClaimTest, Paper
 
 REGISTRY: dict[str, Claim] = {c.id: c for c in (*locality.CLAIMS, *sparse.CLAIMS, *registers.CLAIMS)}
 
@@ -29,5 +29,5 @@ def claims_of(study: str) -> tuple[Claim, ...]:
     return tuple(c for c in REGISTRY.values() if c.study == study)
 
 
-__all__ = ["KINDS", "NOT_JUDGED", "REGISTRY", "STUDIES", "VERDICTS", "Claim", "Judgement", "Paper", "Reading", "Test",
-           "claim", "claims_of"]
+__all__ = ["KINDS", "NOT_JUDGED", "REGISTRY", "STUDIES", "VERDICTS", "Claim", "ClaimTest", "Judgement", "Paper",
+           "Reading", "claim", "claims_of"]

@@ -25,7 +25,7 @@ KIND_WORDS = {"difference": "a difference with the paper's effect", "separation"
               "census": "a census of models", "qualitative": "qualitative (not judged)"}
 
 
-def tested_verdicts(results_dir: Path) -> dict[str, list[tuple[str, Judgement]]]:
+def stored_verdicts(results_dir: Path) -> dict[str, list[tuple[str, Judgement]]]:
     """claim id -> [(results page name, judgement)] from every ``results_dir/NAME/claims.json``."""
     found: dict[str, list[tuple[str, Judgement]]] = {}
     for path in sorted(Path(results_dir).glob("*/claims.json")):
@@ -53,7 +53,7 @@ def _tested(entries: Sequence[tuple[str, Judgement]]) -> str:
 
 
 def render(tested: Mapping[str, Sequence[tuple[str, Judgement]]], registry: Mapping[str, Claim] = REGISTRY) -> str:
-    """The whole page, from the registry and the stored verdicts (``tested_verdicts``)."""
+    """The whole page, from the registry and the stored verdicts (``stored_verdicts``)."""
     lines = ["# The seeds' claims and where vitscope stands on each", "",
              "Generated from the claims registry (`src/vitscope/claims/`) and the verdicts stored beside the results "
              "pages (`docs/results/*/claims.json`) by `python -m vitscope.claims.markdown`; do not edit by hand. "
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Write ``docs/claims.md`` from ``docs/results`` (run from the repository root), or print it with ``-``."""
     args = list(sys.argv[1:] if argv is None else argv)
     target = args[0] if args else "docs/claims.md"
-    page = render(tested_verdicts(Path("docs/results")))
+    page = render(stored_verdicts(Path("docs/results")))
     if target == "-":
         print(page)
     else:

@@ -4,7 +4,7 @@ that judges it (one registry per study: ``claims.locality``, ``claims.sparse``, 
 A claim is data, never prose re-stated by hand elsewhere: studies, probes, reports, benchmarks and
 ``docs/claims.md`` read it from here (``vitscope.claims.claim(id)``, ``claims_of(study)``).
 
-Kinds of test (``Test.kind``), each judged by ``vitscope.claims.judge``:
+Kinds of test (``ClaimTest.kind``), each judged by ``vitscope.claims.judge``:
 
 - ``difference``: a mean difference (a - b) with the paper's ``effect``; reproduced when the 95 % interval excludes
   zero in the paper's direction and the estimate reaches half the effect (``vitscope.stats.compare``);
@@ -28,7 +28,7 @@ FAMILIES = ("plain", "dino", "swin", "pvt")  # architecture families a registers
 
 
 @dataclass(frozen=True)
-class Test:
+class ClaimTest:
     """How a claim is judged. ``effect``: the paper's a - b (difference); ``sign``: +1 or -1, the paper's direction
     (direction; derived from ``effect`` for a difference); ``upper``/``lower``: the paper's bounds for groups a and
     b (separation); ``margin``: the largest difference that counts as no effect (equivalence), with ``margin_why``
@@ -111,7 +111,7 @@ class Claim:
     statement: str
     seed_words: str
     paper: Paper
-    test: Test
+    test: ClaimTest
     measure: str = ""
     a: str = ""
     b: str = ""
