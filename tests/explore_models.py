@@ -1,10 +1,17 @@
-"""Small models with known attention for the explorer tests (tests/test_explore*.py)."""
+"""Small models with known attention for the explorer tests (tests/test_explore*.py), and readers of a page's data."""
 
 from __future__ import annotations
 
+import gzip
+import json
+import re
+
+import numpy as np
 import timm
 import torch
 
+from vitscope.explorer.blob import text_bytes
+from vitscope.explorer.rows import normalize
 from vitscope.models import create
 
 PLANTED_PATCH = 19  # row 2, column 3 of vit-micro's 8x8 grid
@@ -62,3 +69,36 @@ def pictures(count: int, side: int, seed: int = 0) -> torch.Tensor:
     """Random uint8 pictures (count, 3, side, side)."""
     return torch.randint(0, 256, (count, 3, side, side), generator=torch.Generator().manual_seed(seed),
                          dtype=torch.uint8)
+
+
+def page_payload(html: str) -> tuple[dict, dict[str, bytes]]:
+    """The JSON description and the decompressed blobs (by name) embedded in a page's text."""
+    meta = json.loads(re.search(r'<script id="vitscope-meta" type="application/json">(.*?)</script>', html,
+                                re.S).group(1))
+    blobs = {}
+    for name in meta["blobs"]:
+        text = re.search(f'<script id="vitscope-blob-{name}" type="application/octet-stream">(.*?)</script>', html,
+                         re.S).group(1)
+        blobs[name] = gzip.decompress(text_bytes(text))
+    return meta, blobs
+
+
+def stored(blobs: dict[str, bytes], ref: dict) -> np.ndarray:
+    """One stored array (float16 ones are two byte planes: low bytes, then high bytes)."""
+    data = blobs[ref["blob"]]
+    if ref["dtype"] == "float16":
+        planes = np.frombuffer(data, dtype=np.uint8, count=2 * ref["length"], offset=ref["offset"]).reshape(2, -1)
+        return planes.T.copy().view(np.float16).reshape(ref["shape"])
+    return np.frombuffer(data, dtype=ref["dtype"], count=ref["length"], offset=ref["offset"]).reshape(ref["shape"])
+
+
+def stored_rows(blobs: dict[str, bytes], layer: dict, image: int, slot: int) -> torch.Tensor:
+    """Every row (queries, keys) of a qk layer's kept head ``slot`` on ``image``, from its stored queries and keys, in
+    float64 (the Python twin of the page's rows.js)."""
+    qk = layer["qk"]
+    part = qk["heads"][slot][image]
+    q = torch.from_numpy(stored(blobs, part["q"]).astype(np.float64))
+    k = torch.from_numpy(stored(blobs, part["k"]).astype(np.float64))
+    spec = {**qk["normalizer"], **({"alpha": qk["normalizer"]["alpha"][slot : slot + 1]}
+                                   if "alpha" in qk["normalizer"] else {})}
+    return normalize((q @ k.T * qk["scale"])[None], spec)[0]

@@ -1,4 +1,4 @@
-// vitscope explorer, part 2 of 4: drawing heat maps, norms, outlines and colour bars on canvases.
+// vitscope explorer, part 3 of 5: drawing heat maps, norms, outlines and colour bars on canvases.
 // ---------- drawing ----------
 function colour(t) {
   const i = Math.max(0, Math.min(255, Math.floor(t * 255.999)));
