@@ -5,14 +5,28 @@ import re
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import vitscope
-from explore_models import PLANTED_PATCH, page_payload, pictures, planted_attention_model, stored, tiny_swin
+from explore_models import (
+    PLANTED_PATCH,
+    page_payload,
+    pictures,
+    planted_attention_model,
+    sharpened,
+    stored,
+    stored_rows,
+    tiny_swin,
+)
 from vitscope import explorer
 from vitscope.cli import main
+from vitscope.explorer.blob import binary_text, text_bytes
+from vitscope.explorer.budget import check_page_size
 from vitscope.explorer.geometry import layer_geometry
 from vitscope.explorer.measure import matched_layers
 from vitscope.explorer.quantize import dequantize, max_error_bound, quantize_rows
+from vitscope.explorer.rows import ARITHMETIC, TOLERANCE, stored_form
 from vitscope.metrics import grid_distances
 from vitscope.models import attention_sites, create, load
 from vitscope.record import record_attention
@@ -227,3 +241,120 @@ def test_a_timm_vit_with_fused_attention_and_registers_and_the_jupyter_view():
         assert float((back - reference[:, :1]).abs().max()) <= meta["quantization"]["bound"] + 1e-7
     inline = page._repr_html_()
     assert inline.startswith("<iframe srcdoc=") and "<script" not in inline  # the page is escaped into the frame
+
+
+def qk_case(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    """Small models whose every layer the page computes from queries and keys, and their pictures."""
+    torch.manual_seed(0)
+    if name == "softmax+registers":
+        return create("vit-micro", num_registers=2).eval(), pictures(2, 32)
+    if name in ("entmax15", "entmax:1.3", "entmax:learned"):  # sharpened, so that rows have exact zeros
+        model = sharpened(create("vit-micro", attention=name).eval(), 3.0)
+        if name == "entmax:learned":  # one alpha per head, each its own
+            for block in model.blocks:
+                block.attn.normalizer.alpha_logit.data = torch.tensor([-1.5, -0.3, 0.4, 1.8])
+        return model, pictures(2, 32)
+    if name == "rope+registers":  # DINOv3: rotary embedding on patch q and k, 4 registers
+        return load("timm:vit_small_patch16_dinov3", img_size=64, depth=2, embed_dim=64, num_heads=2).eval(), \
+            pictures(2, 64)
+    raise ValueError(name)
+
+
+@pytest.mark.parametrize("name", ["softmax+registers", "entmax15", "entmax:1.3", "entmax:learned", "rope+registers"])
+def test_rows_from_stored_queries_and_keys_are_record_attentions_rows(name):
+    model, images = qk_case(name)
+    page = vitscope.explore(model, images, rows="qk")
+    meta, blobs = page_payload(page.html)
+    with torch.no_grad(), record_attention(model, keep="maps") as rec:
+        model(vitscope.explorer.model_inputs(model, images))
+    zeros = 0
+    for layer, reference in zip(meta["models"][0]["layers"], rec.maps, strict=True):
+        assert layer["form"] == "qk" and "codes" not in layer
+        for slot, head in enumerate(layer["heads"]):
+            for image in range(len(images)):
+                rows, truth = stored_rows(blobs, layer, image, slot), reference[image, head].double()
+                top = truth.amax(-1, keepdim=True)
+                error = float(((rows - truth).abs() / top).max())
+                stated = layer["qk"]["heads"][slot][image]["error"]
+                assert error <= stated + ARITHMETIC and stated <= TOLERANCE  # the page's stated error holds
+                # exact zeros where the recorder has them, but for keys within rounding of the threshold
+                assert not bool(((rows == 0) & (truth > 1e-4 * top)).any())
+                assert not bool(((truth == 0) & (rows > 1e-4 * top)).any())
+                zeros += int((rows == 0).sum())
+    assert (zeros > 0) == name.startswith("entmax")
+    if name.endswith("registers"):
+        labels = meta["models"][0]["layers"][0]["geometry"]["labels"]
+        assert labels[0] == "CLS" and labels[1:] == [f"reg{i + 1}" for i in range(len(labels) - 1)] and len(labels) > 2
+
+
+def test_heads_whose_float16_rows_would_err_keep_float32():
+    torch.manual_seed(0)
+    model = sharpened(create("vit-micro").eval(), 100.0)  # logits of thousands: float16 rounding moves them by > 1
+    images = pictures(2, 32)
+    page = vitscope.explore(model, images, rows="qk")
+    meta, blobs = page_payload(page.html)
+    precision = meta["precision"]
+    assert precision["half"] > 0 and precision["full"] > 0 and precision["measured"] <= TOLERANCE
+    assert f"{precision['full']} in float32" in page.html
+    with torch.no_grad(), record_attention(model, keep="maps") as rec:
+        model(vitscope.explorer.model_inputs(model, images))
+    for layer, reference in zip(meta["models"][0]["layers"], rec.maps, strict=True):
+        for slot, head in enumerate(layer["heads"]):
+            for image in range(2):
+                part = layer["qk"]["heads"][slot][image]
+                truth = reference[image, head].double()
+                top = truth.amax(-1, keepdim=True)
+                rows = stored_rows(blobs, layer, image, slot)
+                assert float(((rows - truth).abs() / top).max()) <= part["error"] + ARITHMETIC <= TOLERANCE
+                if part["q"]["dtype"] == "float32":  # and in float16 these rows would have erred too much
+                    q = torch.from_numpy(stored(blobs, part["q"]).astype(np.float16).astype(np.float64))
+                    k = torch.from_numpy(stored(blobs, part["k"]).astype(np.float16).astype(np.float64))
+                    rounded = torch.softmax(q @ k.T * layer["qk"]["scale"], -1)
+                    assert float(((rounded - truth).abs() / top).max()) > TOLERANCE - ARITHMETIC
+
+
+def test_each_layer_is_stored_in_the_smaller_form():
+    # ViT-S/16 at 224 px: 197 tokens, head_dim 64 -> 8-bit maps (39.6 kB a head) beat float16 q and k (50.4 kB)
+    assert stored_form("auto", True, 197, 197, 64) == "maps"
+    # ViT-S/14 at 518 px: 1,370 tokens -> 1.89 MB of maps against 0.35 MB of queries and keys
+    assert stored_form("auto", True, 1370, 1370, 64) == "qk"
+    assert stored_form("auto", False, 1370, 1370, 64) == "maps"  # no logit inputs (Swin, masked, unknown normaliser)
+    assert stored_form("qk", True, 197, 197, 64) == "qk" and stored_form("maps", True, 1370, 1370, 64) == "maps"
+    with pytest.raises(ValueError, match="rows='all' is unknown"):
+        stored_form("all", True, 10, 10, 4)
+    swin = vitscope.explore(tiny_swin(), pictures(1, 24), rows="qk")  # window attention keeps its maps
+    assert {layer["form"] for layer in swin.meta["models"][0]["layers"]} == {"maps"}
+
+
+def test_a_page_above_the_budget_is_refused_before_the_model_runs(tmp_path, capsys):
+    model = create("vit-micro").eval()
+    runs = []
+    model.blocks[0].register_forward_hook(lambda *_: runs.append(1))
+    images = pictures(6, 32)
+    page = vitscope.explore(model, images, rows="qk")
+    estimate = check_page_size([model], [range(4)], [32], 6, None, "qk", 10**9, fixed=0)
+    assert 0.6 < estimate / page.size_bytes < 1.4  # the estimate is about the page (tiny: less compressible)
+    runs.clear()
+    with pytest.raises(ValueError, match=r"the page would take about .* MB \(6 images at .* MB each\), above the "
+                                         r"0.2 MB budget \(--max-mb\); use --num-images [1-5] or fewer"):
+        vitscope.explore(model, images, rows="qk", max_bytes=200_000)
+    assert not runs  # refused before the model ran
+    code = main(["explore", "--model", "vit-micro", "--num-images", "16", "--max-mb", "0.2", "--rows", "qk",
+                 "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "16 images at" in err and "--num-images" in err
+    assert not (tmp_path / "explorer.html").exists()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=3000))
+def test_blob_text_round_trips_any_bytes(data):
+    text = binary_text(data)
+    assert not any(byte in text for byte in (b"\0", b"\r", b"<"))  # what a <script> element cannot hold
+    assert text_bytes(text.decode("latin-1")) == data  # as a string (a Jupyter srcdoc)
+    assert text_bytes(text.decode("latin-1").translate(WINDOWS_1252_TEXT)) == data  # as a browser reads the file
+
+
+# windows-1252 as WHATWG reads it: bytes 0x80-0x9F as these characters; the five it leaves undefined as themselves
+WINDOWS_1252_TEXT = {b: bytes([b]).decode("cp1252") for b in range(0x80, 0xA0)
+                     if b not in (0x81, 0x8D, 0x8F, 0x90, 0x9D)}

@@ -33,7 +33,7 @@ from vitscope.attention import (
 from vitscope.attention import entmax as alpha_entmax
 
 TOLERANCE = 0.02  # the largest error of a shown row allowed in float16, as a fraction of the row's maximum
-ARITHMETIC = 1e-4  # float32 here against float64 in the browser, as a fraction of the row's maximum (stated bound)
+ARITHMETIC = 1e-4  # float32 here against float64 in the browser, a fraction of the row maximum, added to errors stated
 FORMS = ("auto", "qk", "maps")
 
 
