@@ -12,7 +12,7 @@ import torch
 
 from vitscope.explorer.blob import text_bytes
 from vitscope.explorer.rows import normalize
-from vitscope.models import create
+from vitscope.models import create, load
 
 PLANTED_PATCH = 19  # row 2, column 3 of vit-micro's 8x8 grid
 
@@ -56,6 +56,25 @@ def sharpened(model, factor: float):
         dim = qkv.in_features
         qkv.weight[: 2 * dim] *= factor
     return model
+
+
+def qk_case(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    """Small models whose every layer the page computes from queries and keys, and their pictures."""
+    torch.manual_seed(0)
+    if name == "softmax+registers":
+        return create("vit-micro", num_registers=2).eval(), pictures(2, 32)
+    if name in ("entmax15", "entmax:1.3", "entmax:learned"):  # sharpened, so that rows have exact zeros
+        model = sharpened(create("vit-micro", attention=name).eval(), 3.0)
+        if name == "entmax:learned":  # one alpha per head, each its own
+            for block in model.blocks:
+                block.attn.normalizer.alpha_logit.data = torch.tensor([-1.5, -0.3, 0.4, 1.8])
+        return model, pictures(2, 32)
+    if name == "float32 heads":  # logits of thousands: some head-images keep float32 (float16 would err)
+        return sharpened(create("vit-micro").eval(), 100.0), pictures(2, 32)
+    if name == "rope+registers":  # DINOv3: rotary embedding on patch q and k, 4 registers
+        return load("timm:vit_small_patch16_dinov3", img_size=64, depth=2, embed_dim=64, num_heads=2).eval(), \
+            pictures(2, 64)
+    raise ValueError(name)
 
 
 def tiny_swin():

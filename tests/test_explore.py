@@ -14,6 +14,7 @@ from explore_models import (
     page_payload,
     pictures,
     planted_attention_model,
+    qk_case,
     sharpened,
     stored,
     stored_rows,
@@ -241,23 +242,6 @@ def test_a_timm_vit_with_fused_attention_and_registers_and_the_jupyter_view():
         assert float((back - reference[:, :1]).abs().max()) <= meta["quantization"]["bound"] + 1e-7
     inline = page._repr_html_()
     assert inline.startswith("<iframe srcdoc=") and "<script" not in inline  # the page is escaped into the frame
-
-
-def qk_case(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
-    """Small models whose every layer the page computes from queries and keys, and their pictures."""
-    torch.manual_seed(0)
-    if name == "softmax+registers":
-        return create("vit-micro", num_registers=2).eval(), pictures(2, 32)
-    if name in ("entmax15", "entmax:1.3", "entmax:learned"):  # sharpened, so that rows have exact zeros
-        model = sharpened(create("vit-micro", attention=name).eval(), 3.0)
-        if name == "entmax:learned":  # one alpha per head, each its own
-            for block in model.blocks:
-                block.attn.normalizer.alpha_logit.data = torch.tensor([-1.5, -0.3, 0.4, 1.8])
-        return model, pictures(2, 32)
-    if name == "rope+registers":  # DINOv3: rotary embedding on patch q and k, 4 registers
-        return load("timm:vit_small_patch16_dinov3", img_size=64, depth=2, embed_dim=64, num_heads=2).eval(), \
-            pictures(2, 64)
-    raise ValueError(name)
 
 
 @pytest.mark.parametrize("name", ["softmax+registers", "entmax15", "entmax:1.3", "entmax:learned", "rope+registers"])

@@ -96,11 +96,13 @@ function rowValues(layer, image, slot, row) {  // probabilities over the row's k
   const H = layer.heads.length, slots = slot < 0 ? [...Array(H).keys()] : [slot];
   if (layer.form === 'qk') {
     const rows = slots.map((k) => qkRow(layer, image, k, row)), out = new Float64Array(rows[0].row.length);
-    let bound = 0;  // the mean of the heads' bounds: each is its measured error times its row's maximum
+    // the mean of the heads' bounds: each is its measured error e times the true row's maximum, which is at most
+    // this row's maximum / (1 - e)
+    let bound = 0;
     for (const r of rows) {
       let top = 0;
       for (let j = 0; j < out.length; j++) { out[j] += r.row[j]; if (r.row[j] > top) top = r.row[j]; }
-      bound += r.error * top / rows.length;
+      bound += r.error * top / (1 - r.error) / rows.length;
     }
     for (let j = 0; j < out.length; j++) out[j] /= rows.length;
     return {row: Array.from(out), bound: bound};
