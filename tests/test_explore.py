@@ -298,10 +298,11 @@ def test_heads_whose_float16_rows_would_err_keep_float32():
 
 
 def test_each_layer_is_stored_in_the_smaller_form():
-    # ViT-S/16 at 224 px: 197 tokens, head_dim 64 -> 8-bit maps (39.6 kB a head) beat float16 q and k (50.4 kB)
-    assert stored_form("auto", True, 197, 197, 64) == "maps"
-    # ViT-S/14 at 518 px: 1,370 tokens -> 1.89 MB of maps against 0.35 MB of queries and keys
+    # ViT-S/14 at 224 px: 257 tokens, head_dim 64 -> 8-bit maps (67 kB a head, 41 % once compressed) beat float16
+    # queries and keys (66 kB, 86 %); at 518 px, 1,370 tokens: 1.89 MB of maps against 0.35 MB of queries and keys
+    assert stored_form("auto", True, 257, 257, 64) == "maps"
     assert stored_form("auto", True, 1370, 1370, 64) == "qk"
+    assert stored_form("auto", True, 577, 577, 64) == "qk"  # ViT-S/16 at 384 px
     assert stored_form("auto", False, 1370, 1370, 64) == "maps"  # no logit inputs (Swin, masked, unknown normaliser)
     assert stored_form("qk", True, 197, 197, 64) == "qk" and stored_form("maps", True, 1370, 1370, 64) == "maps"
     with pytest.raises(ValueError, match="rows='all' is unknown"):

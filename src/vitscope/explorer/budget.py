@@ -2,10 +2,10 @@
 fit the size budget is refused at once, with the flags that shrink it (docs/explore.md, "Size and precision").
 
 Per layer, the form ``rows.stored_form`` will pick is counted at its compressed size as measured: float16 queries
-and keys at ``QK_COMPRESSED`` of their raw bytes (what gzip left of them on the real ViT-S/14 at 518 px: 86.3 of
-101.0 MB), 8-bit maps at ``MAPS_SQUEEZED``, about the least the coarsest error floor leaves of them (the floor is
-raised until the maps fit, so they rarely decide a refusal), and ``JSON_BYTES`` per head and image for the page's
-description of them (metrics, array references), plus ``JSON_FIXED`` (colour map, notes).
+and keys at ``rows.QK_COMPRESSED`` of their raw bytes, 8-bit maps at ``MAPS_SQUEEZED``, about the least the
+coarsest error floor leaves of them (the floor is raised until the maps fit, so they rarely decide a refusal);
+and ``JSON_BYTES`` per head and image for the page's description of them (metrics, array references), plus
+``JSON_FIXED`` (colour map, notes).
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from vitscope.explorer.rows import maps_bytes, qk_bytes, stored_form
+from vitscope.explorer.rows import QK_COMPRESSED, maps_bytes, qk_bytes, stored_form
 from vitscope.models import AttentionSite, attention_sites, token_layout
 from vitscope.models.hierarchical import PvtReducedKeys, SwinWindows
 
-QK_COMPRESSED = 0.86
 MAPS_SQUEEZED = 0.05
 JSON_BYTES = {"qk": 200, "maps": 50}
 JSON_FIXED = 8_000
