@@ -17,6 +17,9 @@ click event's time stamp (``in page``), and around ``page.mouse.click`` until th
 (``round trip``, Playwright's messaging included); medians and maxima over ``--clicks`` clicks at different patches,
 and the time a layer change takes to draw (the layer's queries and keys are decoded then).
 
+``--check-layers``: a second page of the real model with those layers (the Python API), whose rows Chromium shows are
+compared with ``record_attention``'s (every head and the mean, CLS and three patches, every photo).
+
 Prints the load average before and after: this machine is shared.
 """
 
@@ -92,6 +95,42 @@ def click_times(browser, path: Path, clicks: int) -> dict[str, list[float]]:
     return times
 
 
+def row_check(browser, weights: Path, photos: Path, size: int, layers: list[int], tmp: Path) -> tuple[float, int]:
+    """The largest difference, as a fraction of the row's maximum, between the rows a page (the Python API's, with
+    ``layers``, 0-based) shows in Chromium and ``record_attention``'s, over every head and the mean, a few queries
+    (CLS among them) of every image; and the number of rows compared."""
+    import numpy as np
+
+    from vitscope.data import load_dataset
+    from vitscope.explorer import model_inputs, shown_pictures
+    from vitscope.models import load
+    from vitscope.record import record_attention
+
+    model = load("timm:vit_small_patch14_dinov2", weights=str(weights), img_size=size).eval()
+    dataset = load_dataset("imagefolder", str(photos), "eval")
+    path = vitscope.explore(model, dataset, layers=layers).save(tmp / f"check-{size}.html")
+    with torch.no_grad(), record_attention(model, layers=layers, keep="maps") as rec:
+        model(model_inputs(model, shown_pictures(model, dataset.images, dataset), dataset))
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(path.as_uri(), timeout=180_000)
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=180_000)
+    worst, count = 0.0, 0
+    for image in range(len(dataset)):
+        for slot, layer in enumerate(layers):
+            maps = rec.maps[slot][image]
+            cells = maps.shape[-1] - 1
+            for head in ["mean", *range(1, maps.shape[0] + 1)]:
+                for query in ("cls", 0, cells // 2, cells - 1):
+                    shown = page.evaluate(f"window.vitscope.select({{image: {image}, layer: {layer + 1}, "
+                                          f"head: {head!r}, query: {query!r}}})")["models"][0]
+                    token = 0 if query == "cls" else 1 + query
+                    truth = (maps.mean(0) if head == "mean" else maps[head - 1])[token].double().numpy()
+                    worst = max(worst, float(np.abs(np.array(shown["row"]) - truth).max() / truth.max()))
+                    count += 1
+    page.close()
+    return worst, count
+
+
 def random_case(browser, args) -> None:
     torch.manual_seed(0)
     images = torch.randint(0, 256, (args.images, 3, 224, 224), dtype=torch.uint8)
@@ -145,6 +184,12 @@ def real_case(browser, args) -> None:
             for name, values in clicks.items():
                 print(f"    {name}: median {statistics.median(values):.0f} ms, max {max(values):.0f} ms "
                       f"({len(values)} clicks)")
+            if args.check_layers:
+                layers = [int(n) - 1 for n in args.check_layers.split(",")]
+                worst, count = row_check(browser, data / WEIGHTS, photos, size, layers, Path(tmp))
+                print(f"    rows against record_attention (layers {args.check_layers}, {count} rows: every head and "
+                      f"the mean, CLS and 3 patches, every photo): largest difference {100 * worst:.2g} % of the "
+                      "row's maximum")
 
 
 def main() -> None:
@@ -157,6 +202,8 @@ def main() -> None:
     parser.add_argument("--photos", type=int, default=4)
     parser.add_argument("--clicks", type=int, default=12)
     parser.add_argument("--data-dir", default=None, help="folder with the real weights and CamVid photos")
+    parser.add_argument("--check-layers", default="1,4,12",
+                        help="layers (1-based) whose rows are compared with record_attention's ('' to skip)")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
