@@ -343,3 +343,18 @@ def test_blob_text_round_trips_any_bytes(data):
 # windows-1252 as WHATWG reads it: bytes 0x80-0x9F as these characters; the five it leaves undefined as themselves
 WINDOWS_1252_TEXT = {b: bytes([b]).decode("cp1252") for b in range(0x80, 0xA0)
                      if b not in (0x81, 0x8D, 0x8F, 0x90, 0x9D)}
+
+
+@pytest.mark.parametrize("attention", ["softmax", "entmax15", "entmax:1.3"])
+def test_a_capture_gives_the_logit_inputs_of_any_unmasked_normaliser(attention):
+    model = create("vit-micro", attention=attention).eval()
+    seen = []
+    detach = attention_sites(model)[1].attach(seen.append)
+    with torch.no_grad():
+        model(torch.randn(2, 3, 32, 32))
+    detach()
+    logits = seen[0].logit_inputs
+    assert logits is not None and logits.normalizer.name == attention
+    rebuilt = logits.normalizer((logits.q * logits.scale) @ logits.k.transpose(-1, -2))
+    torch.testing.assert_close(rebuilt, seen[0].probs(), rtol=0, atol=1e-6)
+    assert (seen[0].softmax_qk is not None) == (attention == "softmax")
