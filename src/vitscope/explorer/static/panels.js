@@ -1,4 +1,4 @@
-// vitscope explorer, part 3 of 4: the per-model views, small multiples, head tables and scatters, controls.
+// vitscope explorer, part 4 of 5: the per-model views, small multiples, head tables and scatters, controls.
 // ---------- panels ----------
 const panels = [];
 function buildPanels() {
