@@ -15,7 +15,7 @@ from torchvision.transforms import v2
 
 from vitscope.cli import main
 from vitscope.data import load_dataset, open_streamed
-from vitscope.data.pixels import eval_view
+from vitscope.data.pixels import View, eval_view
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")  # torchvision 0.29
 SIZES = [(30, 50), (48, 20), (24, 24), (37, 29)]  # (height, width): landscape, portrait, square, odd
@@ -156,18 +156,18 @@ def test_a_pretrained_models_interpolation_is_used_for_its_view_in_memory_stream
     assert model_interpolation(load("vit-micro")) == "bilinear"  # vitscope's own models name none
     root = make_layout(tmp_path / "photos", "classes")
     options = model_view_options(model, "imagefolder", 32)
-    assert options == {"mixed_size": 32, "crop_pct": model.pretrained_cfg["crop_pct"], "interpolation": "bicubic"}
+    crop_pct = model.pretrained_cfg["crop_pct"]
+    assert options == {"mixed_size": View(32, crop_pct, "bicubic", keep_square=False)}  # timm's view, every image
     memory = load_dataset("imagefolder", root, "eval", **options)
-    streamed = open_streamed("imagefolder", root, "eval", image_size=32, crop_pct=options["crop_pct"],
-                             interpolation="bicubic")
-    assert torch.equal(memory.images, streamed.images_at(torch.arange(4)))
+    streamed = open_streamed("imagefolder", root, "eval", image_size=32, crop_pct=crop_pct, interpolation="bicubic")
+    assert torch.equal(memory.images, streamed.images_at(torch.arange(4)))  # no photo is 32 x 32: the same view
     files = sorted(f for f in root.rglob("*") if f.is_file())
-    short = math.floor(32 / options["crop_pct"])
+    short = math.floor(32 / crop_pct)
     bicubic = v2.Compose([v2.Resize(short, interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
                           v2.CenterCrop(32)])
     for image, file in zip(memory.images, files, strict=True):
         assert torch.equal(image, bicubic(decode_image(str(file))))
-    bilinear = load_dataset("imagefolder", root, "eval", mixed_size=32, crop_pct=options["crop_pct"])
+    bilinear = load_dataset("imagefolder", root, "eval", mixed_size=32, crop_pct=crop_pct)
     assert (bilinear.images.float() - memory.images.float()).abs().max() > 2  # another resampling, another key
     # timm's own eval transform for this model (PIL bicubic) gives the same view, to PIL's rounding
     config = timm.data.resolve_data_config({"input_size": (3, 32, 32)}, model=model)  # the model's, at 32 px

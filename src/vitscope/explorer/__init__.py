@@ -21,10 +21,10 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from vitscope.analyze.inputs import model_crop_pct, model_input, model_interpolation
+from vitscope.analyze.inputs import model_input
 from vitscope.atomic_io import atomic_write_bytes
 from vitscope.data import ImageDataset, normalize
-from vitscope.data.pixels import eval_view
+from vitscope.data.pixels import model_view
 from vitscope.explorer.measure import ModelRecord, matched_layers, record_model
 from vitscope.explorer.page import render_page
 from vitscope.explorer.payload import build_payload
@@ -71,7 +71,7 @@ def _pictures(images: Tensor) -> Tensor:
 def model_inputs(model: nn.Module, pictures: Tensor, dataset: ImageDataset | None = None,
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> Tensor:
     """Normalised inputs (images, 3, S, S) of ``model`` from uint8 ``pictures``: their evaluation view at the model's
-    input side S (``eval_view`` with the model's ``crop_pct`` and interpolation, as ``vitscope analyze`` feeds it),
+    input side S (``vitscope.data.pixels.model_view``, the model's own transform, as ``vitscope analyze`` feeds it),
     normalised with ``mean``/``std``, else the dataset's, else the model's pretrained ones, else ImageNet's."""
     pretrained = getattr(model, "pretrained_cfg", None) or {}
     stats = dataset if dataset is not None else SimpleNamespace(
@@ -79,8 +79,8 @@ def model_inputs(model: nn.Module, pictures: Tensor, dataset: ImageDataset | Non
         std=tuple(std or pretrained.get("std", IMAGENET_STD)), image_size=pictures.shape[-1])
     side, m, s = model_input(model, stats)
     m, s = (tuple(mean), tuple(std)) if mean is not None and std is not None else (m, s)
-    crop = model_crop_pct(model, getattr(dataset, "name", None))
-    return normalize(eval_view(pictures, side, crop, model_interpolation(model)), m, s)
+    view = model_view(model, getattr(dataset, "name", None), side)
+    return normalize(pictures if getattr(dataset, "view", None) == view else view(pictures), m, s)
 
 
 def shown_pictures(model: nn.Module, pictures: Tensor, dataset: ImageDataset | None = None) -> Tensor:
@@ -88,11 +88,12 @@ def shown_pictures(model: nn.Module, pictures: Tensor, dataset: ImageDataset | N
     pictures at crop_pct 1, or already at its side), else its view (the part of each picture it sees)."""
     stats = dataset if dataset is not None else SimpleNamespace(image_size=pictures.shape[-1], mean=(0,), std=(1,))
     side = model_input(model, stats)[0]
-    crop = model_crop_pct(model, getattr(dataset, "name", None))
+    view = model_view(model, getattr(dataset, "name", None), side)
     height, width = pictures.shape[-2:]
-    if height == width and (crop == 1 or height == side):
+    if getattr(dataset, "view", None) == view or height == width and (
+            view.scale_size == side or (height == side and view.keep_square)):
         return pictures
-    return eval_view(pictures, side, crop, model_interpolation(model))
+    return view(pictures)
 
 
 def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDataset, *,
