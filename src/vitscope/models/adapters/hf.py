@@ -23,7 +23,6 @@ probabilities are recomputed (softmax of scale q k^T plus the mask) only when as
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -98,14 +97,16 @@ def load_hf(name: str, img_size: int | None = None, download: bool = False, **ov
     folder, source = _find_folder(name, download)
     if folder is None:
         model, family = _build_architecture(transformers, name, overrides)
-        dropped, view, origin = [], {}, f"hf {family.cls} (random weights)"
+        dropped, view, origin = [], ProcessorView({}), f"hf {family.cls} (random weights)"
     else:
         model, family, dropped = _read_folder(transformers, name, folder, overrides)
-        view, origin = _preprocessor(folder), f"hf {family.cls}"
+        view, origin = _processor_view(transformers, folder), f"hf {family.cls}"
     adapter = HFVisionTransformer(model.eval(), family, view, img_size)
     line = f"vitscope: loaded hf:{name}: origin {origin}, {sum(1 for _ in model.state_dict())} keys matched"
     if dropped:
         line += f"; dropped {len(dropped)} keys of the folder not in {family.cls} (e.g. {dropped[0]})"
+    if view.cfg or view.unreproduced:
+        line += f"; {view.describe()}"
     adapter.vitscope_load = {"file": str(source.file) if source else name, "origin": origin, "dropped": dropped[:20],
                              "pos_interp": None, "source": source.to_dict() if source else None}
     if source is not None:
@@ -192,21 +193,80 @@ def _weights_error(name: str, err: Exception) -> str:
 _PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}  # the image processors' ``resample`` codes (PIL's) vitscope's views take
 
 
-def _preprocessor(folder: Path) -> dict[str, Any]:
-    """The evaluation view the folder's preprocessor_config.json describes, in timm's ``pretrained_cfg`` terms:
-    ``mean`` and ``std``; ``interpolation`` from ``resample``; ``crop_pct`` = crop side / shortest edge where it
-    resizes the shortest edge and centre-crops (DINOv2's processor: 224 of 256, 0.875). Empty without the file."""
-    path = folder / "preprocessor_config.json"
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text())
-    out: dict[str, Any] = {k: tuple(data[f"image_{k}"]) for k in ("mean", "std") if f"image_{k}" in data}
-    if data.get("resample") in _PIL_RESAMPLE:
-        out["interpolation"] = _PIL_RESAMPLE[data["resample"]]
-    size, crop = data.get("size") or {}, data.get("crop_size") or {}
-    if data.get("do_center_crop") and isinstance(size, dict) and size.get("shortest_edge") and crop.get("height"):
-        out["crop_pct"] = min(1.0, crop["height"] / size["shortest_edge"])
-    return out
+@dataclass(frozen=True)
+class ProcessorView:
+    """What a folder's image processor does to an image, in the ``pretrained_cfg`` keys vitscope's views read
+    (``vitscope.data.pixels.model_view``): ``cfg`` (mean, std, interpolation, and for a square view crop_pct,
+    crop_mode, resize_size, crop_offset), the side it gives (None: no square view), and what could not be
+    reproduced (empty when all of it was)."""
+
+    cfg: dict[str, Any]
+    side: int | None = None
+    unreproduced: str = ""
+
+    def at(self, side: int) -> dict[str, Any]:
+        """``cfg`` for a model fed at ``side``: the resize keeps its ratio to the processor's crop."""
+        if self.side is None or side == self.side:
+            return dict(self.cfg)
+        return {**self.cfg, "resize_size": max(side, side * self.cfg["resize_size"] // self.side)}
+
+    def describe(self) -> str:
+        """The load line's words for the view."""
+        cfg = self.cfg
+        if self.side is None:
+            return f"its image processor's view is not reproduced ({self.unreproduced}); images are viewed as by a " \
+                   "model that names no view (shorter side resized, centre crop)"
+        how = "shortest edge" if cfg["crop_mode"] == "center" else "both sides"
+        crop = f", centre {self.side} x {self.side} cut" if cfg["resize_size"] != self.side else ""
+        return f"view as its image processor: {how} to {cfg['resize_size']}, {cfg['interpolation']}{crop}"
+
+
+def _field(size: Any, key: str) -> Any:
+    """``key`` of a processor's size (a transformers ``SizeDict`` or a plain dict), None when absent."""
+    if size is None:
+        return None
+    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+
+
+def _processor_view(transformers: Any, folder: Path) -> ProcessorView:
+    """The view of the folder's image processor, as transformers' ``AutoImageProcessor`` builds it from
+    ``preprocessor_config.json`` (the class's defaults for what the file leaves out): a resize of the shortest edge
+    (``{shortest_edge}``: aspect kept) or of both sides (``{height, width}``: stretched), with ``resample``, then
+    its centre crop (corner at ``excess // 2``). Without the file, no view (an empty ``cfg``)."""
+    if not (folder / "preprocessor_config.json").is_file():
+        return ProcessorView({})
+    logs = transformers.utils.logging
+    verbosity = logs.get_verbosity()
+    logs.set_verbosity_error()
+    try:
+        processor = transformers.AutoImageProcessor.from_pretrained(folder)
+    except Exception as err:  # noqa: BLE001 - a processor transformers cannot build: say so, keep the model
+        return ProcessorView({}, None, f"transformers cannot read it: {str(err).strip().splitlines()[0][:120]}")
+    finally:
+        logs.set_verbosity(verbosity)
+    cfg: dict[str, Any] = {k: tuple(float(v) for v in getattr(processor, f"image_{k}"))
+                           for k in ("mean", "std") if getattr(processor, f"image_{k}", None) is not None}
+    resample = getattr(processor, "resample", None)
+    resample = int(resample) if resample is not None else None
+    size, crop = getattr(processor, "size", None), getattr(processor, "crop_size", None)
+    shortest, height, width = (_field(size, k) for k in ("shortest_edge", "height", "width"))
+    crops = getattr(processor, "do_center_crop", False) and crop is not None
+    side = _field(crop, "height") if crops else None
+    patches = getattr(processor, "max_num_patches", None)
+    why = ("it does not resize" if not getattr(processor, "do_resize", False)
+           else f"each image resized to at most {patches} patches, its aspect kept" if patches
+           else f"resample {resample} (vitscope views bilinear or bicubic)" if resample not in _PIL_RESAMPLE
+           else f"size {dict(size) if isinstance(size, dict) else size}" if _field(size, "longest_edge") or not (
+               shortest or (height and height == width))
+           else f"crop {crop}" if crops and (_field(crop, "width") != side or side > (shortest or height))
+           else "no crop after a shortest-edge resize (images of other shapes)" if shortest and not crops else "")
+    if why:
+        return ProcessorView(cfg, None, why)
+    scale = int(shortest or height)
+    side = int(side or scale)
+    cfg.update(interpolation=_PIL_RESAMPLE[resample], crop_pct=side / scale, resize_size=scale, crop_offset="floor",
+               crop_mode="center" if shortest else "squash")
+    return ProcessorView(cfg, side)
 
 
 class HFVisionTransformer(nn.Module):
@@ -217,7 +277,8 @@ class HFVisionTransformer(nn.Module):
     output; ``patches`` are after the model's final norm (for CLIP, whose ``last_hidden_state`` is before it,
     ``post_layernorm`` is applied to every token, as timm's CLIP ViTs do)."""
 
-    def __init__(self, hf_model: nn.Module, family: Family, stats: dict[str, Any], img_size: int | None = None):
+    def __init__(self, hf_model: nn.Module, family: Family, view: ProcessorView | None = None,
+                 img_size: int | None = None):
         super().__init__()
         self.hf = hf_model
         self.family = family
@@ -225,7 +286,8 @@ class HFVisionTransformer(nn.Module):
         self.patch_size = int(config.patch_size)
         side = getattr(config, "image_size", None) or int(round(getattr(config, "num_patches", 256) ** 0.5)) * \
             self.patch_size
-        side = img_size or side
+        view = view or ProcessorView({})
+        side = img_size or view.side or side  # the image processor's output side, as transformers feeds the model
         if side % self.patch_size:
             raise ValueError(f"img_size={side} is not a multiple of the patch size {self.patch_size}")
         self.native_side = int(getattr(config, "image_size", side) or side)
@@ -233,7 +295,7 @@ class HFVisionTransformer(nn.Module):
         self.num_registers = int(getattr(config, "num_register_tokens", 0) or 0)
         self.num_prefix_tokens = family.leading + self.num_registers
         self.embed_dim = self.num_features = int(config.hidden_size)
-        self.pretrained_cfg = {"input_size": (3, side, side), **stats}
+        self.pretrained_cfg = {"input_size": (3, side, side), **view.at(side)}
         self._grid = self.grid_size
         self._groups: list[Group] | None = None  # the latest input's layout groups, when it was a padded batch
         self._padded: PaddedLayouts | None = None
