@@ -186,3 +186,50 @@ def resize_center(images: torch.Tensor, short: int, size: int) -> torch.Tensor:
     """torchvision's bicubic antialiased resize of the shorter side to ``short``, then the centre ``size`` crop."""
     return v2.functional.center_crop(v2.functional.resize(images, [short], interpolation=v2.InterpolationMode.BICUBIC,
                                                            antialias=True), [size, size])
+
+
+TINY_TIMM = {"depth": 1, "embed_dim": 32, "num_heads": 2, "img_size": 64}
+
+
+@pytest.mark.parametrize("spec, pretrained", [("timm:vit_small_patch16_224", None),  # centre, crop 0.9, bicubic
+                                              ("timm:vit_base_patch32_clip_384.openai_ft_in12k_in1k", False)])  # squash
+def test_timm_models_follow_timms_eval_transform_on_photos_already_at_their_side(tmp_path, spec, pretrained):
+    """Photos already S x S (and mixed ones) reach a pretrained timm model as timm's own eval transform
+    (``create_transform(**resolve_data_config(model=model))``) makes them, crop_pct and crop_mode included: through
+    the commands' path (model_view_options, model_batches) and through load_dataset(view=model). Only a model that
+    names no crop (vitscope's own) keeps an S x S photo's pixels."""
+    import timm.data
+
+    from vitscope.analyze.inputs import model_batches, model_view_options
+    from vitscope.data import eval_batches
+    from vitscope.models import load
+
+    model = load(spec, pretrained=pretrained, **TINY_TIMM)
+    config = timm.data.resolve_data_config({"input_size": (3, 64, 64)}, model=model)  # the model's, at its 64 px
+    assert config["crop_pct"] < 1
+    transform = timm.data.create_transform(**config)
+    levels = torch.tensor(config["std"])[:, None, None] * 255
+    square, mixed = tmp_path / "square", make_layout(tmp_path / "mixed", "flat")
+    for i in range(3):
+        write_photo(square / f"{i}.png", 20 + i, 64, 64)
+    for root in (square, mixed):
+        files = sorted(f for f in root.rglob("*") if f.is_file())
+        theirs = torch.stack([transform(Image.open(f).convert("RGB")) for f in files])
+        commands = load_dataset("imagefolder", root, "eval", **model_view_options(model, "imagefolder"))
+        viewed = load_dataset("imagefolder", root, "eval", view=model)
+        for got in (next(model_batches(model, commands, 8, "cpu"))[0], next(eval_batches(viewed, 8))[0]):
+            diff = ((got - theirs) * levels).abs()
+            assert diff.mean() < 0.05 and diff.max() <= 2.01, (root.name, float(diff.mean()))
+    own = load("vit-micro")  # 32 px, no crop named: a 32 x 32 photo is fed as it is
+    for i in range(2):
+        write_photo(tmp_path / "own" / f"{i}.png", i, 32, 32)
+    data = load_dataset("imagefolder", tmp_path / "own", "eval", **model_view_options(own, "imagefolder"))
+    fed, _ = next(model_batches(own, data, 2, "cpu"))
+    raw = torch.stack([decode_image(str(tmp_path / "own" / f"{i}.png")) for i in range(2)])
+    torch.testing.assert_close(fed, normalize_like(raw, data))
+
+
+def normalize_like(images: torch.Tensor, data) -> torch.Tensor:
+    from vitscope.data import normalize
+
+    return normalize(images, data.mean, data.std)
