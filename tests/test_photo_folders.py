@@ -233,3 +233,43 @@ def normalize_like(images: torch.Tensor, data) -> torch.Tensor:
     from vitscope.data import normalize
 
     return normalize(images, data.mean, data.std)
+
+
+def test_the_python_api_and_analyze_see_the_same_photos_and_measure_the_same_mad(tmp_path):
+    """load_dataset(..., view=model) gives the pixels `vitscope analyze` feeds the model (its side, resize, crop
+    and bicubic interpolation), so the Python API's MAD of each head equals the command's on the same photos; the
+    API's old way (image_size=S: bilinear, the whole shorter side) measured another number."""
+    import transformers
+
+    import vitscope
+    from vitscope.data import eval_batches
+    from vitscope.models import load
+
+    torch.manual_seed(0)
+    config = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
+                                       image_size=518, patch_size=14)
+    dinov2 = transformers.Dinov2Model(config)
+    with torch.no_grad():  # sharp, content-driven attention: the pixels a head sees move its MAD
+        for name, param in dinov2.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight", "patch_embeddings.projection.weight")):
+                param.mul_(6)
+    dinov2.save_pretrained(tmp_path / "dinov2")
+    transformers.BitImageProcessor(size={"shortest_edge": 64}, crop_size={"height": 56, "width": 56}).save_pretrained(
+        tmp_path / "dinov2")  # DINOv2's 256 / 224 at a quarter: bicubic, shortest edge, centre crop
+    root = make_layout(tmp_path / "photos", "classes")
+    assert main(["analyze", "locality", "--model", f"hf:{tmp_path / 'dinov2'}", "--dataset", "imagefolder",
+                 "--data-dir", str(root), "--device", "cpu", "--out", str(tmp_path / "loc")]) == 0
+    heads = json.loads((tmp_path / "loc" / "locality.json").read_text())["heads"]
+    cli = torch.tensor([[row["mad"] for row in heads if row["layer"] == layer] for layer in (1, 2)])
+
+    def python_mad(**options):
+        model = load(f"hf:{tmp_path / 'dinov2'}").eval()
+        photos = load_dataset("imagefolder", root, "eval", **options)
+        with torch.no_grad(), vitscope.record_attention(model, keep="stats") as rec:
+            for images, _ in eval_batches(photos, 128):
+                model(images)
+        return rec.stats.mad
+
+    model = load(f"hf:{tmp_path / 'dinov2'}")
+    torch.testing.assert_close(python_mad(view=model), cli, atol=1e-6, rtol=0)
+    assert (python_mad(image_size=56) - cli).abs().max() > 1e-3
