@@ -28,6 +28,7 @@ from vitscope.data.pixels import model_view
 from vitscope.explorer.measure import ModelRecord, matched_layers, record_model
 from vitscope.explorer.page import render_page
 from vitscope.explorer.payload import build_payload
+from vitscope.lazy_import import submodule_getattr
 from vitscope.models import attention_sites
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -144,3 +145,5 @@ def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDatas
 
 
 __all__ = ["Explorer", "explore", "model_inputs"]
+
+__getattr__ = submodule_getattr(__name__)  # sub-modules on first use (PEP 562)
