@@ -16,10 +16,10 @@ Decoded images are cached as uint8 tensors (safetensors) in ``$VITSCOPE_CACHE/da
 ``~/.cache/vitscope``), keyed by the path, size and modification time of every file of the tree (or of the
 archive), so no image is decoded twice and an edited tree is decoded afresh.
 
-Images keep their own pixels unless a size is asked for (``image_size``) or they differ in size and the caller
-names the size they are brought to (``mixed_size``, e.g. the model's input side); then each image becomes its
-evaluation view (``vitscope.data.pixels.eval_view``: shorter side resized, centre crop, never stretched), the
-same pixels the streamed datasets give.
+Images keep their own pixels unless a view is asked for: ``view=model`` (the model's own transform,
+``vitscope.data.pixels.model_view``), a size (``image_size``: the view no model named, shorter side resized, centre
+crop), or, when they differ in size, the view they are brought to (``mixed_size``, e.g. the model's); then each image
+becomes that view (``vitscope.data.pixels.View``), the same pixels the streamed datasets give.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ Covered: ViTModel, DeiTModel (CLS and distillation token), Dinov2Model, Dinov2Wi
 as its processor does, one full grid per image; or its processor's padded output, a dict, is passed as it is, each
 image's layout from its ``spatial_shapes`` and padding left out of every metric).
 
+View. A folder's image processor sets the view its images are fed with and the model's input side
+(``models.adapters.hf_processor``): what ``transformers.AutoImageProcessor`` makes of an image, reproduced.
+
 Capture. The model is run with ``attn_implementation="vitscope_sdpa"``: transformers' own SDPA attention function,
 called unchanged, which first hands the queries and keys it receives (after any rotary embedding), the mask and the
 scale to an observer when one is attached. So the fast path stays on, outputs are those of ``"sdpa"``, and the

@@ -10,6 +10,9 @@ Towers built on a timm trunk (the SigLIP configs) are that timm model, which vit
 ``VisionTransformer`` (CLS first, then patches; ``ln_post`` its final norm) uses ``nn.MultiheadAttention``: its
 input is read by a hook and the queries and keys recomputed from ``in_proj_weight`` / ``in_proj_bias`` exactly as
 PyTorch's attention forms them, so the module keeps its fused path and its output.
+
+View. A tower is fed what OpenCLIP's own eval transform makes of an image (``view_cfg``): its preprocess config (the
+tag's registry entry over OpenCLIP's defaults), ``resize_mode`` shortest or squash, no further crop.
 """
 
 from __future__ import annotations
