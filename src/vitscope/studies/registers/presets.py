@@ -63,6 +63,12 @@ PAPER_MODELS = {
     "pvt-v2-b2": ("pvt_v2_b2", {}, DARCET),
     "pvt-v2-b5": ("pvt_v2_b5", {}, DARCET),
 }
+
+# The paper-scale command and our estimate of its cost (one forward pass per model; read by the report's opening)
+PAPER_SCALE = ("vitscope study registers --preset paper --weights-dir WEIGHTS --dataset imagefolder "
+               "--data-dir /data/imagenet-val --eval-images 5000 --out registers-paper",
+               f"about 1 hour on one GPU (H200 or A100 class) for the census of the {len(PAPER_MODELS)} pretrained "
+               "models on 5,000 images (an estimate)")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".bin")
 
 
