@@ -139,7 +139,7 @@ def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDatas
     if dataset is not None and captions is None:
         captions = dataset_captions(dataset)
     captions = list(captions) if captions is not None else [f"image {i + 1}" for i in range(len(pictures))]
-    pictures = shown_pictures(models[0], pictures, dataset)
+    originals, pictures = pictures, shown_pictures(models[0], pictures, dataset)
     sites = attention_sites(models[0])
     reference_depth = len(sites)
     if layers is not None and not all(-reference_depth <= int(i) < reference_depth for i in layers):
@@ -151,7 +151,8 @@ def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDatas
                          f"use 0..{most_heads - 1}")
     reference = list(range(reference_depth)) if layers is None else sorted({int(i) % reference_depth for i in layers})
     wanted = [matched_layers(reference, reference_depth, len(attention_sites(model))) for model in models]
-    inputs = [model_inputs(model, pictures, dataset, mean, std) for model in models]
+    # each model views the pictures themselves (a view of the shown view would crop twice where a model crops)
+    inputs = [model_inputs(model, originals, dataset, mean, std) for model in models]
     text = static_bytes(title)
     check_page_size(models, [sorted(set(w)) for w in wanted], [int(x.shape[-1]) for x in inputs], len(pictures),
                     heads, rows, max_bytes, fixed=sum(map(len, picture_urls(pictures))) + text)
