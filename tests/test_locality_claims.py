@@ -172,7 +172,7 @@ def test_the_scope_says_how_the_run_differs_from_the_paper():
     config = {"model": "vit-micro", "epochs": 6, "train_images": 10000}
     l4 = by_id(judge_runs(paper_runs(["baseline", "baseline+cutmix"], seeds=2, layers=4, heads=4, config=config),
                           dataset="cifar10"))["L4"]
-    assert l4.scope == ("vit-micro, 6 epochs, 2 seeds per condition, CIFAR-10 (10,000 training images) (the paper: "
+    assert l4.scope == ("vit-micro, 6 epochs, 2 seeds per condition, CIFAR-10, 10,000 training images (the paper: "
                         "compact ViT, CIFAR-100, one seed)")
     l1 = by_id(judge_runs(paper_runs(HEADLINE, seeds=2), dataset="synthetic"))["L1"]
     assert "synthetic scenes" in l1.scope and "CIFAR-10 / CIFAR-100 / Tiny-ImageNet" in l1.scope
@@ -211,3 +211,10 @@ def test_the_stored_long_cpu_run_is_judged_again_by_the_registry():
     assert "not recorded" in l4.details["unread"]
     assert found["L6-cutmix"].difference == pytest.approx(-0.044, abs=1e-3)
     assert found["L2"].verdict == "not testable" and "needs runs of modern and baseline" in found["L2"].reason
+
+
+def test_the_equivalence_margin_is_the_studys_measurably_local_margin():
+    from vitscope.claims.locality import EQUIVALENCE_MARGIN
+    from vitscope.studies.locality.verdicts import LOCAL_MARGIN
+
+    assert EQUIVALENCE_MARGIN == LOCAL_MARGIN

@@ -74,7 +74,7 @@ def test_report_of_a_null_result_says_so(tmp_path):
     assert "needs runs of modern and baseline" in verdicts  # the headline claims say what they need
     # the size beside the paper's, and the scale the verdict holds for beside the paper's
     assert "the opposite sign to the paper&#x27;s effect" in verdicts
-    assert "Scope: vit-micro, 1 epoch, 2 seeds per condition, synthetic scenes" in verdicts
+    assert "Scale of this verdict</i>: vit-micro, 1 epoch, 2 seeds per condition, synthetic scenes" in verdicts
     assert "(the paper: compact ViT, CIFAR-100, one seed)" in verdicts
     assert "Power: these seeds detect effects of about" in verdicts
     table = _section(text, "Claims checked", "The readings the seed leaves open")
@@ -111,7 +111,7 @@ def test_report_says_when_the_readings_disagree(tmp_path):
     item = verdicts[verdicts.index("<b>L4</b>"):]
     item = item[:item.index("</li>")]
     assert "Not testable" not in item.split("<b>L4</b>")[0]
-    assert "<i>The readings the seed leaves open disagree: with CLS counted at distance 0 in MAD it reads " \
+    assert "<b>The readings the seed leaves open disagree: with CLS counted at distance 0 in MAD it reads " \
            "reproduced" in item
 
 

@@ -35,24 +35,28 @@ def _bounds(j: Judgement) -> str:
             f"without &ge; {bounds['lower']:g}): {held}.")
 
 
-def _scope(j: Judgement) -> str:
-    return f' <span class="note">Scope: {_e(j.scope)}.</span>' if j.scope else ""
-
-
 def verdict_item(j: Judgement) -> str:
-    """One claim's line: verdict, id and statement, the paper's value, ours with the interval and size, the scope,
-    why, the power line and the readings note."""
+    """One claim's entry: the verdict, id and statement; then, a line each, ours (interval and size beside the
+    paper's), the paper's value and setting, the scale this verdict holds for, why (and the power line), and the
+    readings the seed leaves open."""
     css = j.verdict.replace(" ", "-")
     compared = f"{_e(j.a)} against {_e(j.b)}" if j.b else _e(j.a)
-    measured = f" Ours ({MEASURES.get(j.measure, _e(j.measure))}, {compared}): {_e(j.interval_text())}" \
-        f"{'; ' + _e(j.size) if j.size else ''}." if j.interval_text() else ""
-    readings = f" <i>{_e(j.readings_note)}</i>" if j.readings_note else (
-        f" The other readings agree ({_e('; '.join(r.name for r in j.readings))})." if j.readings else "")
-    unread = f" ({_e(j.details['unread'])}.)" if j.details.get("unread") else ""
-    return (f'<li><b class="{css}">{_e(j.verdict.capitalize())}</b> <b>{_e(j.claim_id)}</b>: {_e(j.statement)}. '
-            f"Paper: {_e(j.paper)}.{measured}{_bounds(j)}"
-            f"{_scope(j)} Why: {_e(j.reason)}."
-            f"{' Power: ' + _e(j.power) + '.' if j.power else ''}{readings}{unread}</li>")
+    lines = [f'<b class="{css}">{_e(j.verdict.capitalize())}</b> <b>{_e(j.claim_id)}</b>: {_e(j.statement)}.']
+    if j.interval_text():
+        size = f"; {_e(j.size)}" if j.size else ""
+        lines.append(f"<i>Ours</i> ({MEASURES.get(j.measure, _e(j.measure))}, {compared}): "
+                     f"{_e(j.interval_text())}{size}.{_bounds(j)}")
+    lines.append(f"<i>Paper</i>: {_e(j.paper)}.")
+    if j.scope:
+        lines.append(f"<i>Scale of this verdict</i>: {_e(j.scope)}.")
+    lines.append(f"<i>Why</i>: {_e(j.reason)}.{' Power: ' + _e(j.power) + '.' if j.power else ''}")
+    if j.readings_note:
+        lines.append(f"<i>Readings</i>: <b>{_e(j.readings_note)}</b>")
+    elif j.readings:
+        lines.append(f"<i>Readings</i>: the others agree ({_e('; '.join(r.name for r in j.readings))}).")
+    if j.details.get("unread"):
+        lines.append(f"<i>Not read</i>: {_e(j.details['unread'])}.")
+    return "<li>" + "<br>".join(lines) + "</li>"
 
 
 def verdicts(results: LocalityResults, uniform_note: str) -> str:

@@ -29,6 +29,7 @@ from vitscope.report.render import trusted
 from vitscope.studies.locality.readings import MAD_READINGS, layer_text
 from vitscope.studies.locality.records import LocalityRun
 from vitscope.studies.locality.results import LocalityResults, read_results
+from vitscope.studies.locality.scope import DATASETS
 from vitscope.studies.locality.verdicts import has_cutmix
 from vitscope.train.protocols import parse_protocol
 
@@ -109,7 +110,7 @@ def _scale_note(results: LocalityResults) -> str:
     train = runs[0].train_config
     epochs = sorted({r.train_config["epochs"] for r in runs})
     early = [i + 1 for i in _early(results)]
-    return (f"Measured on <b>{html.escape(results.dataset)}</b> with model "
+    return (f"Measured on <b>{html.escape(DATASETS.get(results.dataset, results.dataset))}</b> with model "
             f"<code>{html.escape(train['model'])}</code>"
             f"{' ' + html.escape(json.dumps(train['model_options'])) if train['model_options'] else ''}, "
             f"{' or '.join(_count(e, 'epoch') for e in epochs)}, batch {train['batch_size']}{_images_note(runs)}, "

@@ -22,8 +22,9 @@ def paper_datasets(claim: Claim) -> list[str]:
 
 
 def scope(claim: Claim, runs: list[LocalityRun], dataset: str) -> str:
-    """'vit-micro, 6 epochs, 2 seeds, CIFAR-10 (the paper: compact ViT, CIFAR-100, one seed)'; says where the run
-    matches the paper's model and data, and that the seed states no schedule."""
+    """'vit-micro, 6 epochs, 2 seeds per condition, CIFAR-10, 10,000 training images (the paper: compact ViT,
+    CIFAR-100, one seed)'; says where the run matches the paper's model and data, and that the seed states no
+    schedule."""
     if not runs:
         return ""
     configs = [r.train_config for r in runs]
@@ -37,7 +38,7 @@ def scope(claim: Claim, runs: list[LocalityRun], dataset: str) -> str:
     data = DATASETS.get(dataset, dataset)
     ours = ", ".join([" or ".join(models), *([" or ".join(_plural(e, "epoch") for e in epochs)] if epochs else []),
                       _plural(seeds, "seed") + " per condition",
-                      data + (f" ({' or '.join(f'{n:,}' for n in sorted(images))} training images)" if images else "")])
+                      data, *([f"{' or '.join(f'{n:,}' for n in sorted(images))} training images"] if images else [])])
     theirs = paper_datasets(claim)
     same_model, same_data = models == [PAPER_MODEL], data in theirs
     if same_model and same_data:

@@ -33,7 +33,7 @@ from vitscope.train.protocols import parse_protocol
 
 # normalised MAD below uniform attention that counts as measurably local: > 2x the farthest a uniformly attending
 # run's minimum early-layer MAD fell below uniform in the CPU ablation (0.024, 16 runs), > 4x its seed-to-seed
-# spread (sd <= 0.011 per condition), and a quarter of CutMix's effect in the paper (0.2); docs/definitions.md
+# spread (sd <= 0.011 per condition), and about a quarter of the paper's CutMix gap (0.186); docs/definitions.md
 LOCAL_MARGIN = 0.05
 HEADLINE = ("baseline", "modern")  # the pair L1 and L2 compare
 
