@@ -27,7 +27,7 @@ from vitscope.report.locality import claims as sections
 from vitscope.report.openings import locality_opening as opening
 from vitscope.report.render import trusted
 from vitscope.studies.locality.readings import MAD_READINGS, layer_text
-from vitscope.studies.locality.records import LocalityRun
+from vitscope.studies.locality.records import LocalityRun, as_runs
 from vitscope.studies.locality.results import LocalityResults, read_results
 from vitscope.studies.locality.scope import DATASETS
 from vitscope.studies.locality.verdicts import has_cutmix
@@ -134,8 +134,8 @@ def _images_note(runs: list[LocalityRun]) -> str:
 
 
 def layer_list(layers: list[int]) -> str:
-    """Layer numbers as a reader writes them: 'layer 1', 'layers 1 and 2', 'layers 1-3'."""
-    return layer_text(layers)
+    """Layer numbers as a reader writes them: '1', '1 and 2', '1-3', '1, 3 and 5'."""
+    return layer_text(layers).removeprefix("layers ").removeprefix("layer ")
 
 
 def effective_config(config: dict[str, Any], condition: str) -> dict[str, Any]:
@@ -164,14 +164,15 @@ def _uniform_note(results: LocalityResults) -> str:
             "more data (the paper preset) before reading the MAD comparisons.</p>")
 
 
-def _settings(results: LocalityResults) -> str:
+def _settings(results: LocalityResults | dict[str, Any]) -> str:
     """Settings shared by every run in one table, then the settings that differ, per run."""
-    configs = [effective_config(r.train_config, r.condition) for r in results.runs]
+    runs = as_runs(results["runs"]) if isinstance(results, dict) else results.runs
+    configs = [effective_config(r.train_config, r.condition) for r in runs]
     keys = list(dict.fromkeys(k for c in configs for k in c))
     shared = [k for k in keys if all(json.dumps(c.get(k)) == json.dumps(configs[0].get(k)) for c in configs)]
     varying = [k for k in keys if k not in shared]
     per_run = [{"run": f"{r.condition} seed {r.seed}", **{k: c.get(k) for k in varying}}
-               for r, c in zip(results.runs, configs, strict=True)]
+               for r, c in zip(runs, configs, strict=True)]
     return (f"<h3>Shared by all {len(configs)} runs</h3>"
             + table([{"setting": k, "value": configs[0].get(k)} for k in shared])
             + "<h3>Per run</h3>" + table(per_run, ["run", *varying]))
