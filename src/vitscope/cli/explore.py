@@ -60,8 +60,17 @@ def compare_entries(items: list[str]):
     return parse_model_entries(texts, "--compare")
 
 
+def model_label(spec: str, weights: str | None = None) -> str:
+    """The page's name for ``--model SPEC [--weights FILE]``: a named spec as written (``timm:NAME``, ``hf:ORG/NAME``),
+    a path by ``_label``; a weights file's name follows (``timm:vit_small_patch14_dinov2 @ dinov2s_imgfocus_timm``)."""
+    named = spec.split(":", 1)[0] in ("timm", "hf", "open_clip")
+    label = spec if named else _label(spec)
+    return f"{label} @ {Path(weights).stem}" if weights else label
+
+
 def _label(spec: str) -> str:
-    """A page label from a spec: its last path part (a run's ``<condition>/seed-<n>`` keeps both)."""
+    """A label from a path spec: its last path part (a run's ``<condition>/seed-<n>`` keeps both), in characters a
+    ``--compare LABEL=`` accepts."""
     path = Path(spec.rstrip("/"))
     name = f"{path.parent.name}-{path.name}" if path.name.startswith("seed-") and path.parent.name else path.name
     name = name or spec
@@ -92,7 +101,8 @@ def run_explore(args: argparse.Namespace) -> int:
                          f"1..{most_heads}")
     models = [model] + [entry.load() for entry in entries]
     changes = [c for c in (args.attention, f"reg{args.num_registers}" if args.num_registers else None) if c]
-    labels = [_label(args.model) + "".join(f" +{c}" for c in changes)] + [entry.label for entry in entries]
+    labels = [model_label(args.model, args.weights) + "".join(f" +{c}" for c in changes)]
+    labels += [entry.label for entry in entries]
     if len(set(labels)) < len(labels):
         labels = [f"{i + 1}:{label}" for i, label in enumerate(labels)]
     randoms = [has_random_weights(args.model, args.weights, args.pretrained)]

@@ -105,6 +105,13 @@ def shown_pictures(model: nn.Module, pictures: Tensor, dataset: ImageDataset | N
     return eval_view(pictures, side, crop, model_interpolation(model))
 
 
+def dataset_captions(dataset: ImageDataset) -> list[str]:
+    """A caption per image: its number, and its class where the set has more than one (a folder of photos is one
+    class named after the folder, which says nothing about the photo)."""
+    named = len(set(dataset.labels.tolist())) > 1 and bool(dataset.classes)
+    return [f"image {i + 1}" + (f": {dataset.classes[int(y)]}" if named else "") for i, y in enumerate(dataset.labels)]
+
+
 def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDataset, *,
             labels: Sequence[str] | None = None, layers: Sequence[int] | None = None,
             heads: Sequence[int] | None = None, threshold: str = "percentile:98", detect_layer: int = -1,
@@ -128,7 +135,7 @@ def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDatas
     dataset = images if isinstance(images, ImageDataset) else None
     pictures = _pictures(dataset.images if dataset is not None else images)
     if dataset is not None and captions is None:
-        captions = [dataset.classes[int(y)] if dataset.classes else str(int(y)) for y in dataset.labels]
+        captions = dataset_captions(dataset)
     captions = list(captions) if captions is not None else [f"image {i + 1}" for i in range(len(pictures))]
     pictures = shown_pictures(models[0], pictures, dataset)
     sites = attention_sites(models[0])
