@@ -86,7 +86,7 @@ def claims_table(results: LocalityResults) -> str:
     rows = [{"claim": j.claim_id, "test": j.kind, "measure": j.measure, "compared": f"{j.a} - {j.b}" if j.b else j.a,
              "difference": j.difference, "interval low": j.ci95_low, "interval high": j.ci95_high,
              "n": f"{j.n_a} vs {j.n_b} {j.unit}" if j.n_a else "", "method": j.method, "verdict": j.verdict,
-             "size beside the paper's": j.size, "power": j.power}
+             "size beside the paper's": j.size or None, "power": j.power or None}
             for j in results.judged() if j.difference is not None]
     return table(rows) if rows else "<p>(no claim had its conditions in this study)</p>"
 
