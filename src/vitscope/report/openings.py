@@ -74,10 +74,12 @@ def rows(study: str, claims: list[Judgement | dict[str, Any]]) -> list[dict[str,
             for j in judged]
 
 
-def locality_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    from vitscope.studies.locality.results import judged_claims
+def locality_claims(results: dict[str, Any]) -> list[Judgement]:
+    """The locality study's judged registry claims (a file written before the registry is judged again from its
+    runs)."""
+    from vitscope.studies.locality.results import read_results
 
-    return [c for c in judged_claims(results) if c.get("paper") is not None]
+    return read_results(results).claims
 
 
 def sparse_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -144,15 +146,26 @@ def _seeds(results: dict[str, Any]) -> int:
 
 
 def locality_opening(results: dict[str, Any]) -> str:
-    runs = results["runs"]
-    config = runs[0]["train_config"]
+    """The locality report's opening: what this run's model, schedule and data can test, and what they cannot."""
+    from vitscope.studies.locality.results import read_results
+    from vitscope.studies.locality.scope import DATASETS, PAPER_MODEL
+
+    typed = read_results(results)
+    seeds = _seeds({"runs": [r.to_json() for r in typed.runs]})
+    config = typed.runs[0].train_config
+    model, dataset = str(config["model"]), typed.dataset
     epochs = f"{config['epochs']} epoch{'s' if config['epochs'] != 1 else ''}"
-    scale = (f"This run trains <code>{html.escape(str(config['model']))}</code> for {epochs} on "
-             f"{html.escape(str(results['provenance']['dataset']))} with {_seeds(results)} seed(s) per condition. "
+    scale = (f"This run trains <code>{html.escape(model)}</code> for {epochs} on "
+             f"{html.escape(DATASETS.get(dataset, dataset))} with {seeds} seed(s) per condition. "
              "At this scale it can test whether the training protocol moves the early layers' attention distance "
              "and entropy in a small ViT, with a verdict from seeds;")
-    cannot = ("it cannot test the paper's CIFAR-100 effect sizes or its accuracy ranking, which need vit-compact "
-              "trained for 200 epochs.")
+    if model == PAPER_MODEL and dataset == "cifar100":
+        cannot = ("it runs the paper's model and data, but with vitscope's own schedule (the seed states no "
+                  "epochs, optimiser or batch size) and several seeds where the paper ran one.")
+    else:
+        cannot = ("it cannot test the paper's CIFAR-100 effect sizes or its accuracy gains, which need the paper's "
+                  "compact ViT on CIFAR-100 (vitscope's paper preset: vit-compact, with its own 200-epoch schedule, "
+                  "since the seed states none).")
     return opening("locality", results, scale, cannot)
 
 
