@@ -65,7 +65,8 @@ KIND = "registers-study"
 class RegistersStudy:
     """What to train and measure. ``preset`` (demo, paper, none) fills the defaults; explicit fields win.
 
-    ``registers``: register counts to train (None: the preset's; [] trains nothing); ``objectives``: training
+    ``registers``: register counts to train (None: the preset's, none for ``paper`` and ``none``; [] trains
+    nothing); ``objectives``: training
     objectives, each trains every register count (None: the preset's); ``models``: given models;
     ``plant``: ``{"model": LABEL, "layer": BLOCK (0-based), "count": K, "scale": S}`` measures that model again
     with planted outliers, as ``LABEL+planted`` (``"preset"``: the demo plants in reg0); ``census`` and
@@ -106,9 +107,8 @@ class RegistersStudy:
         unknown = [o for o in self.objectives if o not in OBJECTIVES]
         if unknown or not self.objectives or len(set(self.objectives)) != len(self.objectives):
             raise ValueError(f"objectives {self.objectives} must be distinct names from {', '.join(OBJECTIVES)}")
-        if self.registers is None:
-            self.registers = [0, 4] if self.preset.startswith("demo") else ([] if self.preset == "paper"
-                                                                            else [0, 1, 4, 16])
+        if self.registers is None:  # 'none' trains only the register counts asked for
+            self.registers = [0, 4] if self.preset.startswith("demo") else []
         if any(r < 0 for r in self.registers):
             raise ValueError(f"register counts {self.registers} must be >= 0")
         if not self.seeds:
