@@ -137,17 +137,30 @@ def test_no_family_gets_another_familys_direction():
     assert by_id["R4-texture"].verdict == "not testable" and "no Swin model" in by_id["R4-texture"].reason
 
 
-def test_r1_needs_a_census_across_families_to_fail():
+def test_absence_needs_pretrained_models_and_r1_several_families():
     models, rows = planted_study()
     clean = [m for m in models if m["label"] in ("dino-s16",)]
     one = {j.claim_id: j for j in judge_claims(rows, clean)}["R1"]
-    assert one.verdict == "inconclusive" and "1 family (dino)" in one.reason  # one clean family refutes nothing
+    assert one.verdict == "inconclusive" and "(here: dino)" in one.reason  # one clean family refutes nothing
     rows += mode_rows("vit-b", 12, set())
     two = clean + [model("vit-b", "timm:vit_base_patch16_224", 86_000_000, weights="b.safetensors")]
     assert {j.claim_id: j for j in judge_claims(rows, two)}["R1"].verdict == "not reproduced"
     large = [model("big", "timm:vit_large_patch16_224", 304_000_000, weights="l.safetensors")]
     rows += mode_rows("big", 24, {20})
     assert {j.claim_id: j for j in judge_claims(rows, large)}["R1"].verdict == "not testable"  # no small model
+
+
+def test_runs_trained_here_count_when_they_grow_a_mode_not_when_they_do_not():
+    dino = {"objective": "dino", "registers": 0, "seed": 0, "knn_top1": 0.3}
+    runs = [model("dino-reg0", "runs/dino-reg0", 5_000_000, training=dino),
+            model("reg0", "runs/reg0", 5_000_000, training=dict(dino, objective="supervised"))]
+    rows = mode_rows("dino-reg0", 4, set()) + mode_rows("reg0", 4, set())
+    by_id = {j.claim_id: j for j in judge_claims(rows, runs)}
+    assert by_id["R2"].verdict == "inconclusive" and "models trained here" in by_id["R2"].reason
+    assert by_id["R1"].verdict == "inconclusive"
+    grown = mode_rows("dino-reg0", 4, {4}) + mode_rows("reg0", 4, {3})
+    by_id = {j.claim_id: j for j in judge_claims(grown, runs)}
+    assert by_id["R2"].verdict == "not reproduced" and by_id["R1"].verdict == "reproduced"
 
 
 def test_planted_and_random_models_are_never_evidence():
@@ -215,3 +228,17 @@ def test_families_and_pairs():
     other_size = [dict(m, entry={**m["entry"], "options": {"img_size": 518}}) if m["label"] == "dinov2-l14-reg4"
                   else m for m in models]
     assert register_pairs(other_size) == []  # another input size is another measurement, not a pair
+
+
+def test_the_interval_resamples_images_not_tokens():
+    """Whole images right or wrong: the family's interval is wider than one that treats tokens as independent."""
+    models, rows = planted_study()
+    rows = [r for r in rows if not (r["metric"] == "class_top1" and r["model"] in ("vit-l", "vit-s"))]
+    per_image = [[1.0] * 4 if RNG.random() < 0.9 else [0.0] * 4 for _ in range(IMAGES)]
+    normal = [[1.0] * 4 if RNG.random() < 0.5 else [0.0] * 4 for _ in range(IMAGES)]
+    rows += [unit_row("vit-s", 12, "high-norm", "class_top1", per_image),
+             unit_row("vit-s", 12, "normal", "class_top1", normal)]
+    j = {j.claim_id: j for j in judge_claims(rows, models)}["R8-global"]
+    assert j.unit == "images" and j.n_a == IMAGES and "cluster-robust t over images" in j.method
+    naive = 1.96 * np.sqrt(sum(np.var(np.ravel(g)) / (4 * IMAGES) for g in (per_image, normal)))
+    assert (j.ci95_high - j.ci95_low) / 2 > 1.5 * naive

@@ -1,13 +1,14 @@
 """Presets of the registers study: the demo's models and recipe, and the paper's list of timm models.
 
 * ``demo``: vit-micro with 0 and 4 registers trained (supervised) on synthetic scenes (the recipe below), plus
-  randomly initialised timm ViT, Swin and PVT-v2 at small sizes: these show the plumbing on each geometry, not
-  findings (random weights grow no artifacts);
+  randomly initialised timm ViT, Swin and PVT-v2 at small sizes: these show the plumbing on each geometry, never
+  evidence (random weights are no model of any paper);
 * ``demo-dino``: the demo's registers comparison under both objectives: vit-micro with 0 and 4 registers,
   supervised and DINO (the shipped ``dino-demo`` recipe, shortened), same synthetic scenes and seeds; kept
   apart from ``demo`` so that the demo stays within its minutes;
 * ``paper``: DeiT-III, DINO, DINOv2 (with and without registers), DINOv3 (S/16, B/16), EVA-02 (S/14), SigLIP2
-  (B/16), OpenCLIP, Swin and PVT-v2 at small and large sizes, each with its high-norm thresholds
+  (B/16), OpenCLIP, Swin and PVT-v2 at small and large sizes (vitscope's choice, after Darcet et al.'s families:
+  seed 004 names no model), each with its high-norm thresholds
   (``PAPER_MODELS``), each loaded from ``WEIGHTS_DIR/<timm name>.safetensors`` (or ``.pth`` / ``.bin``), which the
   user downloads (vitscope never does); images: ImageNet validation.
 """

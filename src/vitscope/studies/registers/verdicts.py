@@ -7,8 +7,10 @@ the study's rows and models by the one rule (``vitscope.claims.judge``), once pe
   test, the seed names none). Planted and randomly initialised models are never evidence
   (``measured.evidence``).
 - R1 (some small models grow them): a census of the small models (under ``LARGE_PARAMETERS``, vitscope's line).
-  The claim is existential and depends on architecture, so clean small models refute it only when they span at
-  least ``MIN_FAMILIES`` families; fewer read inconclusive. R2 (DINO v1 never does): a census of DINO (v1) models.
+  R2 (DINO v1 never does): a census of DINO (v1) models. A census verdict that rests on absence (R1 not reproduced,
+  R2 reproduced) needs pretrained models given with their weights: clean models trained here (often for minutes)
+  show nothing about the paper's; and R1, existential and architecture-dependent, needs clean given small models of
+  ``MIN_FAMILIES`` or more families. Otherwise such a verdict reads inconclusive.
 - R3, R4-*, R5-*, R8-*: the high-norm group against the other patches of the same images, at each model's deepest
   layer that has a separate mode and the measure, pooled over the family's models with images as clusters (an image
   seen by several models is one cluster), at least ``MIN_HELD_OUT`` held-out tokens per group and model.
@@ -40,7 +42,7 @@ from vitscope.studies.registers.measured import (
 )
 
 MIN_HELD_OUT = 16  # held-out tokens per group and model below which a comparison is no evidence
-MIN_FAMILIES = 2  # R1 reads 'not reproduced' only when the clean small models span this many families
+MIN_FAMILIES = 2  # R1 reads 'not reproduced' only when the clean given small models span this many families
 FAMILY_NAMES = {"plain": "plain ViT", "dino": "DINO (v1)", "swin": "Swin", "pvt": "PVT"}
 OUR_TEST = ("a model has high-norm tokens at a layer when that layer's own patch-token norms have a separate mode "
             "(vitscope's largest-gap test; the seed names no test or threshold)")
@@ -90,30 +92,35 @@ def _scope(models: list[dict[str, Any]], data: str, extra: str = "") -> str:
     return "; ".join(p for p in parts if p)
 
 
-def _census(c: Claim, candidates: list[dict[str, Any]], rows: Rows, data: str, what: str) -> Judgement:
+def _census(c: Claim, candidates: list[dict[str, Any]], rows: Rows, data: str, what: str, families: int = 1
+            ) -> Judgement:
+    """A census claim on ``candidates``. A verdict that rests on absence (R1: none has them; R2: none has them)
+    needs pretrained models given with their weights, of ``families`` or more families: models trained here, or
+    one family's models, cannot show that none grows them; such a verdict reads inconclusive."""
     tested = [m for m in candidates if mode_tested(rows, m["label"])]
     if not tested:
         why = f"no {what} was measured" if not candidates else \
             f"the results of {', '.join(m['label'] for m in candidates)} predate the per-layer mode test; measure again"
         return missing(c, why, scope=_scope(candidates, data))
     layers = {m["label"]: artifact_layers(rows, m["label"]) for m in tested}
-    families = sorted({family(m) for m in tested})
-    details = {"layers": layers, "families": families, "parameters": {m["label"]: m.get("parameters") for m in tested}}
-    return judge_census(c, {label: bool(found) for label, found in layers.items()}, details=details,
-                        scope=_scope(tested, data, f"{what}; {OUR_TEST}"))
+    given = sorted({family(m) for m in tested if origin(m) == "given"})
+    details = {"layers": layers, "given_families": given,
+               "parameters": {m["label"]: m.get("parameters") for m in tested}}
+    j = judge_census(c, {label: bool(found) for label, found in layers.items()}, details=details,
+                     scope=_scope(tested, data, f"{what}; {OUR_TEST}"))
+    absent = j.verdict == ("not reproduced" if c.test.expect else "reproduced")
+    if absent and len(given) < families:
+        j = dataclasses.replace(j, verdict="inconclusive", reason=(
+            f"{j.reason}; a verdict that rests on absence needs pretrained models of {families} or more "
+            f"famil{'ies' if families > 1 else 'y'} given with their weights (here: {', '.join(given) or 'none'}): "
+            "models trained here, or one family's models, cannot show that none grows them"))
+    return j
 
 
 def _r1(rows: Rows, models: list[dict[str, Any]], data: str) -> Judgement:
-    c = claim("R1")
     small = [m for m in evidence(models) if not is_large(m)]
-    j = _census(c, small, rows, data, f"small models (under {LARGE_PARAMETERS / 1e6:.0f}M parameters: vitscope's "
-                                      "line, the seed names no size)")
-    families = j.details.get("families", [])
-    if j.verdict == "not reproduced" and len(families) < MIN_FAMILIES:
-        j = dataclasses.replace(j, verdict="inconclusive", reason=f"{j.reason}; clean small models of "
-                                f"{len(families)} family ({', '.join(families)}) cannot show that no small model of "
-                                f"any architecture grows them (needs {MIN_FAMILIES} or more families)")
-    return j
+    return _census(claim("R1"), small, rows, data, f"small models (under {LARGE_PARAMETERS / 1e6:.0f}M parameters: "
+                                                   "vitscope's line, the seed names no size)", MIN_FAMILIES)
 
 
 def _deepest(rows: Rows, label: str, layers: list[int], measure: str, groups: tuple[str, str]
