@@ -24,7 +24,7 @@ ARTIFACT_TEST = (f"the split at the largest gap in the upper tail of a layer's l
 
 def _item(j: Judgement) -> str:
     c = claim(j.claim_id)
-    family = f" ({FAMILY_NAMES[j.family]})" if j.family else ""
+    family = f" [{FAMILY_NAMES[j.family]}]" if j.family else ""
     compared = f"{j.a} - {j.b}" if j.a and j.b else j.a
     parts = [f"<b>{html.escape(j.claim_id)}</b>{html.escape(family)} "
              f"<span class='{CSS.get(j.verdict, 'untested')}'>{html.escape(j.verdict)}</span>: "
@@ -33,9 +33,10 @@ def _item(j: Judgement) -> str:
     measured = "; ".join(p for p in (j.interval_text(), j.size) if p)
     if measured:
         where = f" at layer {j.layer}" if j.layer is not None else ""
+        method = f", {j.method}" if j.method and j.method != "none" else ""
         parts.append(f"<br><i>Measured</i> ({html.escape(j.measure or c.measure)}, {html.escape(compared)}{where}, "
-                     f"{j.n_a} vs {j.n_b} {html.escape(j.unit)}, {html.escape(j.method)}): {html.escape(measured)}.")
-    parts.append(f"<br><i>Why:</i> {html.escape(j.reason)}" + (f" {html.escape(j.power)}" if j.power else ""))
+                     f"{j.n_a} vs {j.n_b} {html.escape(j.unit)}{html.escape(method)}): {html.escape(measured)}.")
+    parts.append(f"<br><i>Why:</i> {html.escape(j.reason)}." + (f" {html.escape(j.power)}." if j.power else ""))
     if j.readings_note:
         parts.append(f"<br><i>Readings:</i> {html.escape(j.readings_note)}")
     if j.scope:
@@ -51,8 +52,9 @@ def claims_section(claims: list[Judgement]) -> str:
              f"are censuses of the models measured here (small: under {LARGE_PARAMETERS / 1e6:.0f}M parameters, "
              f"vitscope's line). A verdict that rests on absence (R1 not reproduced, R2 reproduced) needs pretrained "
              f"models given with their weights, for R1 of {MIN_FAMILIES} or more families: models trained here show "
-             "nothing about the paper's by growing none. Each family is judged by its own claim's direction (a plain ViT's high-norm "
-             "tokens lose their patch, Swin's keep its texture, PVT's keep position), never another family's. "
+             "nothing about the paper's by growing none. Each family is judged by its own claim's direction (a "
+             "plain ViT's high-norm tokens lose their patch, Swin's keep its texture, PVT's keep position), never "
+             "another family's. "
              "Comparisons of high-norm and normal tokens use the one rule of every study "
              "(<code>vitscope.stats</code>): a 95 % interval that resamples images, never tokens, at each model's "
              f"deepest layer with a separate mode, with at least {MIN_HELD_OUT} held-out tokens per group; a "

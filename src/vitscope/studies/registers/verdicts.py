@@ -85,6 +85,8 @@ def _layers(used: list[tuple[dict[str, Any], int]]) -> str:
 
 
 def _scope(models: list[dict[str, Any]], data: str, extra: str = "") -> str:
+    if not models:
+        return f"no such model among those measured here on {data or 'the study data'}"
     images = max((m.get("num_images") or 0 for m in models), default=0)
     parts = [f"{len(models)} model{'s' if len(models) != 1 else ''} measured here on {data or 'the study data'} "
              f"({images} images): {_described(models)}", extra,
