@@ -242,3 +242,30 @@ def test_the_interval_resamples_images_not_tokens():
     assert j.unit == "images" and j.n_a == IMAGES and "cluster-robust t over images" in j.method
     naive = 1.96 * np.sqrt(sum(np.var(np.ravel(g)) / (4 * IMAGES) for g in (per_image, normal)))
     assert (j.ci95_high - j.ci95_low) / 2 > 1.5 * naive
+
+
+def test_the_real_vit_small_claims_are_current_and_read_only_what_the_summaries_allow(tmp_path):
+    """docs/results/real-vit-small/claims.json is what benchmarks/real_vit_small_claims.py makes of the stored
+    results; a layer whose largest norm reaches twice its median stops it (a mode cannot be ruled out there)."""
+    import importlib.util
+    import json
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("real_claims", root / "benchmarks" / "real_vit_small_claims.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    page = root / "docs" / "results" / "real-vit-small"
+    shutil.copy(page / "results.json", tmp_path / "results.json")
+    made = json.loads(script.main(tmp_path).read_text())
+    assert made == json.loads((page / "claims.json").read_text())
+    assert {c["claim_id"]: c["verdict"] for c in made} == {"R1": "inconclusive", "R3": "not testable",
+                                                          "R8-local": "not testable", "R8-global": "not testable",
+                                                          "R9": "not testable"}
+    stored = json.loads((page / "results.json").read_text())
+    stored["norms"]["cifar10"]["per_layer"][0]["patch_norm_max"] = 3 * stored["norms"]["cifar10"]["per_layer"][0][
+        "patch_norm_p50"]
+    (tmp_path / "results.json").write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match="cannot be ruled out"):
+        script.main(tmp_path)

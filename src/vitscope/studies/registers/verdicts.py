@@ -44,8 +44,7 @@ from vitscope.studies.registers.measured import (
 MIN_HELD_OUT = 16  # held-out tokens per group and model below which a comparison is no evidence
 MIN_FAMILIES = 2  # R1 reads 'not reproduced' only when the clean given small models span this many families
 FAMILY_NAMES = {"plain": "plain ViT", "dino": "DINO (v1)", "swin": "Swin", "pvt": "PVT"}
-OUR_TEST = ("a model has high-norm tokens at a layer when that layer's own patch-token norms have a separate mode "
-            "(vitscope's largest-gap test; the seed names no test or threshold)")
+OUR_TEST = "high-norm tokens: a separate mode in a layer's own norms (vitscope's largest-gap test)"
 GROUPS = ("high-norm group: patches above the census's first threshold (auto: the separate mode's split, set on the "
           "detection layer); normal: the other patches of the same images")
 CLS_PROBE = ("a logistic image classifier on CLS and on CLS with the mean high-norm token, same images, per held-out "
@@ -90,7 +89,7 @@ def _scope(models: list[dict[str, Any]], data: str, extra: str = "") -> str:
     images = max((m.get("num_images") or 0 for m in models), default=0)
     parts = [f"{len(models)} model{'s' if len(models) != 1 else ''} measured here on {data or 'the study data'} "
              f"({images} images): {_described(models)}", extra,
-             "the paper's models, data and threshold are not named in the seed"]
+             "the seed names none of the paper's models, data or thresholds"]
     return "; ".join(p for p in parts if p)
 
 
