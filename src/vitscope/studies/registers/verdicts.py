@@ -112,9 +112,10 @@ def _census(c: Claim, candidates: list[dict[str, Any]], rows: Rows, data: str, w
     absent = j.verdict == ("not reproduced" if c.test.expect else "reproduced")
     if absent and len(given) < families:
         j = dataclasses.replace(j, verdict="inconclusive", reason=(
-            f"{j.reason}; a verdict that rests on absence needs pretrained models of {families} or more "
-            f"famil{'ies' if families > 1 else 'y'} given with their weights (here: {', '.join(given) or 'none'}): "
-            "models trained here, or one family's models, cannot show that none grows them"))
+            f"{j.reason}; a verdict that rests on absence needs "
+            + (f"pretrained models of {families} or more families" if families > 1 else "a pretrained model")
+            + f" given with their weights (here: {', '.join(given) or 'none'}): models trained here"
+            + (", or one family's models," if families > 1 else "") + " cannot show that none grows them"))
     return j
 
 
