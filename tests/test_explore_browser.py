@@ -210,7 +210,9 @@ def test_swin_attention_is_drawn_in_its_window(browser, tmp_path):
 def test_norm_view_marks_the_planted_high_norm_tokens_and_shows_register_norms(browser, tmp_path):
     torch.manual_seed(0)
     model = create("vit-micro", num_registers=2).eval()
-    images = pictures(4, 32, seed=1)
+    # 8 images: the auto split leaves at least 5 tokens above it (vitscope.metrics.norms.MIN_COUNT), so one planted
+    # token per image needs 5 images or more to be split off
+    images = pictures(8, 32, seed=1)
     with plant_outliers(model, layer=1, count=1, scale=20.0) as planted:  # after block 2 (1-based)
         explorer = vitscope.explore(model, images, threshold="auto")
         with torch.no_grad(), record_tokens(model, keep="norms") as tokens:

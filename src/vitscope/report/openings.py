@@ -17,7 +17,6 @@ from typing import Any
 from vitscope.claims import Judgement
 from vitscope.studies.locality.presets import PAPER_SCALE as LOCALITY_SCALE
 from vitscope.studies.models import loads_random_weights
-from vitscope.studies.registers.findings import model_groups
 from vitscope.studies.registers.presets import PAPER_SCALE as REGISTERS_SCALE
 from vitscope.studies.sparse.presets import PAPER_SCALE as SPARSE_SCALE
 
@@ -86,12 +85,10 @@ def sparse_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     return list(results.get("claims", []))
 
 
-def registers_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    from vitscope.studies.registers.findings import PUBLISHED, findings
+def registers_claims(results: dict[str, Any]) -> list[Judgement]:
+    from vitscope.studies.registers.results import RegistersResults
 
-    found = findings(results["rows"], results["models"])
-    return [{**f, "published": f.get("published") or PUBLISHED.get(f.get("finding"), f.get("finding"))}
-            for f in found]
+    return RegistersResults.from_json(results).claims
 
 
 CLAIMS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
@@ -192,23 +189,8 @@ def sparse_opening(results: dict[str, Any]) -> str:
 
 def registers_opening(results: dict[str, Any]) -> str:
     """The registers report's opening: which models were measured (pretrained as given, trained here, random or
-    planted) and what that lets this run test."""
-    models = results["models"]
-    groups = model_groups(models)
-    given, trained, random = groups["given"], groups["trained"], groups["random"]
-    kinds = [f"{', '.join(given)} with the weights given" if given else "",
-             f"{', '.join(trained)} trained here for minutes" if trained else "",
-             f"{', '.join(random)} with random weights (they show that the census runs on each architecture, not "
-             "findings)" if random else "",
-             "a model with planted outliers whose answer is known" if groups["planted"] else ""]
-    count = f"{len(models)} model" + ("s" if len(models) != 1 else "")
-    scale = (f"This run measures {count} on {html.escape(str(results['provenance']['dataset']))}: "
-             + html.escape("; ".join(k for k in kinds if k)) + ". At this scale it can test the detector, the census "
-             "and the probes" + (", and whether the given models grow artifacts" if given else "")
-             + (", and whether small, briefly trained models grow them (the paper says they do not)" if trained else "")
-             + ";")
-    cannot = ("it cannot test whether large, long-trained models (DINOv2, OpenCLIP, DeiT-III) grow them, which "
-              "needs their pretrained weights." if not given else
-              "its verdicts rest on the models given alone, not on the paper's whole set (DINOv2, OpenCLIP, "
-              "DeiT-III and others, at every size).")
-    return opening("registers", results, scale, cannot)
+    planted) and what that lets this run test (``vitscope.report.registers.claims.scale_sentences``)."""
+    from vitscope.report.registers.claims import scale_sentences
+    from vitscope.studies.registers.results import RegistersResults
+
+    return opening("registers", results, *scale_sentences(RegistersResults.from_json(results)))
