@@ -212,3 +212,37 @@ def test_results_round_trip_and_older_files_are_read():
     assert math.isnan(read.differences[1].ci95_low)
     with pytest.raises(ValueError, match="newer than this vitscope reads"):
         SparseResults.from_json({**results.to_json(), "schema_version": 3})
+
+
+def test_every_seed_of_both_sides_is_used():
+    records = [record("entmax15", s, linear=v) for s, v in enumerate((0.64, 0.49, 0.485))]
+    records.append(record("softmax", 0, linear=0.49))
+    j = by_id(judge_claims(records, {"preset": "demo"}))["S4"]
+    assert j.difference == pytest.approx((0.64 + 0.49 + 0.485) / 3 - 0.49)
+    assert (j.n_a, j.n_b) == (3, 1) and j.values_a == [0.64, 0.49, 0.485] and j.verdict == "inconclusive"
+
+
+def test_dinos_linear_feature_is_the_last_four_blocks_cls_after_the_final_norm():
+    """Against DINO's own recipe: ``get_intermediate_layers(x, n=4)`` (the last four blocks, each through the final
+    norm), CLS of each concatenated in block order; here through the model's ``forward_intermediates``."""
+    import torch
+
+    from vitscope.data import load_dataset
+    from vitscope.models import create
+    from vitscope.probes.features import extract_features
+    from vitscope.probes.image import dino_last4_cls, dino_last4_layers
+
+    assert dino_last4_layers(12) == [9, 10, 11, 12] and dino_last4_layers(4) == [1, 2, 3, 4]
+    assert dino_last4_layers(2) == [1, 2]
+    torch.manual_seed(0)
+    model = create("vit-micro", depth=6).eval()
+    data = load_dataset("synthetic", None, "eval", num_images=4)
+    features = extract_features(model, data, dino_last4_layers(6), cache=False, progress=False)
+    got = dino_last4_cls(features, 6)
+    from vitscope.analyze.inputs import model_batches
+
+    images, _ = next(model_batches(model, data, 4, torch.device("cpu")))
+    with torch.no_grad():
+        want = torch.cat([t[:, 0] for t in model.forward_intermediates(images, 4, norm=True)], dim=1)
+    assert got.shape == (4, 4 * model.embed_dim)
+    torch.testing.assert_close(got, want.half().float())  # the features are stored in float16

@@ -186,7 +186,7 @@ def test_report_renders_in_headless_chromium(killed_then_finished, tmp_path):
     report = build_report(out)
     text = report.read_text()
     assert "src=\"http" not in text and "<script" not in text  # self-contained
-    for heading in ("The paper&#39;s claims, judged", "Paper-style table", "Semantic diffusion per layer",
+    for heading in ("The paper's claims, judged", "Paper-style table", "Semantic diffusion per layer",
                     "Layer-wise segmentation mIoU",
                     "Attention sparsity per layer",
                     "PCA maps", "CLS attention per head", "Settings", "Provenance"):
@@ -240,15 +240,15 @@ def test_report_prints_each_claim_with_its_size_scale_and_power(killed_then_fini
 
     out, _ = killed_then_finished
     text = build_report(out).read_text()
-    section = text[text.index("The paper&#39;s claims, judged"):text.index("Paper-style table")]
+    section = text[text.index("The paper's claims, judged"):text.index("Paper-style table")]
     for cid in ("S1", "S4", "S4-reg4", "S9", "S11", "S12"):
         assert f"<b>{cid}</b>" in section, cid
     for label in ("measured", "why", "scale", "the paper"):
         assert f"<i>{label}</i>" in section
     assert "needs &gt;= 2 seeds per side" in section  # the test's one seed per side
-    assert "not the paper&#39;s setting: this run vit-micro" in section
+    assert "not the paper&#x27;s setting: this run vit-micro" in section
     differences = text[text.index("Measured differences without a paper claim"):text.index("Semantic diffusion per")]
-    assert "vitscope&#39;s semantic diffusion (a)" in differences and "<th>95 % interval</th>" in differences
+    assert "vitscope&#x27;s semantic diffusion (a)" in differences and "<th>95 % interval</th>" in differences
 
 
 def test_a_timm_model_is_measured_at_img_size(tmp_path, monkeypatch):

@@ -5,8 +5,9 @@ it. The closest published method we found is the layer specialization of Marouan
 Patch Token Interaction in Vision Transformers" (arXiv 2602.08626): separate parameters for the CLS token and the
 patch tokens in the normalisation layers and in the query-key-value projections of the early blocks, attention
 still mixing every token, about 8 % more parameters and no extra compute. Its public abstract does not say which
-early blocks; vitscope takes the first third (``specialized_qkv_blocks``), which gives the abstract's 8 % on a
-ViT-S/16 (4 of 12 blocks, +8.2 %). So vitscope's variant, stated once here:
+early blocks (a third-party summary says the first half, 12.5 % more); vitscope takes the first third
+(``specialized_qkv_blocks``), which gives the abstract's 8 % on a ViT-S/16 (4 of 12 blocks, +8.3 %). That the seed's
+baseline is this method is our reading, not the seed's. So vitscope's variant, stated once here:
 
 - every LayerNorm (both of each block and the final one) has a second affine pair for the CLS token
   (``cls_weight``, ``cls_bias``; the statistics are per token, as in any LayerNorm);
