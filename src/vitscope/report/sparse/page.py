@@ -44,11 +44,13 @@ DEFINITIONS = {
     "seg:NAME miou / depth:NAME rmse": "dense probes: batch norm + 1x1 linear head on the patch-token map "
                                        "(optionally with CLS concatenated), bilinear upsampling; mIoU from one "
                                        "confusion matrix; RMSE the mean of per-image RMSE",
-    "pib": "Point-in-Box: % of images whose top patch by CLS attention (mean over heads) has its centre in a box; "
-           "chance = mean fraction of patch centres in boxes",
-    "diffusion_top1": "semantic diffusion (a): top-1 on held-out images of an image-class logistic regression "
+    "pib": "Point-in-Box (vitscope's definition; the seed defines none): % of images whose top patch by CLS "
+           "attention (mean over heads) has its centre in a box; chance = mean fraction of patch centres in boxes",
+    "diffusion_top1": "vitscope's semantic diffusion (a) (the seed defines no measure): top-1 on held-out images of "
+                      "an image-class logistic regression "
                       "trained on single background patch tokens (centre outside every object box or mask)",
-    "diffusion_cosine": "semantic diffusion (b): mean cosine similarity between background patch tokens and CLS",
+    "diffusion_cosine": "vitscope's semantic diffusion (b): mean cosine similarity between background patch tokens "
+                        "and CLS",
     "verdict": "each claim of the registry (vitscope.claims.sparse) judged once by the one rule "
                "(vitscope.stats.compare), one value per seed: a difference claim is reproduced when the 95 % interval "
                "excludes 0 in the paper's direction and the difference reaches half the paper's effect, not "

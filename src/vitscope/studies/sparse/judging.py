@@ -78,23 +78,21 @@ def _side(groups: Groups, condition: str, reader: Callable[[V.Record], float]) -
     return None if runs is None else [reader(r) for r in runs]
 
 
-def _absent(c: Claim, groups: Groups, a: list[float] | None, b: list[float] | None, what: str,
-            scope: str) -> Judgement | None:
+def _absent(c: Claim, groups: Groups, a: list[float] | None, b: list[float] | None, what: str) -> Judgement | None:
     """'not testable' when a condition was not run or a side has no measured value of ``what``."""
     for name, side in ((c.a, a), (c.b, b)):
         if side is None:
             present = ", ".join(groups) or "none"
-            return missing(c, f"no {name} runs in this study (conditions: {present}); add it with --conditions",
-                           scope=scope)
+            return missing(c, f"no {name} runs in this study (conditions: {present}); add it with --conditions")
         if not any(math.isfinite(v) for v in side):
-            return missing(c, f"{what} was not measured in the {name} runs", scope=scope)
+            return missing(c, f"{what} was not measured in the {name} runs")
     return None
 
 
 def _pair(c: Claim, groups: Groups, reader: Callable[[V.Record], float], what: str, scope: str,
           readings: dict[str, Callable[[V.Record], float]] | None = None) -> Judgement:
     a, b = _side(groups, c.a, reader), _side(groups, c.b, reader)
-    absent = _absent(c, groups, a, b, what, scope)
+    absent = _absent(c, groups, a, b, what)
     if absent is not None:
         return absent
     other = {name: (_side(groups, c.a, r), _side(groups, c.b, r)) for name, r in (readings or {}).items()}
@@ -124,7 +122,7 @@ def _paper_set(c: Claim, groups: Groups, records: list[V.Record], group: str, sc
     if group not in measured:
         return missing(c, f"this run measures no {group.split(':')[1]} set (it measures "
                           f"{', '.join(g.split(':')[1] for g in measured) or 'none'}); the paper's numbers are per "
-                          f"set, so {c.id} is judged on {group.split(':')[1]} alone", scope=scope)
+                          f"set, so {c.id} is judged on {group.split(':')[1]} alone")
     return _on_set(c, groups, group, scope, with_cls)
 
 
@@ -133,7 +131,7 @@ def _every_set(c: Claim, groups: Groups, records: list[V.Record], scope: str) ->
     when any is, else inconclusive; the numbers shown are the weakest set's."""
     sets = V.dense_groups(records, "seg")
     if not sets:
-        return missing(c, "this run measures no segmentation set (--seg NAME=PATH)", scope=scope)
+        return missing(c, "this run measures no segmentation set (--seg NAME=PATH)")
     each = {g: _on_set(c, groups, g, scope) for g in sets}
     if len(each) == 1:
         return next(iter(each.values()))
@@ -161,15 +159,15 @@ def _every_set(c: Claim, groups: Groups, records: list[V.Record], scope: str) ->
 def _cls_helps(c: Claim, groups: Groups, records: list[V.Record], scope: str) -> Judgement:
     sets = V.dense_groups(records, "seg")
     if not sets:
-        return missing(c, "this run measures no segmentation set (--seg NAME=PATH)", scope=scope)
+        return missing(c, "this run measures no segmentation set (--seg NAME=PATH)")
     runs = groups.get(BASELINE)
     if not runs:
-        return missing(c, f"no {BASELINE} runs in this study: the claim is about the baseline model", scope=scope)
+        return missing(c, f"no {BASELINE} runs in this study: the claim is about the baseline model")
     group = sets[0]
     with_cls = [V.dense_value(r, group, with_cls=True) for r in runs]
     without = [V.dense_value(r, group) for r in runs]
     if not all(any(math.isfinite(v) for v in side) for side in (with_cls, without)):
-        return missing(c, f"{group} was not measured both with and without CLS", scope=scope)
+        return missing(c, f"{group} was not measured both with and without CLS")
     where = f"{scope}; the {BASELINE} runs, {group.split(':')[1]} at the last layer, paired by seed"
     return _with_power(judge(c, with_cls, without, paired=True, scope=where), with_cls, without, paired=True)
 
@@ -177,7 +175,7 @@ def _cls_helps(c: Claim, groups: Groups, records: list[V.Record], scope: str) ->
 def _zeros(c: Claim, groups: Groups, scope: str) -> Judgement:
     a = _side(groups, c.a, V.zeros)
     if a is None:
-        return missing(c, f"no {c.a} runs in this study", scope=scope)
+        return missing(c, f"no {c.a} runs in this study")
     where = f"{scope}; {c.b}'s fraction is 0 by construction (a known value, not a sample)"
     return _with_power(judge(c, a, 0.0, scope=where), a, 0.0)
 
@@ -192,7 +190,7 @@ def judge_claims(records: list[V.Record], settings: dict[str, Any]) -> list[Judg
         if c.test.kind == "qualitative":
             out.append(not_judged(c, OFFERED.get(c.id, "")))
         elif c.id.startswith("S2"):
-            out.append(missing(c, S2_WHY, scope=scope))
+            out.append(missing(c, S2_WHY))
         elif c.id == "S3":
             out.append(_cls_helps(c, groups, records, scope))
         elif c.id.startswith("S4"):
@@ -206,5 +204,5 @@ def judge_claims(records: list[V.Record], settings: dict[str, Any]) -> list[Judg
         elif c.id == "S11":
             out.append(_zeros(c, groups, scope))
         else:
-            out.append(missing(c, "the sparse study has no test for this claim", scope=scope))
+            out.append(missing(c, "the sparse study has no test for this claim"))
     return out
