@@ -110,5 +110,5 @@ def test_sparse_claim_without_measured_values_is_not_testable():
     records += [record("entmax15", s, 0.52 + 0.01 * s, depth=0.6) for s in range(2)]
     found = {c.claim_id: c for c in sparse_claims(records, {"preset": "demo"})}
     assert found["S9"].verdict == "not testable" and "not measured in the softmax runs" in found["S9"].reason
-    assert found["S5"].verdict == "not testable" and "no voc set" in found["S5"].reason
+    assert found["S5"].verdict == "not testable" and "no VOC set" in found["S5"].reason
     assert found["S4"].verdict in ("reproduced", "not reproduced", "inconclusive")

@@ -154,7 +154,7 @@ def test_segmentation_claims_are_judged_on_the_papers_own_sets_only():
         records.append(record("softmax+reg4", s, linear=0.5, seg={"synthetic-texture": 10.0 + 0.1 * s}))
     found = by_id(judge_claims(records, {"preset": "demo"}))
     for cid in ("S5", "S6", "S7"):
-        assert found[cid].verdict == "not testable" and "it measures synthetic-texture" in found[cid].reason
+        assert found[cid].verdict == "not testable" and "segmentation sets: synthetic-texture" in found[cid].reason
     assert found["S8-reg4"].verdict == "reproduced" and "synthetic-texture" in found["S8-reg4"].scope
     assert found["S9"].verdict == "not testable"
     differences = {(d.condition, d.measure): d for d in measured_differences(records)}

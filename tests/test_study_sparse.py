@@ -128,7 +128,7 @@ def test_results_files(killed_then_finished):
     for cid in ("S4", "S4-specialization", "S11", "S3", "S8-specialization"):
         assert claims[cid].verdict == "inconclusive" and "2" in claims[cid].reason, (cid, claims[cid].reason)
     assert claims["S4-reg4"].verdict == "not testable" and "softmax+reg4" in claims["S4-reg4"].reason
-    assert claims["S5"].verdict == "not testable" and "voc" in claims["S5"].reason
+    assert claims["S5"].verdict == "not testable" and "VOC" in claims["S5"].reason
     assert claims["S1"].verdict == "not judged" and "defines no measure" in claims["S1"].reason
     assert "vit-micro pretrained with DINO for 1 epoch on synthetic" in claims["S4"].scope
     # every other difference shown without a verdict (vitscope's own diffusion measures among them)

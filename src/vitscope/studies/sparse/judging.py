@@ -31,6 +31,7 @@ from vitscope.studies.sparse.conditions import BASELINE
 Groups = dict[str, list[V.Record]]
 PAPER_SEG_SETS = {"S5": "seg:voc", "S6": "seg:ade20k", "S7": "seg:cityscapes"}
 PAPER_DEPTH_SETS = ("depth:nyu",)  # NYUv2; vitscope has no SUN RGB-D or KITTI layout
+PAPER_NAMES = {"seg:voc": "VOC", "seg:ade20k": "ADE20K", "seg:cityscapes": "Cityscapes", "depth:nyu": "NYUv2"}
 PROTOCOLS = {"dino-last4": "DINO's linear protocol (the last four blocks' CLS tokens concatenated)",
              "last-cls": "the last layer's CLS token alone"}
 OFFERED = {
@@ -120,9 +121,11 @@ def _paper_set(c: Claim, groups: Groups, records: list[V.Record], group: str, sc
     kind = group.split(":")[0]
     measured = V.dense_groups(records, kind)
     if group not in measured:
-        return missing(c, f"this run measures no {group.split(':')[1]} set (it measures "
+        name = PAPER_NAMES[group]
+        kind_words = "segmentation" if kind == "seg" else "depth"
+        return missing(c, f"this run measures no {name} set (its {kind_words} sets: "
                           f"{', '.join(g.split(':')[1] for g in measured) or 'none'}); the paper's numbers are per "
-                          f"set, so {c.id} is judged on {group.split(':')[1]} alone")
+                          f"set, so {c.id} is judged on {name} alone (--{kind} {group.split(':')[1]}=PATH)")
     return _on_set(c, groups, group, scope, with_cls)
 
 
