@@ -121,10 +121,9 @@ def test_report_of_a_null_result_says_so(tmp_path):
     assert "attend almost uniformly" in verdicts
     table = text[text.index("Claims checked"):text.index("Summary per condition")]
     assert table.count("<tr>") == 3  # header + one row per measure
-    for column in ("paper effect", "difference", "ci95_low", "ci95_high", "seeds per side", "method", "verdict",
-                   "power"):
+    for column in ("paper effect", "difference", "ci95_low", "ci95_high", "seeds per side", "method", "verdict"):
         assert f"<th>{column}</th>" in table
-    assert "needs about" in table
+    assert table.count("<b>power</b>: ") == 2 and "needs about" in table  # a line under each claim's row
     assert "1 epochs" not in text and "1 epoch," in text
     assert "<td>min_lr</td><td>1e-05</td>" in text and "0.0000" not in text
     assert "<td>seed</td><td>per run: 0, 1</td>" in text and "None" not in text
@@ -201,48 +200,51 @@ def test_crowded_heads_get_a_zoom_inset_that_holds_them_with_a_margin(captured, 
     assert not [child for child in wide.child_axes if child.get_label() == "zoom"]
 
 
-def test_claims_table_keeps_its_power_column_readable(tmp_path):
-    """The power line is prose: its cells are class "long" (min-width 22em, left-aligned) and the table scrolls
-    sideways in its box rather than squeezing that column to a word a line."""
+def test_claims_table_keeps_its_power_line_readable(tmp_path):
+    """The power line is prose: with 13 columns it cannot have a readable column of its own in the page, so it is
+    a full-width line under its claim's row (report/html.py ``table``), named, after the verdict."""
     text = build_report(make_study(tmp_path, 0.4176, 0.51)).read_text()
     claims_html = text[text.index("Claims checked"):text.index("Summary per condition")]
     head = [c.split("</th>")[0] for c in claims_html.split("<th>")[1:]]
+    assert "power" not in head and head[-1] == "verdict"
     rows = claims_html.split("<tr>")[2:]
-    power = head.index("power")
     for row in rows:
-        cells = row.split("<td")[1:]
-        assert cells[power].startswith(' class="long">') and "needs about" in cells[power]
-    assert '<div class="wide"><table>' in claims_html
+        line = row[row.index('<tr class="prose">'):]
+        assert line.startswith(f'<tr class="prose"><td colspan="{len(head)}"><div><b>power</b>: ')
+        assert "needs about" in line
+    assert '<div class="wide"><table class="stacked">' in claims_html
     style = text[text.index("<style>"):text.index("</style>")]
     assert "td.long{min-width:22em;text-align:left}" in style and ".wide{overflow-x:auto}" in style
+    assert "tr.prose td{" in style
 
 
 CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (apt-get install chromium)")
-def test_claims_table_power_column_is_wide_in_chromium(tmp_path):
-    """Rendered at 1280 px: every power cell is at least 20em wide and at most 6 lines tall."""
+def test_claims_table_power_line_is_wide_in_chromium(tmp_path):
+    """Rendered at 1280 px: every power line is at least 20em wide and at most 6 lines tall, and the table ends
+    inside the window."""
     sync_api = pytest.importorskip("playwright.sync_api")
     report = build_report(make_study(tmp_path, 0.4176, 0.51))
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox"])
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.goto(report.as_uri())
-        sizes = page.evaluate("""() => {
+        sizes, right = page.evaluate("""() => {
             const h2 = [...document.querySelectorAll('h2')].find(h => h.textContent === 'Claims checked');
             let table = h2.nextElementSibling; while (!table.querySelector('table')) table = table.nextElementSibling;
-            const heads = [...table.querySelectorAll('th')].map(th => th.textContent);
-            const col = heads.indexOf('power');
             const em = parseFloat(getComputedStyle(table.querySelector('td')).fontSize);
-            return [...table.querySelectorAll('tr')].slice(1).map(tr => {
-                const td = tr.children[col]; const line = parseFloat(getComputedStyle(td).lineHeight) || em * 1.2;
+            const sizes = [...table.querySelectorAll('tr.prose td')].map(td => {
+                const line = parseFloat(getComputedStyle(td).lineHeight) || em * 1.2;
                 return [td.getBoundingClientRect().width / em, td.getBoundingClientRect().height / line];
             });
+            return [sizes, table.querySelector('table').getBoundingClientRect().right];
         }""")
         page.screenshot(path=str(tmp_path / "claims.png"), full_page=True)
         browser.close()
     assert sizes and all(width >= 20 and lines <= 6 for width, lines in sizes), sizes
+    assert right <= 1280
 
 
 def test_every_time_estimate_names_its_machine():
