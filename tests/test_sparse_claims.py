@@ -121,6 +121,8 @@ def test_softmax_zeros_are_a_known_constant_not_a_sample():
     low, high = scipy_stats.ttest_1samp([0.32, 0.37], 0.0).confidence_interval(0.95)
     assert (j.ci95_low, j.ci95_high) == pytest.approx((low, high), rel=1e-6)
     assert "against the known value 0" in j.details["power_sentence"]
+    zeros = next(d for d in measured_differences(records) if d.measure == "attention_zeros")
+    assert zeros.n_baseline == 0 and "known value" in zeros.method and zeros.ci95_low == pytest.approx(low)
 
 
 def test_register4_and_specialization_are_judged_where_the_study_runs_them():

@@ -48,7 +48,8 @@ class MeasuredDifference:
 
 def measured_differences(records: list[V.Record]) -> list[MeasuredDifference]:
     """Every condition against softmax on every compared measure (``values.MEASURES``, each segmentation set with
-    patches only and each depth set with CLS, at the last layer)."""
+    patches only and each depth set with CLS, at the last layer); softmax's fraction of exact zeros is its known
+    value 0, not a sample."""
     groups = V.by_condition(records)
     if BASELINE not in groups:
         return []
@@ -62,7 +63,9 @@ def measured_differences(records: list[V.Record]) -> list[MeasuredDifference]:
             b = [V.measure_value(r, measure) for r in groups[BASELINE]]
             if not any(math.isfinite(v) for v in a) or not any(math.isfinite(v) for v in b):
                 continue
-            result = compare(a, b, sign=1, threshold=None)
+            # softmax's exact zeros are 0 by construction: a known value, not a sample
+            known = measure == "attention_zeros" and all(v == 0.0 for v in b)
+            result = compare(a, 0.0 if known else b, sign=1, threshold=None)
             out.append(MeasuredDifference(condition, measure, V.measure_words(measure), _mean(a), _mean(b),
                                           result.difference, result.low, result.high, result.method, result.n_a,
                                           result.n_b, values=a, baseline_values=b))
