@@ -243,7 +243,7 @@ def zero_line(results: Results) -> str:
     parts = [f"<b>{html.escape(c)}</b> " + ", ".join(f"{z:.0%}" for z in zeros)
              for c, zeros in zero_fractions(results).items()]
     return ("Exact zeros in the attention maps, per layer 1..L (mean over heads and seeds): " + "; ".join(parts)
-            + ". Softmax never gives an exact zero (claim S11 tests entmax-1.5 against that known 0).")
+            + ". Softmax never gives an exact zero (claim S11 asks it of every entmax-1.5 run).")
 
 
 def left_out(results: Results) -> str:

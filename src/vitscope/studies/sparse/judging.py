@@ -9,7 +9,7 @@ is 'not testable' with the reason, the qualitative claims 'not judged' with what
 - S5-S7: each on the paper's own set (VOC, ADE20K, Cityscapes) when the run measures it: the paper's numbers are
   per set; S8-*: on every segmentation set measured, reproduced only when every set is;
 - S9: depth RMSE with CLS concatenated (the seed's protocol) on NYUv2 (vitscope reads no SUN RGB-D or KITTI);
-- S11: entmax-1.5's fraction of exact zeros against softmax's, 0 by construction (a known value, not a sample).
+- S11: run by run, every entmax-1.5 run gives exact zeros (softmax cannot: 0 by construction), a census.
 
 Every verdict carries the scope (this run's model, data and sample beside the paper's), the size beside the
 paper's, and a sentence on what the seeds can detect (``details["power_sentence"]``).
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vitscope.claims import Claim, Judgement, claim, claims_of
-from vitscope.claims.judge import judge, missing, not_judged
+from vitscope.claims.judge import judge, judge_census, missing, not_judged
 from vitscope.stats import compare
 from vitscope.studies.sparse import values as V
 from vitscope.studies.sparse.conditions import BASELINE
@@ -176,11 +176,18 @@ def _cls_helps(c: Claim, groups: Groups, records: list[V.Record], scope: str) ->
 
 
 def _zeros(c: Claim, groups: Groups, scope: str) -> Judgement:
-    a = _side(groups, c.a, V.zeros)
-    if a is None:
-        return missing(c, f"no {c.a} runs in this study")
-    where = f"{scope}; {c.b}'s fraction is 0 by construction (a known value, not a sample)"
-    return _with_power(judge(c, a, 0.0, scope=where), a, 0.0)
+    """S11 run by run: does every entmax-1.5 run give exact zeros (softmax cannot, by construction)? The fractions,
+    and their one-sample interval against softmax's known 0, are kept beside in ``details``."""
+    runs = groups.get("entmax15") or []
+    if not runs:
+        return missing(c, "no entmax15 runs in this study")
+    fractions = {f"entmax15 seed {r.get('seed', i)}": V.zeros(r) for i, r in enumerate(runs)}
+    where = f"{scope}; softmax's fraction is 0 by construction (a known value, not a sample)"
+    against_zero = compare(list(fractions.values()), 0.0, sign=1, threshold=None)
+    return judge_census(c, {name: value > 0 for name, value in fractions.items()}, scope=where, details={
+        "fractions": fractions, "against_softmax": {"difference": against_zero.difference,
+                                                    "ci95_low": against_zero.low, "ci95_high": against_zero.high,
+                                                    "method": against_zero.method}})
 
 
 def judge_claims(records: list[V.Record], settings: dict[str, Any]) -> list[Judgement]:
