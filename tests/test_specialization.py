@@ -102,3 +102,19 @@ def test_it_saves_and_loads_through_a_run_folder(tmp_path):
     assert back.cfg.cls_specialization and back.cfg.num_registers == 2
     x = torch.randn(1, 3, 32, 32)
     torch.testing.assert_close(back.forward_features(x)["cls"], model.forward_features(x)["cls"])
+
+
+def test_export_refuses_a_specialized_model_in_one_line(tmp_path):
+    """timm's and transformers' ViTs have no CLS-only norms or projections: a strict reload would fail on the extra
+    keys, so both exports refuse before writing anything."""
+    from vitscope.models import create
+    from vitscope.models.export.hf import export_hf
+    from vitscope.models.export.timm import export_timm
+
+    model = create("vit-micro", cls_specialization=True)
+    with pytest.raises(ValueError, match="cls_specialization"):
+        export_timm(model, tmp_path / "m.safetensors")
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match="cls_specialization"):
+        export_hf(model, tmp_path / "hf")
+    assert not any(tmp_path.iterdir())
