@@ -1,5 +1,5 @@
-"""Decoding image files and the evaluation view of an image: the one place both the in-memory loaders
-(``sources.py``, ``image_trees.py``) and the streamed datasets (``stream.py``) turn bytes into model-sized pixels.
+"""The evaluation view of an image: the one place both the in-memory loaders (``sources.py``, ``image_trees.py``)
+and the streamed datasets (``stream.py``) turn decoded images (``image_decode.py``) into model-sized pixels.
 
 The view is timm's evaluation transform, done with torchvision v2 (``resize`` + ``center_crop``, antialiased, with
 the model's interpolation: bicubic for most pretrained timm ViTs, bilinear where none is named): the shorter side is
@@ -10,16 +10,10 @@ image at ``crop_pct`` 1 is plainly resized.
 
 from __future__ import annotations
 
-import io
 import math
-import warnings
 
-import numpy as np
-import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 from torchvision import tv_tensors
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2.functional import center_crop, clamp_bounding_boxes, resize
 
@@ -82,36 +76,3 @@ def view_boxes(boxes: Tensor, original: tuple[int, int], size: int, crop_pct: fl
         moved = resize(moved, [short], antialias=True)
     moved = clamp_bounding_boxes(center_crop(moved, [size, size]))
     return moved.as_subclass(Tensor).reshape(shape).to(boxes.dtype)
-
-
-def decode_rgb(data: bytes, where: str) -> Tensor:
-    """Encoded image bytes -> uint8 RGB (3, H, W), EXIF orientation applied: torchvision's decoders (JPEG, PNG,
-    WebP, GIF), PIL for the formats they lack (BMP, TIFF); a file that is no image raises a ValueError naming
-    ``where``."""
-    buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    try:
-        with warnings.catch_warnings():  # torchvision 0.29 points to TorchCodec; its decoders work as before
-            warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)
-            return decode_image(buffer, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-    except (RuntimeError, ValueError) as err:
-        reason = str(err)
-    try:
-        with Image.open(io.BytesIO(data)) as handle:
-            rgb = ImageOps.exif_transpose(handle).convert("RGB")
-            return torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1)
-    except UnidentifiedImageError:
-        reason = "not a readable image file"
-    except (OSError, ValueError) as err:
-        reason = str(err) or reason
-    raise ValueError(f"cannot decode image {where}: {reason}; re-create or remove this file") from None
-
-
-def image_header_size(data: bytes, where: str = "(bytes)") -> tuple[int, int]:
-    """(height, width) of encoded image bytes, read from the header only; a file that is no image raises a
-    ValueError naming ``where``."""
-    try:
-        with Image.open(io.BytesIO(data)) as handle:
-            return handle.height, handle.width
-    except (OSError, ValueError):  # PIL's UnidentifiedImageError names only its in-memory buffer
-        raise ValueError(f"cannot decode image {where}: not a readable image file; re-create or remove this "
-                         "file") from None

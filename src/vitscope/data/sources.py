@@ -40,7 +40,7 @@ from vitscope.atomic_io import atomic_path
 from vitscope.cache_dir import cache_root
 from vitscope.data.dataset import ImageDataset
 from vitscope.data.folder_layout import list_image_folder
-from vitscope.data.image_trees import FileTree, decode_images, fingerprint
+from vitscope.data.image_trees import FileTree, check_root, decode_images, fingerprint
 from vitscope.data.pixels import DEFAULT_INTERPOLATION, check_crop_pct, check_interpolation, default_crop_pct, eval_view
 from vitscope.data.stream_sources import open_streamed
 from vitscope.data.synthetic import synthetic_scenes
@@ -237,10 +237,7 @@ def load_dataset(name: str, root: str | Path | None = None, split: str = "train"
     root = Path(root).expanduser()
     if download:
         _download(name, root)
-    if not root.exists():
-        raise FileNotFoundError(
-            f"data directory {root} does not exist; pass --data-dir with the {name} folder or archive"
-        )
+    check_root(root, f"the {name} folder or archive")
     crop_pct = check_crop_pct(default_crop_pct(name) if crop_pct is None else crop_pct)
     check_interpolation(interpolation)
     if name in ("imagenet", "shards"):

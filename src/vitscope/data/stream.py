@@ -19,14 +19,13 @@ import torch
 from torch import Tensor
 
 from vitscope.data.dataset import ImageDataset, stratified_indices
+from vitscope.data.image_decode import decode_rgb, image_header_size
 from vitscope.data.pixels import (
     DEFAULT_CROP_PCT,
     DEFAULT_INTERPOLATION,
     check_crop_pct,
     check_interpolation,
-    decode_rgb,
     eval_view,
-    image_header_size,
     view_boxes,
 )
 

@@ -101,9 +101,8 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     optimizer = create_optimizer_v2(model, opt="adamw", lr=base_lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = len(train_set) // cfg.batch_size
     total_steps = cfg.epochs * steps_per_epoch
-    for note in (warmup_note(cfg), epoch_note(len(train_set), cfg.batch_size)):
-        if ctx.is_main and note:
-            print(note, file=sys.stderr)
+    # said once the first batch is in hand: a run refused before (data, resume state) prints its one line alone
+    notes = [n for n in (warmup_note(cfg), epoch_note(len(train_set), cfg.batch_size)) if n and ctx.is_main]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg, steps_per_epoch))
     for group in optimizer.param_groups:  # kept in the optimizer's state, so it survives load_state_dict
         group["scheduled_decay"] = group["weight_decay"] > 0
@@ -152,6 +151,9 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
             rank_part = slice(ctx.rank * local_batch, (ctx.rank + 1) * local_batch)
             local = [order[s * cfg.batch_size : (s + 1) * cfg.batch_size][rank_part] for s in steps]
             for step_in_epoch, batch, (images, labels) in zip(steps, local, batches.fetch(epoch, local), strict=True):
+                for note in notes:
+                    bar.write(note, file=sys.stderr)
+                notes = []
                 seed = step_seed(cfg.seed, epoch, step_in_epoch, ctx.rank)
                 generator = torch.Generator(device=ctx.device).manual_seed(seed)
                 torch.manual_seed(seed)
