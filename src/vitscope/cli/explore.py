@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from vitscope.cli.options import add_common, add_dataset_options, add_model_changes
+from vitscope.cli.out_folders import locked_out
 from vitscope.cli.preflight import prepare_analysis
 
 
@@ -33,7 +34,7 @@ def register(commands) -> None:
                          help="token layer 1..L (or last) whose patch-token norms set the threshold")
     explore.add_argument("--max-mb", type=float, default=24.0,
                          help="size budget of the page in MB; the maps' quantisation is coarsened to fit (default 24)")
-    explore.set_defaults(handler=run_explore)
+    explore.set_defaults(handler=locked_out(run_explore, "vitscope-explore"))
 
 
 def parse_numbers(text: str, flag: str) -> list[int] | None:
