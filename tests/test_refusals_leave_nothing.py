@@ -98,6 +98,8 @@ CASES = [
      "do not fit the model its config.json describes"),
     ("open-clip-empty-file", lambda d: ["analyze", "norms", "--model", "open_clip:ViT-S-32@", *PROBE],
      "names no file after '@'"),
+    ("open-clip-empty-tag", lambda d: ["analyze", "norms", "--model", "open_clip:ViT-B-32/", *PROBE],
+     "open_clip:ViT-B-32/ names no tag after '/'"),  # built a random tower and exited 0
     ("open-clip-resnet", lambda d: ["analyze", "norms", "--model", "open_clip:RN50", *PROBE],
      "is not a Vision Transformer"),
     ("pos-interp-random-timm", lambda d: ["analyze", "norms", "--model", "timm:vit_tiny_patch16_224",
