@@ -201,6 +201,15 @@ class FileTree:
         return ", ".join(shown) or "(empty)"
 
 
+def mixed_sizes(what: str, shapes: list[tuple[int, int]]) -> ValueError:
+    """The refusal of images of different sizes with no size to view them at: the sizes, and the option each
+    command takes (``train`` has no --img-size: its dataset option sets the size)."""
+    sizes = ", ".join(f"{h}x{w}" for h, w in shapes[:3]) + (", ..." if len(shapes) > 3 else "")
+    return ValueError(f"{what} have different sizes ({sizes}); give an image size S to view them all at S x S "
+                      "(shorter side resized, centre crop): --img-size S for analyze, explore and probe, --set "
+                      "dataset_options.image_size=S for train")
+
+
 PROGRESS_FROM = 5000  # images from which decoding shows progress on a terminal (CIFAR's 60k: about a minute)
 
 
@@ -227,9 +236,6 @@ def decode_images(tree: FileTree, paths: list[str], size: int | None = None, *,
     if len(shapes) > 1 and mixed_size is not None:
         images = [eval_view(image, mixed_size, crop_pct, interpolation) for image in images]
     elif len(shapes) > 1:
-        sizes = ", ".join(f"{h}x{w}" for h, w in shapes[:3]) + (", ..." if len(shapes) > 3 else "")
-        raise ValueError(f"images in {tree.root} have different sizes ({sizes}); pass an image size S to view them "
-                         "all at S x S (shorter side resized, centre crop): --img-size S, or "
-                         "dataset_options.image_size in a training config")
+        raise mixed_sizes(f"images in {tree.root}", shapes)
     side = size or mixed_size or 0
     return torch.stack(images) if images else torch.zeros(0, 3, side, side, dtype=torch.uint8)

@@ -217,13 +217,16 @@ def load_dataset(name: str, root: str | Path | None = None, split: str = "train"
     Images keep their own pixels, except: ``image_size`` gives every image its evaluation view at that side
     (shorter side resized to ``image_size / crop_pct``, centre crop; ``vitscope.data.pixels.eval_view``), and
     ``mixed_size`` does the same only when the images differ in size (a folder of photos; callers pass the
-    model's input side). ``crop_pct`` defaults to the dataset's (0.875 for ImageNet's layouts, else 1);
+    model's input side). ``download`` fetches CIFAR into ``root`` when it is missing (and is otherwise ignored: the
+    CLI's --download also fetches model weights). ``crop_pct`` defaults to the dataset's (0.875 for ImageNet's
+    layouts, else 1);
     ``interpolation`` is the views' resampling (bilinear, or bicubic as most pretrained timm models name).
     ``options`` go to the synthetic generator (``num_images``, ``image_size``, ``num_classes``, ``seed``).
     """
     split = canonical_split(split)
-    if download and name not in ("cifar10", "cifar100"):
-        raise ValueError(f"--download supports cifar10 and cifar100, not {name}; put {name} in --data-dir yourself")
+    missing = root is None or not Path(root).expanduser().exists()  # (generated scenes need nothing fetched)
+    if download and missing and name not in ("cifar10", "cifar100", "synthetic"):
+        raise ValueError(f"--download fetches cifar10 and cifar100, not {name}; put {name} in --data-dir yourself")
     if name == "synthetic":
         if image_size is not None:
             options["image_size"] = image_size

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from vitscope.data.dataset import ImageDataset, stratified_indices
 from vitscope.data.image_decode import decode_rgb, image_header_size
+from vitscope.data.image_trees import mixed_sizes
 from vitscope.data.pixels import (
     DEFAULT_CROP_PCT,
     DEFAULT_INTERPOLATION,
@@ -158,10 +159,7 @@ class StreamedDataset:
         originals = [(int(im.shape[-2]), int(im.shape[-1])) for im in decoded]
         side = size if size is not None else (mixed_size if len(set(originals)) > 1 else None)
         if side is None and len(set(originals)) > 1:
-            shown = ", ".join(f"{h}x{w}" for h, w in sorted(set(originals))[:3])
-            raise ValueError(f"{self.name} images have different sizes ({shown}, ...); pass an image size S to view "
-                             "them at S x S (shorter side resized, centre crop): --img-size S, or "
-                             "dataset_options.image_size in a training config")
+            raise mixed_sizes(f"{self.name} images", sorted(set(originals)))
         images = decoded if side is None else [eval_view(im, side, self.crop_pct, self.interpolation)
                                                for im in decoded]
         extras = dict(self.extras)
