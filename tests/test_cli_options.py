@@ -271,3 +271,16 @@ def test_download_asked_for_a_models_weights_does_not_refuse_built_in_data():
     assert len(load_dataset("synthetic", None, "eval", download=True, num_images=4)) == 4
     with pytest.raises(ValueError, match="--download fetches cifar10 and cifar100, not imagefolder"):
         load_dataset("imagefolder", "/nonexistent/photos", "eval", download=True)
+
+
+def test_download_with_local_data_reads_the_local_data(tmp_path):
+    """``--download`` meant for a model's weights, with an image folder that is there: the folder is read, nothing
+    is fetched for it (it was refused: "supports cifar10 and cifar100, not imagefolder")."""
+    import numpy as np
+    from PIL import Image
+
+    from vitscope.data import load_dataset
+
+    (tmp_path / "photos" / "a").mkdir(parents=True)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "photos" / "a" / "0.png")
+    assert len(load_dataset("imagefolder", tmp_path / "photos", "eval", download=True)) == 1

@@ -238,7 +238,7 @@ def load_dataset(name: str, root: str | Path | None = None, split: str = "train"
     if root is None:
         raise ValueError(f"dataset {name} needs a data directory; pass --data-dir PATH (a folder or archive)")
     root = Path(root).expanduser()
-    if download:
+    if download and name in ("cifar10", "cifar100"):
         _download(name, root)
     check_root(root, f"the {name} folder or archive")
     crop_pct = check_crop_pct(default_crop_pct(name) if crop_pct is None else crop_pct)
