@@ -230,6 +230,19 @@ def test_ordinary_files_give_torchvisions_pixels(name):
     assert torch.equal(decode_rgb(data, name), torchvision_decoded(data))
 
 
+def test_a_jpeg_torchvision_cannot_read_is_read_by_pil(monkeypatch):
+    """(12-bit or arithmetic-coded JPEGs: libjpeg-turbo builds differ); PIL's pixels, as before the guarded path."""
+    import torchvision.io
+
+    def unsupported(*args, **kwargs):
+        raise RuntimeError("decode_jpeg.cpp:123, Unsupported JPEG process")
+
+    data = ORDINARY["jpeg"]()
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", unsupported)
+    expected = torch.from_numpy(np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))).permute(2, 0, 1)
+    assert torch.equal(decode_rgb(data, "j.jpg"), expected)
+
+
 # ---- symbolic links in a data tree ----
 
 def _tree(root: Path) -> Path:

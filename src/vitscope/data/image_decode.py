@@ -3,7 +3,7 @@ ValueError naming the file and the fix, never a crash of the process or a silent
 
 The header is read first (PIL reads only the header on open): an empty file, one that is no image, or one whose
 header declares more than ``MAX_IMAGE_PIXELS`` pixels is refused before any pixel is decoded. JPEGs then go to
-torchvision's decoder (libjpeg-turbo; damaged data raises), every other format to PIL: torchvision's PNG decoder
+torchvision's decoder (libjpeg-turbo), and to PIL when it fails; every other format to PIL: torchvision's PNG decoder
 kills the process (SIGSEGV) on image data shorter than its header declares, and PIL fills the missing rows with
 zeros without a word, so a PNG's image data is first measured against its header (``png_data_problem``).
 
@@ -156,18 +156,17 @@ def decode_rgb(data: bytes, where: str) -> Tensor:
         warnings.simplefilter("ignore")
         image = _open(data, where)
         try:
-            if image.format not in TORCHVISION_FORMATS:
-                return _pil_decode(image, data, where)
+            if image.format in TORCHVISION_FORMATS:
+                from torchvision.io import ImageReadMode, decode_jpeg
+
+                try:
+                    return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB,
+                                       apply_exif_orientation=True)
+                except (RuntimeError, ValueError):  # a JPEG libjpeg-turbo's build lacks (12-bit ...) or damaged:
+                    pass  # PIL decodes the first, and names what is wrong with the second
+            return _pil_decode(image, data, where)
         finally:
             image.close()
-        from torchvision.io import ImageReadMode, decode_jpeg
-
-        try:
-            return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB,
-                               apply_exif_orientation=True)
-        except (RuntimeError, ValueError) as err:
-            reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-            raise unreadable(where, re.sub(r"^.*\.cpp:\d+, ", "", reason)) from None
 
 
 def image_header_size(data: bytes, where: str = "(bytes)") -> tuple[int, int]:
