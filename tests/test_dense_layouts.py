@@ -122,3 +122,21 @@ def test_a_size_limit_draws_from_across_a_scene_grouped_listing(tmp_path):
     assert picked.files == full.subset(8, seed=0).files  # the same draw as subsetting the loaded split
     assert picked.files != load_dense("nyu", tmp_path, "train", task="depth", limit=8, seed=1).files
     assert "subset" not in full.settings
+
+
+def test_dense_images_go_through_the_guarded_decoder(tmp_path):
+    """A segfolder image cut short mid-write is one error naming it (the guarded decoder refuses it before a
+    decoder reads past its data), and a 16-bit photo is read at 8 bits (its high byte) instead of being clipped
+    to white by PIL's RGB conversion."""
+    (tmp_path / "classes.json").write_text(json.dumps({"classes": ["a", "b"], "ignore_index": 255}))
+    _mask(tmp_path / "masks" / "train" / "one.png", np.zeros((6, 8), np.uint8))
+    path = tmp_path / "images" / "train" / "one.png"
+    path.parent.mkdir(parents=True)
+    Image.fromarray(np.full((6, 8), 40000, np.uint16)).save(path)  # mode I;16
+    image = load_dense("segfolder", tmp_path, "train").images[0]
+    assert image.dtype == torch.uint8 and image.unique().tolist() == [40000 >> 8]
+    _image(path)
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match="one.png"):
+        load_dense("segfolder", tmp_path, "train")

@@ -34,6 +34,7 @@ from PIL import Image
 from torch import Tensor
 
 from vitscope.data.dense import DenseDataset, synthetic_dense
+from vitscope.data.image_decode import decode_rgb
 
 SEGMENTATION = ("voc", "ade20k", "cityscapes", "segfolder", "synthetic", "synthetic-texture")
 DEPTH = ("nyu", "depthfolder", "synthetic", "synthetic-texture")
@@ -55,12 +56,14 @@ def _unreadable(path: Path, what: str, err: BaseException) -> ValueError:
 
 
 def read_rgb(path: Path) -> Tensor:
-    """An image file as uint8 (3, H, W) RGB; a damaged file is a ValueError naming it."""
+    """An image file as uint8 (3, H, W) RGB through the guarded decoder every other reader uses
+    (``vitscope.data.image_decode``: EXIF orientation applied, 16-bit and float images read at 8 bits with a word,
+    a cut-short PNG refused before a decoder sees it); a damaged file is a ValueError naming it."""
     try:
-        with Image.open(path) as image:
-            return torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1).contiguous()
-    except (OSError, ValueError, SyntaxError) as err:  # PIL: UnidentifiedImageError, truncated data
+        data = path.read_bytes()
+    except OSError as err:
         raise _unreadable(path, "an image", err) from None
+    return decode_rgb(data, str(path)).contiguous()
 
 
 def _single_channel(path: Path, modes: tuple[str, ...], dtype: type, what: str) -> tuple[np.ndarray | None, str]:
