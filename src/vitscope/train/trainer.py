@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vitscope.run_folder import is_empty_but_lock, writer_lock
+from vitscope.train.checkpoint import CHECKPOINT_NAME, checkpoint_root
 from vitscope.train.config import TrainConfig
 from vitscope.train.distributed import setup_distributed
 from vitscope.train.engine import EpochHook, TrainingDiverged, TrainingInterrupted, run
@@ -59,7 +60,16 @@ def train(cfg: TrainConfig, *, resume: bool = False, hooks: list[EpochHook] | No
                 return run(cfg, objective, ctx, resume=resume, hooks=hooks)
             finally:
                 ctx.close()
-    except BaseException:
-        if main_rank and created and is_empty_but_lock(run_dir):  # refused before writing: leave no folder
-            shutil.rmtree(run_dir, ignore_errors=True)
+    except BaseException as err:
+        if main_rank and created and (is_empty_but_lock(run_dir) or _refused_before_a_checkpoint(err, run_dir)):
+            shutil.rmtree(run_dir, ignore_errors=True)  # refused before anything worth keeping: leave no folder
         raise
+
+
+def _refused_before_a_checkpoint(err: BaseException, run_dir: Path) -> bool:
+    """True when bad input (a ValueError, e.g. a damaged image met in a streamed run's first batch) stopped the run
+    before its first checkpoint: its folder holds only a config and logs, nothing a resume could use."""
+    if not isinstance(err, ValueError):  # divergence, interruption, a crash: their logs are kept
+        return False
+    root = checkpoint_root(run_dir)
+    return not (root.is_dir() and any(CHECKPOINT_NAME.fullmatch(p.name) for p in root.iterdir()))
