@@ -59,7 +59,7 @@ def kill_and_resume(run: Path, proc: subprocess.Popen) -> subprocess.CompletedPr
 
 
 def test_learns_and_writes_a_complete_run_folder(tmp_path):
-    cfg = config(tmp_path, "learn", epochs=5, protocol="baseline", lr=2e-3, model_options={}, batch_size=64,
+    cfg = config(tmp_path, "learn", epochs=5, protocol="baseline", lr=2e-3, model_options={"depth": 2}, batch_size=64,
                  dataset_options={"num_images": 2048, "num_classes": 2}, eval_images=256, log_every_steps=32)
     summary = train(cfg)
     run = Path(cfg.out)
