@@ -4,8 +4,10 @@ A no-grad forward pass holds, per image of a batch, about ``ACTIVATION_COPIES`` 
 per-token activation (the MLP's first layer, ``widest``) at its peak, one block at a time; a metric that reads one
 layer's attention probabilities forms them (heads x tokens^2) beside the logits they come from. What a job keeps
 per image of the data set (token norms, features) grows with the data set instead. The constants were measured on
-timm's DINOv2 ViT-S/14 and ViT-B/14 at 518 px on the CPU (peak RSS of a fresh process at two batch sizes; docs/
-benchmarks.md, "Scale"); ``tests/test_memory_plan.py`` checks the estimate against a measured forward.
+timm's DINOv2 ViT-S/14 and ViT-B/14 at 224-518 px on the CPU: the growth of a fresh process's peak RSS from
+batches of 1 to batches of 6, with glibc mapping every block over 64 KB on its own so that the peak is the live
+set (``tests/test_memory_plan.py`` checks the estimate that way); with glibc's defaults a process can hold tens of
+MB more, which ``SLACK`` covers, and docs/benchmarks.md ("Scale") sets the estimates beside measured peaks.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from vitscope.memory.budget import gigabytes
 
 FLOAT = 4  # bytes per float32
 HALF = 2  # bytes per float16
-ACTIVATION_COPIES = 6  # measured 4.6-5.3 tokens x widest per image at a forward's peak (ViT-S/B, 518 px)
+ACTIVATION_COPIES = 5  # measured 3.5-4.6 tokens x widest per image at a forward's peak (ViT-S/B, 224-518 px)
 MAP_COPIES = 2  # a layer's logits and probabilities, both at once, when a metric forms the probabilities
 LOCALITY_MAP_COPIES = 4  # probabilities, their log and two products, for MAD and entropy without the native kernel
-SLACK = 64 * 2**20  # the allocator's working room and small tensors: 64 MB once
+SLACK = 160 * 2**20  # once: the allocator's working room, small tensors, the figures a command draws
 
 
 @dataclass(frozen=True)
