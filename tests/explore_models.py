@@ -1,11 +1,18 @@
-"""Small models with known attention for the explorer tests (tests/test_explore*.py)."""
+"""Small models with known attention for the explorer tests (tests/test_explore*.py), and readers of a page's data."""
 
 from __future__ import annotations
 
+import gzip
+import json
+import re
+
+import numpy as np
 import timm
 import torch
 
-from vitscope.models import create
+from vitscope.explorer.blob import text_bytes
+from vitscope.explorer.rows import normalize
+from vitscope.models import create, load
 
 PLANTED_PATCH = 19  # row 2, column 3 of vit-micro's 8x8 grid
 
@@ -51,6 +58,25 @@ def sharpened(model, factor: float):
     return model
 
 
+def qk_case(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    """Small models whose every layer the page computes from queries and keys, and their pictures."""
+    torch.manual_seed(0)
+    if name == "softmax+registers":
+        return create("vit-micro", num_registers=2).eval(), pictures(2, 32)
+    if name in ("entmax15", "entmax:1.3", "entmax:learned"):  # sharpened, so that rows have exact zeros
+        model = sharpened(create("vit-micro", attention=name).eval(), 3.0)
+        if name == "entmax:learned":  # one alpha per head, each its own
+            for block in model.blocks:
+                block.attn.normalizer.alpha_logit.data = torch.tensor([-1.5, -0.3, 0.4, 1.8])
+        return model, pictures(2, 32)
+    if name == "float32 heads":  # logits of thousands: some head-images keep float32 (float16 would err)
+        return sharpened(create("vit-micro").eval(), 100.0), pictures(2, 32)
+    if name == "rope+registers":  # DINOv3: rotary embedding on patch q and k, 4 registers
+        return load("timm:vit_small_patch16_dinov3", img_size=64, depth=2, embed_dim=64, num_heads=2).eval(), \
+            pictures(2, 64)
+    raise ValueError(name)
+
+
 def tiny_swin():
     """A random-init Swin with shifted, padded windows on a 6x6 stage grid (test_registers_hier.py's)."""
     torch.manual_seed(0)
@@ -62,3 +88,36 @@ def pictures(count: int, side: int, seed: int = 0) -> torch.Tensor:
     """Random uint8 pictures (count, 3, side, side)."""
     return torch.randint(0, 256, (count, 3, side, side), generator=torch.Generator().manual_seed(seed),
                          dtype=torch.uint8)
+
+
+def page_payload(html: str) -> tuple[dict, dict[str, bytes]]:
+    """The JSON description and the decompressed blobs (by name) embedded in a page's text."""
+    meta = json.loads(re.search(r'<script id="vitscope-meta" type="application/json">(.*?)</script>', html,
+                                re.S).group(1))
+    blobs = {}
+    for name in meta["blobs"]:
+        text = re.search(f'<script id="vitscope-blob-{name}" type="application/octet-stream">(.*?)</script>', html,
+                         re.S).group(1)
+        blobs[name] = gzip.decompress(text_bytes(text))
+    return meta, blobs
+
+
+def stored(blobs: dict[str, bytes], ref: dict) -> np.ndarray:
+    """One stored array (float16 ones are two byte planes: low bytes, then high bytes)."""
+    data = blobs[ref["blob"]]
+    if ref["dtype"] == "float16":
+        planes = np.frombuffer(data, dtype=np.uint8, count=2 * ref["length"], offset=ref["offset"]).reshape(2, -1)
+        return planes.T.copy().view(np.float16).reshape(ref["shape"])
+    return np.frombuffer(data, dtype=ref["dtype"], count=ref["length"], offset=ref["offset"]).reshape(ref["shape"])
+
+
+def stored_rows(blobs: dict[str, bytes], layer: dict, image: int, slot: int) -> torch.Tensor:
+    """Every row (queries, keys) of a qk layer's kept head ``slot`` on ``image``, from its stored queries and keys, in
+    float64 (the Python twin of the page's rows.js)."""
+    qk = layer["qk"]
+    part = qk["heads"][slot][image]
+    q = torch.from_numpy(stored(blobs, part["q"]).astype(np.float64))
+    k = torch.from_numpy(stored(blobs, part["k"]).astype(np.float64))
+    spec = {**qk["normalizer"], **({"alpha": qk["normalizer"]["alpha"][slot : slot + 1]}
+                                   if "alpha" in qk["normalizer"] else {})}
+    return normalize((q @ k.T * qk["scale"])[None], spec)[0]

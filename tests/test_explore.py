@@ -1,37 +1,38 @@
 """The explorer's data: quantisation, geometry, the page's payload against record_attention, the CLI (no browser)."""
 
-import base64
-import gzip
-import json
 import re
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import vitscope
-from explore_models import PLANTED_PATCH, pictures, planted_attention_model, tiny_swin
+from explore_models import (
+    PLANTED_PATCH,
+    page_payload,
+    pictures,
+    planted_attention_model,
+    qk_case,
+    sharpened,
+    stored,
+    stored_rows,
+    tiny_swin,
+)
+from vitscope import explorer
 from vitscope.cli import main
+from vitscope.explorer.blob import binary_text, text_bytes
+from vitscope.explorer.budget import check_page_size
 from vitscope.explorer.geometry import layer_geometry
 from vitscope.explorer.measure import matched_layers
 from vitscope.explorer.quantize import dequantize, max_error_bound, quantize_rows
+from vitscope.explorer.rows import ARITHMETIC, TOLERANCE, stored_form
 from vitscope.metrics import grid_distances
 from vitscope.models import attention_sites, create, load
 from vitscope.record import record_attention
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-def page_payload(html: str) -> tuple[dict, bytes]:
-    """The JSON description and the decompressed blob embedded in a page."""
-    meta = json.loads(re.search(r'<script id="vitscope-meta" type="application/json">(.*?)</script>', html,
-                                re.S).group(1))
-    blob = re.search(r'<script id="vitscope-blob" type="application/octet-stream">(.*?)</script>', html, re.S)
-    return meta, gzip.decompress(base64.b64decode(blob.group(1)))
-
-
-def stored(blob: bytes, ref: dict) -> np.ndarray:
-    return np.frombuffer(blob, dtype=ref["dtype"], count=ref["length"], offset=ref["offset"]).reshape(ref["shape"])
 
 
 def test_quantised_rows_keep_exact_zeros_and_stay_within_the_stated_bound():
@@ -109,7 +110,7 @@ def test_the_payload_holds_record_attentions_maps_within_the_stated_error():
     torch.manual_seed(0)
     model = create("vit-micro", num_registers=2).eval()
     images = pictures(3, 32)
-    page = vitscope.explore(model, images, layers=[0, 3], heads=[1, 2])
+    page = vitscope.explore(model, images, layers=[0, 3], heads=[1, 2], rows="maps")
     meta, blob = page_payload(page.html)
     inputs = vitscope.explorer.model_inputs(model, images)
     with torch.no_grad(), record_attention(model, layers=[0, 3], keep="maps") as rec:
@@ -151,7 +152,7 @@ def test_cli_writes_one_offline_page(tmp_path, capsys):
     code = main(["explore", "--model", "vit-micro", "--attention", "entmax15", "--compare", "softmax=vit-micro",
                  "--num-images", "3", "--layers", "1,4", "--heads", "2", "--out", str(out), "--device", "cpu"])
     assert code == 0
-    html = (out / "explorer.html").read_text()
+    html = (out / "explorer.html").read_text(encoding="latin-1")
     assert "explorer.html" in capsys.readouterr().out
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing fetched from the network
     assert "https://" not in html and "http://" not in html
@@ -199,7 +200,7 @@ def test_the_demo_builds_its_explorer_page_from_the_sparse_runs_in_seconds(tmp_p
     started = time.perf_counter()
     page = explorer_demo(tmp_path)
     seconds = time.perf_counter() - started
-    meta, _ = page_payload(page.read_text())
+    meta, _ = page_payload(page.read_text(encoding="latin-1"))
     assert [m["label"] for m in meta["models"]] == ["softmax, before training", "softmax, trained",
                                                      "entmax-1.5, trained"]
     assert len(meta["images"]) == 8 and seconds < 30, seconds
@@ -207,19 +208,22 @@ def test_the_demo_builds_its_explorer_page_from_the_sparse_runs_in_seconds(tmp_p
     assert 'href="explorer/explorer.html"' in index
 
 
-def test_a_tight_size_budget_raises_the_error_floor_and_the_page_says_so():
+def test_a_tight_size_budget_raises_the_error_floor_and_the_page_says_so(monkeypatch):
     torch.manual_seed(0)
     model = create("vit-micro").eval()
     images = pictures(6, 32)
-    free = vitscope.explore(model, images)
-    tight = vitscope.explore(model, images, max_bytes=int(free.size_bytes * 0.6))
+    free = vitscope.explore(model, images, rows="maps")
+    tight = vitscope.explore(model, images, max_bytes=int(free.size_bytes * 0.6), rows="maps")
     q = tight.meta["quantization"]
     assert free.meta["quantization"]["floor"] == 0 and q["floor"] > 0
     assert tight.size_bytes <= free.size_bytes * 0.6
     assert q["bound"] >= q["floor"] and q["measured"] <= q["bound"] + 1e-7
     assert f"no finer than an error of {q['floor']:.2g}" in tight.html
+    # room for 200 bytes of maps and norms; with the estimate skipped, the build itself refuses
+    main = re.search(r'id="vitscope-blob-main" type="application/octet-stream">(.*?)</script>', free.html, re.S)
+    monkeypatch.setattr(explorer, "check_page_size", lambda *args, **kwargs: 0)
     with pytest.raises(ValueError, match="do not fit"):
-        vitscope.explore(model, images, max_bytes=100_000)
+        vitscope.explore(model, images, max_bytes=free.size_bytes - len(main.group(1)) + 200, rows="maps")
 
 
 def test_a_timm_vit_with_fused_attention_and_registers_and_the_jupyter_view():
@@ -227,7 +231,7 @@ def test_a_timm_vit_with_fused_attention_and_registers_and_the_jupyter_view():
     model = load("timm:vit_small_patch14_reg4_dinov2", img_size=56, depth=2).eval()
     assert all(block.attn.fused_attn for block in model.blocks)  # recorded without leaving the fused path
     images = pictures(2, 56)
-    page = vitscope.explore(model, images, heads=[0])
+    page = vitscope.explore(model, images, heads=[0], rows="maps")
     meta, blob = page_payload(page.html)
     with torch.no_grad(), record_attention(model, keep="maps") as rec:
         model(vitscope.explorer.model_inputs(model, images))
@@ -238,3 +242,119 @@ def test_a_timm_vit_with_fused_attention_and_registers_and_the_jupyter_view():
         assert float((back - reference[:, :1]).abs().max()) <= meta["quantization"]["bound"] + 1e-7
     inline = page._repr_html_()
     assert inline.startswith("<iframe srcdoc=") and "<script" not in inline  # the page is escaped into the frame
+
+
+@pytest.mark.parametrize("name", ["softmax+registers", "entmax15", "entmax:1.3", "entmax:learned", "rope+registers"])
+def test_rows_from_stored_queries_and_keys_are_record_attentions_rows(name):
+    model, images = qk_case(name)
+    page = vitscope.explore(model, images, rows="qk")
+    meta, blobs = page_payload(page.html)
+    with torch.no_grad(), record_attention(model, keep="maps") as rec:
+        model(vitscope.explorer.model_inputs(model, images))
+    zeros = 0
+    for layer, reference in zip(meta["models"][0]["layers"], rec.maps, strict=True):
+        assert layer["form"] == "qk" and "codes" not in layer
+        for slot, head in enumerate(layer["heads"]):
+            for image in range(len(images)):
+                rows, truth = stored_rows(blobs, layer, image, slot), reference[image, head].double()
+                top = truth.amax(-1, keepdim=True)
+                error = float(((rows - truth).abs() / top).max())
+                stated = layer["qk"]["heads"][slot][image]["error"]
+                assert error <= stated + ARITHMETIC and stated <= TOLERANCE  # the page's stated error holds
+                # exact zeros where the recorder has them, but for keys within rounding of the threshold
+                assert not bool(((rows == 0) & (truth > 1e-4 * top)).any())
+                assert not bool(((truth == 0) & (rows > 1e-4 * top)).any())
+                zeros += int((rows == 0).sum())
+    assert (zeros > 0) == name.startswith("entmax")
+    if name.endswith("registers"):
+        labels = meta["models"][0]["layers"][0]["geometry"]["labels"]
+        assert labels[0] == "CLS" and labels[1:] == [f"reg{i + 1}" for i in range(len(labels) - 1)] and len(labels) > 2
+
+
+def test_heads_whose_float16_rows_would_err_keep_float32():
+    torch.manual_seed(0)
+    model = sharpened(create("vit-micro").eval(), 100.0)  # logits of thousands: float16 rounding moves them by > 1
+    images = pictures(2, 32)
+    page = vitscope.explore(model, images, rows="qk")
+    meta, blobs = page_payload(page.html)
+    precision = meta["precision"]
+    assert precision["half"] > 0 and precision["full"] > 0 and precision["measured"] <= TOLERANCE
+    assert f"{precision['full']} in float32" in page.html
+    with torch.no_grad(), record_attention(model, keep="maps") as rec:
+        model(vitscope.explorer.model_inputs(model, images))
+    for layer, reference in zip(meta["models"][0]["layers"], rec.maps, strict=True):
+        for slot, head in enumerate(layer["heads"]):
+            for image in range(2):
+                part = layer["qk"]["heads"][slot][image]
+                truth = reference[image, head].double()
+                top = truth.amax(-1, keepdim=True)
+                rows = stored_rows(blobs, layer, image, slot)
+                assert float(((rows - truth).abs() / top).max()) <= part["error"] + ARITHMETIC <= TOLERANCE
+                if part["q"]["dtype"] == "float32":  # and in float16 these rows would have erred too much
+                    q = torch.from_numpy(stored(blobs, part["q"]).astype(np.float16).astype(np.float64))
+                    k = torch.from_numpy(stored(blobs, part["k"]).astype(np.float16).astype(np.float64))
+                    rounded = torch.softmax(q @ k.T * layer["qk"]["scale"], -1)
+                    assert float(((rounded - truth).abs() / top).max()) > TOLERANCE - ARITHMETIC
+
+
+def test_each_layer_is_stored_in_the_smaller_form():
+    # ViT-S/14 at 224 px: 257 tokens, head_dim 64 -> 8-bit maps (67 kB a head, 41 % once compressed) beat float16
+    # queries and keys (66 kB, 86 %); at 518 px, 1,370 tokens: 1.89 MB of maps against 0.35 MB of queries and keys
+    assert stored_form("auto", True, 257, 257, 64) == "maps"
+    assert stored_form("auto", True, 1370, 1370, 64) == "qk"
+    assert stored_form("auto", True, 577, 577, 64) == "qk"  # ViT-S/16 at 384 px
+    assert stored_form("auto", False, 1370, 1370, 64) == "maps"  # no logit inputs (Swin, masked, unknown normaliser)
+    assert stored_form("qk", True, 197, 197, 64) == "qk" and stored_form("maps", True, 1370, 1370, 64) == "maps"
+    with pytest.raises(ValueError, match="rows='all' is unknown"):
+        stored_form("all", True, 10, 10, 4)
+    swin = vitscope.explore(tiny_swin(), pictures(1, 24), rows="qk")  # window attention keeps its maps
+    assert {layer["form"] for layer in swin.meta["models"][0]["layers"]} == {"maps"}
+
+
+def test_a_page_above_the_budget_is_refused_before_the_model_runs(tmp_path, capsys):
+    model = create("vit-micro").eval()
+    runs = []
+    model.blocks[0].register_forward_hook(lambda *_: runs.append(1))
+    images = pictures(6, 32)
+    page = vitscope.explore(model, images, rows="qk")
+    estimate = check_page_size([model], [range(4)], [32], 6, None, "qk", 10**9, fixed=0)
+    assert 0.6 < estimate / page.size_bytes < 1.4  # the estimate is about the page (tiny: less compressible)
+    runs.clear()
+    with pytest.raises(ValueError, match=r"the page would take about .* MB \(6 images at .* MB each\), above the "
+                                         r"0.2 MB budget \(--max-mb\); use --num-images [1-5] or fewer"):
+        vitscope.explore(model, images, rows="qk", max_bytes=200_000)
+    assert not runs  # refused before the model ran
+    code = main(["explore", "--model", "vit-micro", "--num-images", "16", "--max-mb", "0.2", "--rows", "qk",
+                 "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "16 images at" in err and "--num-images" in err
+    assert not (tmp_path / "explorer.html").exists()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=3000))
+def test_blob_text_round_trips_any_bytes(data):
+    text = binary_text(data)
+    assert not any(byte in text for byte in (b"\0", b"\r", b"<"))  # what a <script> element cannot hold
+    assert text_bytes(text.decode("latin-1")) == data  # as a string (a Jupyter srcdoc)
+    assert text_bytes(text.decode("latin-1").translate(WINDOWS_1252_TEXT)) == data  # as a browser reads the file
+
+
+# windows-1252 as WHATWG reads it: bytes 0x80-0x9F as these characters; the five it leaves undefined as themselves
+WINDOWS_1252_TEXT = {b: bytes([b]).decode("cp1252") for b in range(0x80, 0xA0)
+                     if b not in (0x81, 0x8D, 0x8F, 0x90, 0x9D)}
+
+
+@pytest.mark.parametrize("attention", ["softmax", "entmax15", "entmax:1.3"])
+def test_a_capture_gives_the_logit_inputs_of_any_unmasked_normaliser(attention):
+    model = create("vit-micro", attention=attention).eval()
+    seen = []
+    detach = attention_sites(model)[1].attach(seen.append)
+    with torch.no_grad():
+        model(torch.randn(2, 3, 32, 32))
+    detach()
+    logits = seen[0].logit_inputs
+    assert logits is not None and logits.normalizer.name == attention
+    rebuilt = logits.normalizer((logits.q * logits.scale) @ logits.k.transpose(-1, -2))
+    torch.testing.assert_close(rebuilt, seen[0].probs(), rtol=0, atol=1e-6)
+    assert (seen[0].softmax_qk is not None) == (attention == "softmax")

@@ -13,7 +13,17 @@ import pytest
 import torch
 
 import vitscope
-from explore_models import PLANTED_PATCH, pictures, planted_attention_model, sharpened, tiny_swin
+from explore_models import (
+    PLANTED_PATCH,
+    page_payload,
+    pictures,
+    planted_attention_model,
+    qk_case,
+    sharpened,
+    stored,
+    tiny_swin,
+)
+from vitscope.attention import entmax, entmax15, softmax, sparsemax
 from vitscope.explorer import model_inputs
 from vitscope.metrics.visible_keys import swin_window_keys
 from vitscope.models import create, load
@@ -200,7 +210,9 @@ def test_swin_attention_is_drawn_in_its_window(browser, tmp_path):
 def test_norm_view_marks_the_planted_high_norm_tokens_and_shows_register_norms(browser, tmp_path):
     torch.manual_seed(0)
     model = create("vit-micro", num_registers=2).eval()
-    images = pictures(4, 32, seed=1)
+    # 8 images: the auto split leaves at least 5 tokens above it (vitscope.metrics.norms.MIN_COUNT), so one planted
+    # token per image needs 5 images or more to be split off
+    images = pictures(8, 32, seed=1)
     with plant_outliers(model, layer=1, count=1, scale=20.0) as planted:  # after block 2 (1-based)
         explorer = vitscope.explore(model, images, threshold="auto")
         with torch.no_grad(), record_tokens(model, keep="norms") as tokens:
@@ -251,3 +263,98 @@ def test_the_jupyter_view_runs_in_its_sandboxed_frame(browser):
     frame.locator("body[data-ready='1']").wait_for(timeout=30_000)
     hottest = page.frames[1].evaluate("window.vitscope.select({layer: 2, query: 5}).models[0].hottest")
     assert hottest == PLANTED_PATCH
+
+
+@pytest.mark.parametrize("name", ["softmax+registers", "entmax15", "rope+registers", "float32 heads"])
+def test_rows_the_page_computes_from_queries_and_keys_are_record_attentions(browser, tmp_path, name):
+    model, images = qk_case(name)
+    explorer = vitscope.explore(model, images, rows="qk")
+    with torch.no_grad(), record_attention(model, keep="maps") as rec:
+        model(model_inputs(model, images))
+    page = open_page(browser, explorer, tmp_path / "qk.html")
+    layers = explorer.meta["models"][0]["layers"]
+    grid = layers[0]["geometry"]["grid"]
+    zeros = 0
+    for number, layer in enumerate(layers, start=1):
+        for image in range(len(images)) if number == 1 else [len(images) - 1]:
+            for head in ["mean", *[h + 1 for h in layer["heads"]]]:
+                for query in (grid[0] * grid[1] // 2 + 3, grid[0] * grid[1] - 1, "cls"):
+                    now = page.evaluate(f"window.vitscope.select({{image: {image}, layer: {number}, head: {head!r}, "
+                                        f"query: {query!r}}})")
+                    shown = now["models"][0]
+                    assert shown["form"] == "qk"
+                    token = 0 if query == "cls" else layer["geometry"]["prefix"] + query
+                    maps = rec.maps[number - 1][image]
+                    truth = (maps.mean(0) if head == "mean" else maps[head - 1])[token].double().numpy()
+                    row = np.array(shown["row"])
+                    top = truth.max()
+                    error = np.abs(row - truth).max()
+                    assert error <= shown["maxError"] + 1e-7  # the page's own bound holds
+                    assert error <= 0.02 * top or head == "mean"  # and a head's row is within 2 % of its maximum
+                    assert not ((row == 0) & (truth > 1e-4 * top)).any()  # exact zeros where the recorder has them
+                    assert not ((truth == 0) & (row > 1e-4 * top)).any()
+                    zeros += int((row == 0).sum())
+    assert (zeros > 0) == (name in ("entmax15", "float32 heads"))  # entmax zeros; softmax underflow at logits of 1e3
+    assert not page.errors
+
+
+def test_the_pages_normalisers_are_vitscopes_on_stored_rows(browser, tmp_path):
+    """The page's JavaScript normalisers (float64) against vitscope's Python ones (float64) on rows of logits from a
+    page's stored queries and keys, and on rows with ties, one key, and a wide spread."""
+    model, images = qk_case("entmax15")
+    explorer = vitscope.explore(model, images, rows="qk")
+    meta, blobs = page_payload(explorer.html)
+    logits = []
+    for layer in meta["models"][0]["layers"]:
+        part = layer["qk"]["heads"][0][1]
+        q, k = (torch.from_numpy(stored(blobs, part[name]).astype(np.float64)) for name in ("q", "k"))
+        logits += list(q[::9] @ k.T * layer["qk"]["scale"] * 4.0)  # sharper still: more exact zeros
+    generator = torch.Generator().manual_seed(0)
+    logits += [torch.tensor([0.3]), torch.zeros(7), torch.tensor([2.0, 2.0, -1.0, 2.0, 0.5]),
+               torch.randn(300, generator=generator, dtype=torch.float64) * 40,
+               torch.randn(50, generator=generator, dtype=torch.float64) * 1e-3]
+    rows = [[float(v) for v in row] for row in logits]
+    page = open_page(browser, explorer, tmp_path / "normalisers.html")
+    cases = {"softmax": softmax, "sparsemax": sparsemax, "entmax15": entmax15,
+             **{f"alpha {a}": (lambda x, a=a: entmax(x, a)) for a in (1.25, 1.75, 2.5, 0.75)}}
+    zeros = 0
+    for name, python in cases.items():
+        spec = {"kind": "alpha", "alpha": [float(name.split()[1])]} if name.startswith("alpha") else {"kind": name}
+        shown = page.evaluate("([spec, rows]) => rows.map((row) => window.vitscope.normalize(spec, row))", [spec, rows])
+        for row, js in zip(logits, shown, strict=True):
+            expected, js = python(row.double()).numpy(), np.array(js)
+            np.testing.assert_allclose(js, expected, rtol=0, atol=1e-9, err_msg=name)
+            assert np.array_equal(js == 0, expected == 0), name  # the same exact zeros
+            zeros += int((js == 0).sum())
+    assert zeros > 1000
+    assert not page.errors
+
+
+def test_the_patch_share_is_never_shown_above_the_whole_row(browser, tmp_path):
+    """Stored 8-bit maps round: a row's patch cells could sum to 1.002 and the page said 'patch mass 100.2 %' (issue
+    46 item 22); the share is at most 1, and a share below 1 is kept as it is."""
+    model = create("vit-micro", num_registers=1).eval()
+    page = open_page(browser, vitscope.explore(model, pictures(1, 32)), tmp_path / "share.html")
+    assert page.evaluate("window.vitscope.patchShare([0.5, 0.3, 0.202])") == 1
+    assert page.evaluate("window.vitscope.patchShare([0.5, 0.3, 0.1])") == pytest.approx(0.9)
+    assert page.locator(".vs-norm-list").first.text_content()  # the page drew its first row with the share
+
+
+def test_page_labels_name_the_model_and_its_weights_and_captions_say_which_photo():
+    """The label kept 'timm:' as 'timm-' and said nothing of --weights; a folder of photos captioned every thumbnail
+    with the folder's name (issue 46 item 22)."""
+    from vitscope.cli.explore import model_label
+    from vitscope.data import ImageDataset
+    from vitscope.explorer import dataset_captions
+
+    assert model_label("timm:vit_small_patch14_dinov2", "/data/dinov2s_imgfocus_timm.safetensors") == \
+        "timm:vit_small_patch14_dinov2 @ dinov2s_imgfocus_timm"
+    assert model_label("hf:facebook/dinov2-small") == "hf:facebook/dinov2-small"
+    assert model_label("runs/entmax15/seed-0") == "entmax15-seed-0"
+    images = torch.zeros(3, 3, 8, 8, dtype=torch.uint8)
+    flat = ImageDataset("imagefolder", "eval", images, torch.zeros(3, dtype=torch.long), ["camvid_street"],
+                        (0.5,) * 3, (0.5,) * 3)
+    assert dataset_captions(flat) == ["image 1", "image 2", "image 3"]
+    two = ImageDataset("imagefolder", "eval", images, torch.tensor([0, 1, 0]), ["cat", "dog"], (0.5,) * 3,
+                       (0.5,) * 3)
+    assert dataset_captions(two) == ["image 1: cat", "image 2: dog", "image 3: cat"]

@@ -290,3 +290,35 @@ def test_has_random_weights_says_what_load_does(tmp_path, cache):
             states.append(load(spec, weights=weights, pretrained=pretrained, **options).state_dict())
         differs = any(not torch.equal(a, states[1][k]) for k, a in states[0].items() if a.is_floating_point())
         assert has_random_weights(spec, weights, pretrained) == differs, (spec, weights, pretrained)
+
+
+def test_augreg_in21k_names_load_the_hubs_state_dict_as_timm_does(tmp_path, cache, monkeypatch):
+    """timm's augreg in21k tags name an original .npz url and custom_load, but also an hf_hub_id, which timm's
+    _resolve_pretrained_source prefers: the hub's ordinary state dict. Such names load from the cache like any
+    other; only what timm itself reads with a custom loader (an .npz url with no hub id) is refused."""
+    import dataclasses
+
+    import timm
+    from timm.models import get_pretrained_cfg
+
+    from vitscope.models.weights import hub
+
+    tiny = {"img_size": 32, "depth": 1, "embed_dim": 32, "num_heads": 2}
+    torch.manual_seed(7)
+    state = {k: v.contiguous() for k, v in load("timm:vit_base_patch16_224", num_classes=21843,  # the in21k head
+                                                  **tiny).state_dict().items()}
+    save_file(state, str(tmp_path / "augreg.safetensors"))
+    cfg = get_pretrained_cfg("vit_base_patch16_224.augreg_in21k")
+    assert cfg.custom_load and cfg.url.endswith(".npz") and cfg.hf_hub_id
+    write_cached(cache, cfg.hf_hub_id, {"model.safetensors": tmp_path / "augreg.safetensors"})
+    model = load("timm:vit_base_patch16_224.augreg_in21k", **tiny)
+    assert_weights(model, state)
+    assert model.vitscope_load["source"]["repo"] == "timm/vit_base_patch16_224.augreg_in21k"
+    for name in timm.list_pretrained("*augreg_in21k"):  # every one of them is looked up on the hub, as timm does
+        if name != "vit_base_patch16_224.augreg_in21k":
+            with pytest.raises(ValueError, match=rf"not in the local cache .* `hf download timm/{name} model"):
+                hub.timm_pretrained(name)
+    npz_only = dataclasses.replace(cfg, hf_hub_id=None)  # what timm could only read with its .npz loader
+    monkeypatch.setattr("timm.models.get_pretrained_cfg", lambda name: npz_only)
+    with pytest.raises(ValueError, match=r"timm reads these weights with a custom loader \(the file https://.*\.npz\)"):
+        hub.timm_pretrained("vit_base_patch16_224.augreg_in21k")

@@ -21,6 +21,7 @@ from vitscope.cli.options import add_shared_to_top, resolve_shared
 from vitscope.cli.out_folders import check_output_dir, created_folders
 from vitscope.cli.preflight import check_data_dir, check_device_flag, check_launcher_flag, quiet_torch_notices
 from vitscope.cli.write_errors import write_failure_line
+from vitscope.lazy_import import submodule_getattr
 from vitscope.threads import apply_thread_count, apply_wait_policy
 
 COMMAND_MODULES = ("models", "analyze", "explore", "probe", "train", "study", "demo", "doctor", "export")
@@ -130,3 +131,6 @@ def one_line(err: BaseException) -> str:
         _, _, message = lines[-1].partition(": ")  # the traceback's last line: "ValueError: cannot decode ..."
         return message or lines[-1]
     return lines[0]
+
+
+__getattr__ = submodule_getattr(__name__)  # sub-modules on first use (PEP 562)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -31,8 +30,12 @@ def register(commands) -> None:
                          help="high-norm rule: percentile:Q, absolute:T or auto")
     explore.add_argument("--detect-layer", default="last", metavar="LAYER",
                          help="token layer 1..L (or last) whose patch-token norms set the threshold")
-    explore.add_argument("--max-mb", type=float, default=24.0,
-                         help="size budget of the page in MB; the maps' quantisation is coarsened to fit (default 24)")
+    explore.add_argument("--max-mb", type=float, default=100.0,
+                         help="size budget of the page in MB: a page estimated above it is refused before the model "
+                              "runs, and 8-bit maps are coarsened to fit (default 100)")
+    explore.add_argument("--rows", choices=("auto", "qk", "maps"), default="auto",
+                         help="how attention rows are stored: auto (the smaller per layer), qk (queries and keys, the "
+                              "page computes rows) or maps (8-bit rows) (default auto)")
     explore.set_defaults(handler=run_explore)
 
 
@@ -57,28 +60,21 @@ def compare_entries(items: list[str]):
     return parse_model_entries(texts, "--compare")
 
 
+def model_label(spec: str, weights: str | None = None) -> str:
+    """The page's name for ``--model SPEC [--weights FILE]``: a named spec as written (``timm:NAME``, ``hf:ORG/NAME``),
+    a path by ``_label``; a weights file's name follows (``timm:vit_small_patch14_dinov2 @ dinov2s_imgfocus_timm``)."""
+    named = spec.split(":", 1)[0] in ("timm", "hf", "open_clip")
+    label = spec if named else _label(spec)
+    return f"{label} @ {Path(weights).stem}" if weights else label
+
+
 def _label(spec: str) -> str:
-    """A page label from a spec: its last path part (a run's ``<condition>/seed-<n>`` keeps both)."""
+    """A label from a path spec: its last path part (a run's ``<condition>/seed-<n>`` keeps both), in characters a
+    ``--compare LABEL=`` accepts."""
     path = Path(spec.rstrip("/"))
     name = f"{path.parent.name}-{path.name}" if path.name.startswith("seed-") and path.parent.name else path.name
     name = name or spec
     return "".join(ch if ch.isalnum() or ch in "._+-" else "-" for ch in name)
-
-
-LARGE_GRID = 1024  # patches per image above which the page's every-layer maps are slow to build on a CPU
-
-
-def warn_large_grid(model, img_size: int | None) -> None:
-    """One note on stderr when the model's input holds more than ``LARGE_GRID`` patches (e.g. DINOv2 at its
-    518 px default: 1,369), naming the flag that makes the page quicker."""
-    from vitscope.analyze.inputs import model_side
-    from vitscope.models import token_layout
-
-    patches = token_layout(model).num_patches
-    if patches > LARGE_GRID:
-        side = model_side(model, img_size)
-        print(f"note: {patches:,} patches per image at {side} px; every layer's maps go into the page, which is slow "
-              "on a CPU; --img-size 224 (or --layers, --num-images) makes it quicker", file=sys.stderr)
 
 
 def run_explore(args: argparse.Namespace) -> int:
@@ -91,12 +87,11 @@ def run_explore(args: argparse.Namespace) -> int:
     layers, heads = parse_numbers(args.layers, "--layers"), parse_numbers(args.heads, "--heads")
     detect = detect_layer_index(args.detect_layer)
     if args.max_mb <= 0:
-        raise ValueError(f"--max-mb {args.max_mb} must be > 0, e.g. --max-mb 24")
+        raise ValueError(f"--max-mb {args.max_mb} must be > 0, e.g. --max-mb 100")
     entries = compare_entries(args.compare)
     started = time.perf_counter()
     print(resolve_data(args))
     device, dataset, model, out, _ = prepare_analysis(args, "vitscope-explore")
-    warn_large_grid(model, args.img_size)
     depth = len(attention_sites(model))
     if layers is not None and max(layers) >= depth:
         raise ValueError(f"--layers {args.layers}: {args.model} has {depth} attention layers; use numbers 1..{depth}")
@@ -106,7 +101,8 @@ def run_explore(args: argparse.Namespace) -> int:
                          f"1..{most_heads}")
     models = [model] + [entry.load() for entry in entries]
     changes = [c for c in (args.attention, f"reg{args.num_registers}" if args.num_registers else None) if c]
-    labels = [_label(args.model) + "".join(f" +{c}" for c in changes)] + [entry.label for entry in entries]
+    labels = [model_label(args.model, args.weights) + "".join(f" +{c}" for c in changes)]
+    labels += [entry.label for entry in entries]
     if len(set(labels)) < len(labels):
         labels = [f"{i + 1}:{label}" for i, label in enumerate(labels)]
     randoms = [has_random_weights(args.model, args.weights, args.pretrained)]
@@ -114,9 +110,21 @@ def run_explore(args: argparse.Namespace) -> int:
     labels = [label + (" (random weights)" if random else "") for label, random in zip(labels, randoms, strict=True)]
     page = explore(models, dataset, labels=labels, layers=layers, heads=heads, threshold=args.threshold,
                    detect_layer=detect, max_bytes=int(args.max_mb * 1e6), batch_size=args.batch_size, device=device,
-                   title=f"vitscope explorer: {' vs '.join(labels)} on {args.dataset}")
+                   title=f"vitscope explorer: {' vs '.join(labels)} on {args.dataset}", rows=args.rows)
     path = page.save(Path(out) / "explorer.html")
-    q = page.meta["quantization"]
-    print(f"explorer: {path.resolve()} ({page.size_bytes / 1e6:.1f} MB, {len(dataset)} images, {q['levels']} levels, "
-          f"max error {q['bound']:.2g}, {time.perf_counter() - started:.1f} s)")
+    print(f"explorer: {path.resolve()} ({page.size_bytes / 1e6:.1f} MB, {len(dataset)} images, "
+          f"{error_summary(page.meta)}, {time.perf_counter() - started:.1f} s)")
     return 0
+
+
+def error_summary(meta: dict) -> str:
+    """How far the page's rows may be off: per storage form, in one clause."""
+    parts = []
+    precision, q = meta["precision"], meta["quantization"]
+    if precision["layers"]:
+        kept = f", {precision['full']} head-images in float32" if precision["full"] else ""
+        parts.append(f"{precision['layers']} layers as float16 queries and keys{kept}: max error "
+                     f"{100 * precision['measured']:.2g} % of a row's maximum")
+    if q["layers"]:
+        parts.append(f"{q['layers']} layers as 8-bit maps: max error {q['bound']:.2g}")
+    return "; ".join(parts)

@@ -154,6 +154,8 @@ def _finish(args: argparse.Namespace, result, out: Path, device, subsets: dict, 
             f"{args.model} has random weights itself (drawn under --seed {args.seed}); its '(random init)' row is a "
             "second, independent random draw of the same architecture, so the two rows differ only by the draw")
         print(f"note: {result.settings['random_weights']}")
+    for why in result.settings.get("not_measured", {}).values():  # a measure that could not discriminate
+        print(f"note: {why}")
     files = result.write(output_dir(out), _provenance(args, device, subsets))
     for metric in metrics:
         if any(r["metric"] == metric for r in result.rows):

@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from vitscope.data.folder_layout import IMAGE_SUFFIXES, SPLIT_FOLDERS
-from vitscope.data.pixels import DEFAULT_CROP_PCT, DEFAULT_INTERPOLATION, decode_rgb, eval_view
+from vitscope.data.pixels import DEFAULT_CROP_PCT, DEFAULT_INTERPOLATION, View, decode_rgb, eval_view
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 __all__ = ["ARCHIVE_SUFFIXES", "IMAGE_SUFFIXES", "SPLIT_FOLDERS", "FileTree", "decode_images", "fingerprint"]
@@ -148,15 +148,16 @@ class FileTree:
 PROGRESS_FROM = 5000  # images from which decoding shows progress on a terminal (CIFAR's 60k: about a minute)
 
 
-def decode_images(tree: FileTree, paths: list[str], size: int | None = None, *,
-                  crop_pct: float = DEFAULT_CROP_PCT, mixed_size: int | None = None,
+def decode_images(tree: FileTree, paths: list[str], size: int | View | None = None, *,
+                  crop_pct: float = DEFAULT_CROP_PCT, mixed_size: int | View | None = None,
                   interpolation: str = DEFAULT_INTERPOLATION) -> torch.Tensor:
     """Decode ``paths`` to a uint8 RGB tensor (N, 3, H, W) with ``vitscope.data.pixels.decode_rgb``.
 
-    With ``size`` every image becomes its evaluation view ``eval_view(image, size, crop_pct, interpolation)``
-    (shorter side resized, centre crop; never stretched). Without it images keep their own pixels when they share
-    one size; images of different sizes are viewed at ``mixed_size``, or, without one, refused with a ValueError
-    naming the sizes and the fix. An unreadable image raises a ValueError naming it."""
+    With ``size`` (a side or a ``View``) every image becomes its evaluation view ``eval_view(image, size, crop_pct,
+    interpolation)``. Without it images keep their own pixels when they share one size (other than
+    ``mixed_size``'s side); images of different sizes are viewed at ``mixed_size`` (a side or a ``View``), or,
+    without one, refused with a ValueError naming the sizes and the fix. An unreadable image raises a ValueError
+    naming it."""
     blobs = list(tree.read_many(paths))
 
     def decode(item: tuple[str, bytes]) -> torch.Tensor:
@@ -168,12 +169,13 @@ def decode_images(tree: FileTree, paths: list[str], size: int | None = None, *,
         images = list(tqdm(pool.map(decode, blobs), total=len(blobs), desc=f"decoding {Path(tree.root).name}",
                            unit="img", leave=False, disable=len(blobs) < PROGRESS_FROM or None))
     shapes = sorted({tuple(im.shape[-2:]) for im in images})
-    if len(shapes) > 1 and mixed_size is not None:
+    edge = getattr(mixed_size, "size", mixed_size)  # a side, or a View's (vitscope.data.pixels.View)
+    if mixed_size is not None and (len(shapes) > 1 or shapes == [(edge, edge)]):  # one size at the side: viewed too
         images = [eval_view(image, mixed_size, crop_pct, interpolation) for image in images]
     elif len(shapes) > 1:
         sizes = ", ".join(f"{h}x{w}" for h, w in shapes[:3]) + (", ..." if len(shapes) > 3 else "")
         raise ValueError(f"images in {tree.root} have different sizes ({sizes}); pass an image size S to view them "
                          "all at S x S (shorter side resized, centre crop): --img-size S, or "
                          "dataset_options.image_size in a training config")
-    side = size or mixed_size or 0
+    side = getattr(size, "size", size) or edge or 0
     return torch.stack(images) if images else torch.zeros(0, 3, side, side, dtype=torch.uint8)

@@ -6,9 +6,9 @@
 
 ``images`` are the pictures as they look: uint8 (images, 3, H, W) or floats in [0, 1], or an ``ImageDataset``
 (then the model's input size and the dataset's normalisation are used, as ``vitscope analyze`` does). Each model
-sees the evaluation view of the pictures at its input side (``vitscope.data.pixels.eval_view``: shorter side
-resized, centre crop); when that view cuts part of a picture (not square, or the model's ``crop_pct`` < 1), the
-page shows the first model's view, so the maps lie over what the model saw.
+sees the evaluation view of the pictures at its input side (``vitscope.data.pixels.model_view``: its own library's
+transform); when that view cuts part of a picture (not square, or the model's ``crop_pct`` < 1), the page shows
+the first model's view, so the maps lie over what the model saw.
 """
 
 from __future__ import annotations
@@ -21,30 +21,41 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from vitscope.analyze.inputs import model_crop_pct, model_input, model_interpolation
+from vitscope.analyze.inputs import model_input
 from vitscope.atomic_io import atomic_write_bytes
 from vitscope.data import ImageDataset, normalize
-from vitscope.data.pixels import eval_view
+from vitscope.data.pixels import model_view
+from vitscope.explorer.budget import check_page_size
 from vitscope.explorer.measure import ModelRecord, matched_layers, record_model
-from vitscope.explorer.page import render_page
-from vitscope.explorer.payload import build_payload
+from vitscope.explorer.page import render_page, static_bytes
+from vitscope.explorer.payload import build_payload, picture_urls
+from vitscope.lazy_import import submodule_getattr
 from vitscope.models import attention_sites
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 class Explorer:
-    """A built explorer page: ``html`` (the whole file), ``save(path)``, and ``_repr_html_`` for Jupyter."""
+    """A built explorer page: ``data`` (the whole file's bytes), ``html`` (the same as text), ``save(path)``, and
+    ``_repr_html_`` for Jupyter."""
 
-    def __init__(self, page: str, meta: dict):
-        self.html, self.meta = page, meta
+    def __init__(self, page: bytes, meta: dict):
+        self.data, self.meta = page, meta
+        self._html: str | None = None
+
+    @property
+    def html(self) -> str:
+        """The page as text: its bytes read as Latin-1, which the page's decoder reads as the file (``blob``)."""
+        if self._html is None:
+            self._html = self.data.decode("latin-1")
+        return self._html
 
     def save(self, path: str | Path) -> Path:
         """Write the page to ``path`` (a folder gets ``explorer.html``); returns the file written."""
         path = Path(path)
         path = path / "explorer.html" if path.is_dir() else path
         path.parent.mkdir(parents=True, exist_ok=True)
-        return atomic_write_bytes(path, self.html.encode("utf-8"))
+        return atomic_write_bytes(path, self.data)
 
     def _repr_html_(self) -> str:
         # an iframe keeps the page's script and styles apart from the notebook's
@@ -53,7 +64,7 @@ class Explorer:
 
     @property
     def size_bytes(self) -> int:
-        return len(self.html.encode("utf-8"))
+        return len(self.data)
 
 
 def _pictures(images: Tensor) -> Tensor:
@@ -71,7 +82,7 @@ def _pictures(images: Tensor) -> Tensor:
 def model_inputs(model: nn.Module, pictures: Tensor, dataset: ImageDataset | None = None,
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> Tensor:
     """Normalised inputs (images, 3, S, S) of ``model`` from uint8 ``pictures``: their evaluation view at the model's
-    input side S (``eval_view`` with the model's ``crop_pct`` and interpolation, as ``vitscope analyze`` feeds it),
+    input side S (``vitscope.data.pixels.model_view``, the model's own transform, as ``vitscope analyze`` feeds it),
     normalised with ``mean``/``std``, else the dataset's, else the model's pretrained ones, else ImageNet's."""
     pretrained = getattr(model, "pretrained_cfg", None) or {}
     stats = dataset if dataset is not None else SimpleNamespace(
@@ -79,8 +90,8 @@ def model_inputs(model: nn.Module, pictures: Tensor, dataset: ImageDataset | Non
         std=tuple(std or pretrained.get("std", IMAGENET_STD)), image_size=pictures.shape[-1])
     side, m, s = model_input(model, stats)
     m, s = (tuple(mean), tuple(std)) if mean is not None and std is not None else (m, s)
-    crop = model_crop_pct(model, getattr(dataset, "name", None))
-    return normalize(eval_view(pictures, side, crop, model_interpolation(model)), m, s)
+    view = model_view(model, getattr(dataset, "name", None), side)
+    return normalize(pictures if getattr(dataset, "view", None) == view else view(pictures), m, s)
 
 
 def shown_pictures(model: nn.Module, pictures: Tensor, dataset: ImageDataset | None = None) -> Tensor:
@@ -88,11 +99,19 @@ def shown_pictures(model: nn.Module, pictures: Tensor, dataset: ImageDataset | N
     pictures at crop_pct 1, or already at its side), else its view (the part of each picture it sees)."""
     stats = dataset if dataset is not None else SimpleNamespace(image_size=pictures.shape[-1], mean=(0,), std=(1,))
     side = model_input(model, stats)[0]
-    crop = model_crop_pct(model, getattr(dataset, "name", None))
+    view = model_view(model, getattr(dataset, "name", None), side)
     height, width = pictures.shape[-2:]
-    if height == width and (crop == 1 or height == side):
+    if getattr(dataset, "view", None) == view or height == width and (
+            view.scale_size == side or (height == side and view.keep_square)):
         return pictures
-    return eval_view(pictures, side, crop, model_interpolation(model))
+    return view(pictures)
+
+
+def dataset_captions(dataset: ImageDataset) -> list[str]:
+    """A caption per image: its number, and its class where the set has more than one (a folder of photos is one
+    class named after the folder, which says nothing about the photo)."""
+    named = len(set(dataset.labels.tolist())) > 1 and bool(dataset.classes)
+    return [f"image {i + 1}" + (f": {dataset.classes[int(y)]}" if named else "") for i, y in enumerate(dataset.labels)]
 
 
 def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDataset, *,
@@ -100,12 +119,15 @@ def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDatas
             heads: Sequence[int] | None = None, threshold: str = "percentile:98", detect_layer: int = -1,
             mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
             captions: Sequence[str] | None = None,
-            title: str = "vitscope explorer", max_bytes: int = 24_000_000, batch_size: int = 16,
-            device: torch.device | str = "cpu") -> Explorer:
+            title: str = "vitscope explorer", max_bytes: int = 100_000_000, batch_size: int = 16,
+            device: torch.device | str = "cpu", rows: str = "auto") -> Explorer:
     """The explorer page of one model, or several side by side (the first is the reference: ``layers``, 0-based,
     are its layers, and the others show the layers at the same relative depth). ``heads`` are 0-based (None: all);
     ``threshold`` and ``detect_layer`` (0-based block, -1 the last) set the high-norm rule as in ``analyze norms``.
-    Maps are quantised to fit ``max_bytes`` (``vitscope.explorer.payload``)."""
+    ``rows``: how each layer's attention rows are stored: ``auto`` (the smaller of maps and queries and keys),
+    ``qk`` (queries and keys wherever the layer allows) or ``maps`` (``vitscope.explorer.rows``). A page estimated
+    above ``max_bytes`` is refused before any model runs (``vitscope.explorer.budget``); maps are quantised to fit
+    it (``vitscope.explorer.payload``)."""
     models = [models] if isinstance(models, nn.Module) else list(models)
     if not models:
         raise ValueError("explore needs at least one model")
@@ -115,9 +137,9 @@ def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDatas
     dataset = images if isinstance(images, ImageDataset) else None
     pictures = _pictures(dataset.images if dataset is not None else images)
     if dataset is not None and captions is None:
-        captions = [dataset.classes[int(y)] if dataset.classes else str(int(y)) for y in dataset.labels]
+        captions = dataset_captions(dataset)
     captions = list(captions) if captions is not None else [f"image {i + 1}" for i in range(len(pictures))]
-    pictures = shown_pictures(models[0], pictures, dataset)
+    originals, pictures = pictures, shown_pictures(models[0], pictures, dataset)
     sites = attention_sites(models[0])
     reference_depth = len(sites)
     if layers is not None and not all(-reference_depth <= int(i) < reference_depth for i in layers):
@@ -128,18 +150,25 @@ def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDatas
         raise ValueError(f"heads {list(heads)} (0-based) reach past the {most_heads} heads of {labels[0]}; "
                          f"use 0..{most_heads - 1}")
     reference = list(range(reference_depth)) if layers is None else sorted({int(i) % reference_depth for i in layers})
+    wanted = [matched_layers(reference, reference_depth, len(attention_sites(model))) for model in models]
+    # each model views the pictures themselves (a view of the shown view would crop twice where a model crops)
+    inputs = [model_inputs(model, originals, dataset, mean, std) for model in models]
+    text = static_bytes(title)
+    check_page_size(models, [sorted(set(w)) for w in wanted], [int(x.shape[-1]) for x in inputs], len(pictures),
+                    heads, rows, max_bytes, fixed=sum(map(len, picture_urls(pictures))) + text)
     records: list[ModelRecord] = []
-    for model, label in zip(models, labels, strict=True):
-        depth = len(attention_sites(model))
-        wanted = matched_layers(reference, reference_depth, depth)
-        inputs = model_inputs(model, pictures, dataset, mean, std)
-        record = record_model(model, inputs, label, layers=sorted(set(wanted)), heads=heads, threshold=threshold,
-                              detect_layer=detect_layer, batch_size=batch_size, device=device)
+    for model, label, layers_wanted, model_input_ in zip(models, labels, wanted, inputs, strict=True):
+        record = record_model(model, model_input_, label, layers=sorted(set(layers_wanted)), heads=heads,
+                              threshold=threshold, detect_layer=detect_layer, batch_size=batch_size, device=device,
+                              rows=rows)
         by_index = {layer.index: layer for layer in record.layers}
-        record.layers = [by_index[i] for i in wanted]  # aligned with the reference's layers
+        record.layers = [by_index[i] for i in layers_wanted]  # aligned with the reference's layers
         records.append(record)
-    meta, blob = build_payload(records, pictures, captions=captions, title=title, max_bytes=max_bytes)
-    return Explorer(render_page(meta, blob), meta)
+    meta, blobs = build_payload(records, pictures, captions=captions, title=title, max_bytes=max_bytes,
+                                text_bytes=text)
+    return Explorer(render_page(meta, blobs), meta)
 
 
 __all__ = ["Explorer", "explore", "model_inputs"]
+
+__getattr__ = submodule_getattr(__name__)  # sub-modules on first use (PEP 562)

@@ -1,15 +1,20 @@
-"""The explorer page: one self-contained HTML file (inline CSS, JavaScript and data; no network)."""
+"""The explorer page: one self-contained HTML file (inline CSS, JavaScript and data; no network).
+
+The file is windows-1252 text whose every byte outside the data is ASCII (non-ASCII text becomes character
+references or ``\\u`` escapes), so that the compressed blobs can be written byte for byte (``vitscope.explorer.blob``).
+"""
 
 from __future__ import annotations
 
-import base64
 import html
-import json
 import re
 from importlib import resources
 from typing import Any
 
-from vitscope.explorer.payload import jsonable
+from vitscope.explorer.payload import meta_json
+
+SCRIPT_PARTS = ("data.js", "rows.js", "draw.js", "panels.js", "api.js")  # joined, in order, in one function scope
+BLOBS = ("main", "qk")
 
 
 def _static(name: str) -> str:
@@ -21,18 +26,35 @@ def _script_safe(text: str) -> str:
     return text.replace("</", "<\\/")
 
 
-SCRIPT_PARTS = ("data.js", "draw.js", "panels.js", "api.js")  # joined, in this order, inside one function scope
+def _ascii_js(text: str) -> str:
+    """JavaScript (or CSS comments and strings) with every non-ASCII character as a ``\\uXXXX`` escape: the page's
+    scripts hold them only in string literals and comments, where the escape means the same character."""
+    return re.sub(r"[^\x00-\x7f]", lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def script() -> str:
-    """The page's JavaScript: ``SCRIPT_PARTS`` in one strict-mode function scope."""
-    return "(function () {\n'use strict';\n" + "\n".join(_static(name) for name in SCRIPT_PARTS) + "})();\n"
+    """The page's JavaScript: ``SCRIPT_PARTS`` in one strict-mode function scope, ASCII only."""
+    return _ascii_js("(function () {\n'use strict';\n" + "\n".join(_static(name) for name in SCRIPT_PARTS) + "})();\n")
 
 
-def render_page(meta: dict[str, Any], blob: bytes) -> str:
-    """The page for a payload (``vitscope.explorer.payload.build_payload``)."""
-    # "<" as its JSON escape: no text in the data (a caption, a label) can end or confuse the <script> element
-    data = json.dumps(jsonable(meta), separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
-    parts = {"title": html.escape(meta["title"]), "css": _static("explorer.css"), "meta": data,
-             "blob": base64.b64encode(blob).decode("ascii"), "js": _script_safe(script())}
-    return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], _static("explorer.html"))  # one pass
+def static_bytes(title: str) -> int:
+    """The bytes of a page titled ``title`` besides its JSON part and blobs (template, CSS, script)."""
+    bare = {"title": title}
+    return len(render_page(bare, {name: b"" for name in BLOBS})) - len(meta_json(bare))
+
+
+def render_page(meta: dict[str, Any], blobs: dict[str, bytes]) -> bytes:
+    """The page's bytes for a payload (``vitscope.explorer.payload.build_payload``: the JSON part and the blobs
+    encoded by ``blob.binary_text``)."""
+    data = meta_json(meta)
+    title = html.escape(meta["title"]).encode("ascii", "xmlcharrefreplace").decode("ascii")
+    parts = {"title": title, "css": _ascii_js(_static("explorer.css")), "meta": data,
+             "js": _script_safe(script())}
+    pieces = re.split(r"\{\{blob:(\w+)\}\}", _static("explorer.html"))  # text, name, text, name, text
+    out = bytearray()
+    for i, piece in enumerate(pieces):
+        if i % 2:
+            out += blobs[piece]
+        else:  # one pass: nothing inserted is read again
+            out += re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], piece).encode("ascii")
+    return bytes(out)

@@ -14,31 +14,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vitscope.claims import Judgement
+from vitscope.studies.locality.presets import PAPER_SCALE as LOCALITY_SCALE
 from vitscope.studies.models import loads_random_weights
-from vitscope.studies.registers.findings import model_groups
-from vitscope.studies.sparse.presets import COMMAND_LINES as SPARSE_COMMANDS
-from vitscope.studies.sparse.presets import PAPER_GPU_HOURS
+from vitscope.studies.registers.presets import PAPER_SCALE as REGISTERS_SCALE
+from vitscope.studies.sparse.presets import PAPER_SCALE as SPARSE_SCALE
 
-# The paper-scale command of each study and our estimate of its time, each naming the machine it holds for (not
-# measurements: the locality figures are docs/locality-study.md's estimates, the H200 one from the training engine's
-# 20,000 images/s target and the CPU one from the measured step time; the registers census is one forward pass per
-# model). Every estimate names its machine (tests/test_report_locality.py checks it).
-PAPER_SCALE = {
-    "locality": ("vitscope study locality --preset paper --dataset cifar100 --data-dir DATA/cifar100_jpg.tar.gz "
-                 "--conditions ablation --seeds 0,1,2 --pack auto --out locality-paper",
-                 "about 4 hours for the 24 runs (8 conditions x 3 seeds) on one H200 GPU, about 10 minutes per run; "
-                 "on this project's 2-core CPU machine about 26 hours per run; estimates"),
-    "sparse": (SPARSE_COMMANDS["torchrun"].replace(" --gpus-per-run 8", ""),
-               f"about {PAPER_GPU_HOURS['per_run_a100']} A100 GPU-hours per run, "
-               f"{PAPER_GPU_HOURS['runs_default']} runs per condition (an estimate; weeks on one A100 GPU)"),
-    "registers": ("vitscope study registers --preset paper --weights-dir WEIGHTS --dataset imagefolder "
-                  "--data-dir /data/imagenet-val --eval-images 5000 --out registers-paper",
-                  "about 1 hour on one GPU (H200 or A100 class) for the census of the 14 pretrained models on 5,000 "
-                  "images (an estimate)"),
-}
-UNJUDGED = ("no claim", "no paper claim", "not judged")  # rows shown in a report but not claims of the paper
-VERDICT_CLASS = {"reproduced": "reproduced", "not reproduced": "not", "inconclusive": "untested", "mixed": "untested",
+# The paper-scale command of each study and our estimate of its time, owned by the study's presets; every estimate
+# names its machine (tests/test_report_locality.py checks it).
+PAPER_SCALE = {"locality": LOCALITY_SCALE, "sparse": SPARSE_SCALE, "registers": REGISTERS_SCALE}
+VERDICT_CLASS = {"reproduced": "reproduced", "not reproduced": "not", "inconclusive": "untested",
                  "not testable": "untested"}
+_LEGACY_VERDICTS = {"mixed": "inconclusive"}  # results written before the claims registry
+_LEGACY_UNJUDGED = ("no claim", "no paper claim", "not judged")
 
 
 def _text(claim: dict[str, Any]) -> str:
@@ -62,28 +50,45 @@ def _detail(claim: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def rows(study: str, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Claims with a verdict as index rows (claims without one are left out)."""
-    return [{"study": study, "claim": _text(c), "verdict": c["verdict"], "detail": _detail(c)}
-            for c in claims if c.get("verdict") and c["verdict"] not in UNJUDGED]
+def as_judgement(study: str, claim: Judgement | dict[str, Any]) -> Judgement | None:
+    """A claim of a study's results as a ``Judgement``: a registry claim's own (it has a ``claim_id``), or a
+    results file written before the registry read as one (None for its rows that were never claims)."""
+    if isinstance(claim, Judgement):
+        return claim
+    if "claim_id" in claim:
+        return Judgement.from_json(claim)
+    found = claim.get("verdict")
+    if not found or found in _LEGACY_UNJUDGED:
+        return None
+    return Judgement("", study, _text(claim), "difference", _LEGACY_VERDICTS.get(found, found), _detail(claim))
 
 
-def locality_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    from vitscope.studies.locality.results import judged_claims
+def rows(study: str, claims: list[Judgement | dict[str, Any]]) -> list[dict[str, Any]]:
+    """The judged claims as index rows: {study, claim, verdict, detail} (qualitative claims left out)."""
+    judged = [j for j in (as_judgement(study, c) for c in claims) if j is not None and j.judged]
+    return [{"study": study, "id": j.claim_id, "claim": (f"{j.claim_id}: " if j.claim_id else "") + j.statement
+             + (f" (layer {j.layer})" if j.layer is not None else ""),
+             "verdict": j.verdict, "detail": "; ".join(p for p in (j.interval_text(), j.size, j.reason, j.power,
+                                                                   j.readings_note, j.scope) if p)}
+            for j in judged]
 
-    return [c for c in judged_claims(results) if c.get("paper") is not None]
+
+def locality_claims(results: dict[str, Any]) -> list[Judgement]:
+    """The locality study's judged registry claims (a file written before the registry is judged again from its
+    runs)."""
+    from vitscope.studies.locality.results import read_results
+
+    return read_results(results).claims
 
 
 def sparse_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     return list(results.get("claims", []))
 
 
-def registers_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    from vitscope.studies.registers.findings import PUBLISHED, findings
+def registers_claims(results: dict[str, Any]) -> list[Judgement]:
+    from vitscope.studies.registers.results import RegistersResults
 
-    found = findings(results["rows"], results["models"])
-    return [{**f, "published": f.get("published") or PUBLISHED.get(f.get("finding"), f.get("finding"))}
-            for f in found]
+    return RegistersResults.from_json(results).claims
 
 
 CLAIMS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
@@ -109,12 +114,13 @@ def study_headlines(folder: str | Path, study: str) -> list[dict[str, Any]] | No
 
 
 def _claims_list(found: list[dict[str, Any]]) -> str:
-    """The claims tested, grouped by verdict: 'reproduced: A, B; inconclusive: C'."""
+    """The claims tested, counted by verdict with their ids: '2 reproduced (L2, L4); 1 inconclusive (L6-cutmix)'
+    (a claim without an id, from an older results file, by its words)."""
     groups: dict[str, list[str]] = {}
     for row in found:
-        groups.setdefault(row["verdict"], []).append(row["claim"])
-    return "; ".join(f"<b>{html.escape(v)}</b>: " + ", ".join(html.escape(c) for c in claims)
-                     for v, claims in groups.items())
+        groups.setdefault(row["verdict"], []).append(row.get("id") or row["claim"])
+    return "; ".join(f"{len(names)} <b>{html.escape(v)}</b> ({', '.join(html.escape(n) for n in names)})"
+                     for v, names in groups.items())
 
 
 def opening(study: str, results: dict[str, Any], scale: str, cannot: str) -> str:
@@ -122,7 +128,7 @@ def opening(study: str, results: dict[str, Any], scale: str, cannot: str) -> str
     verdicts, and the paper-scale command with its estimated time on the machine it names."""
     found = headlines(study, results)
     command, cost = PAPER_SCALE[study]
-    tested = f" It tested {len(found)} claim{'s' if len(found) != 1 else ''} and found {_claims_list(found)}." \
+    tested = f" It judged {len(found)} claim{'s' if len(found) != 1 else ''}: {_claims_list(found)}." \
         if found else " No claim of the paper could be judged with these runs."
     return (f'<p class="opening"><b>In short.</b> {scale} {cannot}{tested} '
             f"To run the same study at paper scale: <code>{html.escape(command)}</code> ({html.escape(cost)}).</p>")
@@ -137,15 +143,26 @@ def _seeds(results: dict[str, Any]) -> int:
 
 
 def locality_opening(results: dict[str, Any]) -> str:
-    runs = results["runs"]
-    config = runs[0]["train_config"]
+    """The locality report's opening: what this run's model, schedule and data can test, and what they cannot."""
+    from vitscope.studies.locality.results import read_results
+    from vitscope.studies.locality.scope import DATASETS, PAPER_MODEL
+
+    typed = read_results(results)
+    seeds = _seeds({"runs": [r.to_json() for r in typed.runs]})
+    config = typed.runs[0].train_config
+    model, dataset = str(config["model"]), typed.dataset
     epochs = f"{config['epochs']} epoch{'s' if config['epochs'] != 1 else ''}"
-    scale = (f"This run trains <code>{html.escape(str(config['model']))}</code> for {epochs} on "
-             f"{html.escape(str(results['provenance']['dataset']))} with {_seeds(results)} seed(s) per condition. "
+    scale = (f"This run trains <code>{html.escape(model)}</code> for {epochs} on "
+             f"{html.escape(DATASETS.get(dataset, dataset))} with {seeds} seed(s) per condition. "
              "At this scale it can test whether the training protocol moves the early layers' attention distance "
              "and entropy in a small ViT, with a verdict from seeds;")
-    cannot = ("it cannot test the paper's CIFAR-100 effect sizes or its accuracy ranking, which need vit-compact "
-              "trained for 200 epochs.")
+    if model == PAPER_MODEL and dataset == "cifar100":
+        cannot = ("it runs the paper's model and data, but with vitscope's own schedule (the seed states no "
+                  "epochs, optimiser or batch size) and several seeds where the paper ran one.")
+    else:
+        cannot = ("it cannot test the paper's CIFAR-100 effect sizes or its accuracy gains, which need the paper's "
+                  "compact ViT on CIFAR-100 (vitscope's paper preset: vit-compact, with its own 200-epoch schedule, "
+                  "since the seed states none).")
     return opening("locality", results, scale, cannot)
 
 
@@ -172,23 +189,8 @@ def sparse_opening(results: dict[str, Any]) -> str:
 
 def registers_opening(results: dict[str, Any]) -> str:
     """The registers report's opening: which models were measured (pretrained as given, trained here, random or
-    planted) and what that lets this run test."""
-    models = results["models"]
-    groups = model_groups(models)
-    given, trained, random = groups["given"], groups["trained"], groups["random"]
-    kinds = [f"{', '.join(given)} with the weights given" if given else "",
-             f"{', '.join(trained)} trained here for minutes" if trained else "",
-             f"{', '.join(random)} with random weights (they show that the census runs on each architecture, not "
-             "findings)" if random else "",
-             "a model with planted outliers whose answer is known" if groups["planted"] else ""]
-    count = f"{len(models)} model" + ("s" if len(models) != 1 else "")
-    scale = (f"This run measures {count} on {html.escape(str(results['provenance']['dataset']))}: "
-             + html.escape("; ".join(k for k in kinds if k)) + ". At this scale it can test the detector, the census "
-             "and the probes" + (", and whether the given models grow artifacts" if given else "")
-             + (", and whether small, briefly trained models grow them (the paper says they do not)" if trained else "")
-             + ";")
-    cannot = ("it cannot test whether large, long-trained models (DINOv2, OpenCLIP, DeiT-III) grow them, which "
-              "needs their pretrained weights." if not given else
-              "its verdicts rest on the models given alone, not on the paper's whole set (DINOv2, OpenCLIP, "
-              "DeiT-III and others, at every size).")
-    return opening("registers", results, scale, cannot)
+    planted) and what that lets this run test (``vitscope.report.registers.claims.scale_sentences``)."""
+    from vitscope.report.registers.claims import scale_sentences
+    from vitscope.studies.registers.results import RegistersResults
+
+    return opening("registers", results, *scale_sentences(RegistersResults.from_json(results)))

@@ -1,16 +1,16 @@
-// vitscope explorer, part 4 of 4: window.vitscope (select, current, figure, ready; docs/explore.md), PNG
+// vitscope explorer, part 5 of 5: window.vitscope (select, current, figure, ready; docs/explore.md), PNG
 // export and start-up.
 // ---------- API ----------
 function current() {
   return {
     image: state.image, layer: layerOf(models()[0]).number, head: state.head === 'mean' ? 'mean' : state.head + 1,
-    view: state.view, maxError: META.quantization.bound,
+    view: state.view, maxError: META.max_error,
     models: models().map((m) => {
       const sel = selection(m);
       let hottest = -1, best = -1;
       sel.drawn.cells.forEach((v, i) => { if (v !== null && v > best) { best = v; hottest = i; } });
       return {label: m.label, layer: sel.layer.number, head: sel.slot < 0 ? 'mean' : sel.layer.heads[sel.slot] + 1,
-        grid: sel.layer.geometry.grid, kind: sel.layer.geometry.kind, query: sel.query, row: sel.values,
+        grid: sel.layer.geometry.grid, kind: sel.layer.geometry.kind, form: sel.layer.form, query: sel.query, row: sel.values,
         cells: sel.drawn.cells, prefix: sel.drawn.prefix, labels: sel.layer.geometry.labels, hottest: hottest,
         exactZeros: sel.values.filter((v) => v === 0).length, maxError: sel.bound,
         norms: normsOf(sel.layer), threshold: m.threshold.value,
@@ -99,10 +99,9 @@ function bindControls() {
   });
 }
 function notes() {
-  const q = META.quantization;
   $('vs-summary').textContent = `${META.images.length} images · ${models().map((m) => m.label).join(' vs ')}`;
   const n = $('vs-notes');
-  n.append(el('p', {}, q.text));
+  [META.precision.text, META.quantization.text, META.notes].forEach((text) => { if (text) n.append(el('p', {}, text)); });
   n.append(el('p', {}, 'MAD: mean attention distance of patch queries over patch keys, rows renormalised, divided by ' +
     'the largest distance (0 = self, 1 = farthest); entropy: row entropy over patch keys divided by log(keys); ' +
     'set = mean over the images with patch mass (docs/definitions.md). Token norms: L2 norm of each block output ' +
@@ -110,6 +109,7 @@ function notes() {
     'window.vitscope.select({image, layer, head, query}) and window.vitscope.current() (docs/explore.md).'));
 }
 async function start() {
+  models().forEach((m, mi) => m.layers.forEach((l, li) => { l.uid = `${mi}.${li}`; }));
   await decode();
   await Promise.all(META.images.map((url) => new Promise((resolve, reject) => {
     const img = new Image(); img.onload = () => resolve(); img.onerror = reject; img.src = url; pictures.push(img);
@@ -120,7 +120,9 @@ async function start() {
   api.loadMs = performance.now();
   document.body.dataset.ready = '1';
 }
-const api = {select, current, figure, meta: META, colormap: LUT, zeroColour: ZERO, size: SIZE};
+// normalize({kind, alpha}, logits): the page's normaliser on one row of logits (for tests and scripts)
+const normalize = (spec, logits) => Array.from(normalizeRow(spec, Float64Array.from(logits), 0));
+const api = {select, current, figure, normalize, patchShare, meta: META, colormap: LUT, zeroColour: ZERO, size: SIZE};
 api.ready = start().catch((err) => {
   document.body.prepend(el('p', {class: 'vs-error'}, 'vitscope explorer could not start: ' + err));
   document.body.dataset.ready = 'error';

@@ -1,4 +1,4 @@
-// vitscope explorer, part 2 of 4: drawing heat maps, norms, outlines and colour bars on canvases.
+// vitscope explorer, part 3 of 5: drawing heat maps, norms, outlines and colour bars on canvases.
 // ---------- drawing ----------
 function colour(t) {
   const i = Math.max(0, Math.min(255, Math.floor(t * 255.999)));
@@ -10,10 +10,16 @@ function cellRect(g, cell, side) {
   const x0 = Math.round(c * side / gw), y0 = Math.round(r * side / gh);
   return [x0, y0, Math.round((c + 1) * side / gw) - x0, Math.round((r + 1) * side / gh) - y0];
 }
+const scaledPictures = new Map();  // the pictures drawn once at each side the page uses
 function drawPicture(ctx, side) {
-  const img = pictures[state.image];
-  ctx.imageSmoothingEnabled = img.naturalWidth >= 96;
-  ctx.drawImage(img, 0, 0, side, side);
+  const key = `${state.image}|${side}`;
+  if (!scaledPictures.has(key)) {
+    const img = pictures[state.image], canvas = el('canvas', {width: side, height: side}), c = canvas.getContext('2d');
+    c.imageSmoothingEnabled = img.naturalWidth >= 96;
+    c.drawImage(img, 0, 0, side, side);
+    scaledPictures.set(key, canvas);
+  }
+  ctx.drawImage(scaledPictures.get(key), 0, 0);
 }
 let sharedMax = null;  // colour scale 'shared': the largest value drawn in any model's main view
 function vmaxOf(values) {
@@ -38,10 +44,21 @@ function drawHeat(ctx, layer, sel, side) {  // attention of the query over the k
     });
     return vmax;
   }
-  const vmax = vmaxOf(sel.drawn.cells);
-  sel.drawn.cells.forEach((v, cell) => { if (v !== null) fillValue(ctx, ...cellRect(g, cell, side), v, vmax); });
+  // one pixel per grid cell, scaled up without smoothing: every cell in its exact colour, cells outside a Swin window
+  // transparent
+  const vmax = vmaxOf(sel.drawn.cells), [gh, gw] = g.grid, pixels = new ImageData(gw, gh);
+  sel.drawn.cells.forEach((v, cell) => {
+    if (v === null) return;
+    const c = v === 0 ? ZERO : colour(v / vmax);
+    pixels.data[4 * cell] = c[0]; pixels.data[4 * cell + 1] = c[1]; pixels.data[4 * cell + 2] = c[2]; pixels.data[4 * cell + 3] = 255;
+  });
+  cellCanvas.width = gw; cellCanvas.height = gh;
+  cellCanvas.getContext('2d').putImageData(pixels, 0, 0);
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage(cellCanvas, 0, 0, side, side);
   return vmax;
 }
+const cellCanvas = document.createElement('canvas');
 function normsOf(layer) {
   const [, T] = layer.norms.shape, all = view(layer.norms), base = state.image * T;
   return Array.from(all.subarray(base, base + T));

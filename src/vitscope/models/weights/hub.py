@@ -2,10 +2,11 @@
 
 Where each kind of name is looked up:
 - ``timm:NAME.TAG`` / ``timm:NAME`` with ``pretrained``: the file ``timm.create_model(NAME, pretrained=True)`` would
-  read, from its ``pretrained_cfg``: ``hf_hub_id`` (an optional ``@REVISION`` split off) with ``hf_hub_filename``
-  (default ``pytorch_model.bin``, its ``model.safetensors`` alternative tried first, as timm does), in the Hugging
-  Face hub cache; a cfg with only a ``url`` is looked up in torch's hub cache (``torch.hub.get_dir()/checkpoints``),
-  one with a ``file`` at that path;
+  read, from its ``pretrained_cfg`` in timm's order (``_resolve_pretrained_source``): a ``file`` at that path; else
+  ``hf_hub_id`` (an optional ``@REVISION`` split off) with ``hf_hub_filename`` (default ``pytorch_model.bin``, its
+  ``model.safetensors`` alternative tried first, as timm does), in the Hugging Face hub cache, even where the
+  ``url`` is an original .npz (the augreg ``in21k`` tags: timm reads the hub's state dict); else the ``url`` in
+  torch's hub cache (``torch.hub.get_dir()/checkpoints``);
 - ``hf:ORG/NAME[@REVISION]``: the snapshot folder of that repository in the hub cache (``REVISION``: a branch, tag
   or commit hash; default ``main``);
 - ``open_clip:ARCH/TAG``: the file OpenCLIP's pretrained registry names for the tag (``hf_hub`` ``ORG/NAME/[FILE]``,
@@ -185,7 +186,10 @@ def _safe_first(filename: str, defaults: tuple[str, ...]) -> tuple[str, ...]:
 
 def timm_pretrained(name: str, *, download: bool = False) -> CachedFile:
     """The pretrained weights of timm model ``name`` (``ARCH`` or ``ARCH.TAG``; no tag: timm's default tag),
-    resolved as ``timm.create_model(name, pretrained=True)`` does, from the local caches."""
+    resolved as ``timm.create_model(name, pretrained=True)`` does (timm's ``_resolve_pretrained_source``), from the
+    local caches: a ``file`` first, else the hub's state dict (``hf_hub_id``, also for tags whose ``url`` is an
+    original .npz: timm reads the hub's converted copy), else the ``url``. Refused: a source timm itself reads with
+    a custom loader (an .npz file or url, a hub repository of another format)."""
     from timm.models import get_pretrained_cfg
 
     cfg = get_pretrained_cfg(name)
@@ -193,13 +197,16 @@ def timm_pretrained(name: str, *, download: bool = False) -> CachedFile:
     if cfg is None:
         raise ValueError(f"{spec}: timm has no pretrained weights under this name; see timm.list_pretrained("
                          f"'{name.split('.')[0]}*') for its tags")
-    if cfg.custom_load:
-        raise ValueError(f"{spec}: timm loads these weights with a custom loader (a .npz file), which vitscope does "
-                         "not read; convert them to a state dict and pass it with --weights")
-    if cfg.hf_hub_id:
+    custom = (f"{spec}: timm reads these weights with a custom loader ({{}}), which vitscope does not; convert them "
+              "to a state dict and pass it with --weights")
+    if cfg.source == "hf-hub" or (not cfg.file and cfg.hf_hub_id):
+        if cfg.custom_load == "hf" and cfg.hf_hub_filename:
+            raise ValueError(custom.format(f"{cfg.hf_hub_id}/{cfg.hf_hub_filename}"))
         repo_id, revision = split_revision(cfg.hf_hub_id)
         filenames = _safe_first(cfg.hf_hub_filename, HF_WEIGHTS) if cfg.hf_hub_filename else HF_WEIGHTS
         return hub_file(spec, repo_id, filenames, revision, download=download)
+    if cfg.custom_load and (cfg.file or cfg.url):
+        raise ValueError(custom.format(f"the file {cfg.file or cfg.url}"))
     if cfg.file:
         path = Path(cfg.file).expanduser()
         if not path.is_file():

@@ -99,6 +99,12 @@ COMMAND_LINES = {
 }
 
 
+# The paper-scale command and our estimate of its cost (read by the report's opening)
+PAPER_SCALE = (COMMAND_LINES["torchrun"].replace(" --gpus-per-run 8", ""),
+               f"about {PAPER_GPU_HOURS['per_run_a100']} A100 GPU-hours per run, {PAPER_GPU_HOURS['runs_default']} "
+               "runs per condition (an estimate; weeks on one A100 GPU)")
+
+
 def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     """``base`` with ``changes`` applied, nested mappings merged key by key."""
     out = dict(base)
