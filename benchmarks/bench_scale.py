@@ -10,7 +10,9 @@ as the command line runs them after loading the model:
 - ``norms``: ``vitscope analyze norms`` (``measure_norms``, its JSON/CSV and figures);
 - ``census``: the registers study's census of one model (``run_census``, default settings);
 - ``features``: the probes' feature extraction of the last token layer into a fresh disk cache (``extract_features``);
-- ``stats``: ``record_attention(keep="stats")`` over the images in one batch.
+- ``stats``: ``record_attention(keep="stats")`` over the images in one batch;
+- ``explore``: the explorer's page of every layer and head (``vitscope.explore``, its 100 MB default bound; a page
+  estimated above it is refused before the model runs, and the row says so).
 Every run is a fresh Python process (peak RSS, ``getrusage``'s maxrss read by ``os.wait4``, is per process): it
 loads the model, then runs the instrument with the batch the memory plan chooses. Printed per row: the batch, the
 load and run times, the peak RSS (medians over ``--repeats``), the plan's estimate of the peak, and the 1-minute
@@ -37,9 +39,10 @@ from common import machine, table  # noqa: E402
 MODELS = {"S": "timm:vit_small_patch14_dinov2", "B": "timm:vit_base_patch14_dinov2",
           "L": "timm:vit_large_patch14_dinov2", "g": "timm:vit_giant_patch14_dinov2"}
 LARGE = ("L", "g")  # waited for: they need several GB
-INSTRUMENTS = ("locality", "norms", "census", "features", "stats")
-WORK = {"locality": "locality", "norms": "norms", "census": "census", "features": "features", "stats": "locality"}
-DEFAULT_BATCH = {"locality": 128, "norms": 128, "census": 64, "features": 64, "stats": 128}
+INSTRUMENTS = ("locality", "norms", "census", "features", "stats", "explore")
+WORK = {"locality": "locality", "norms": "norms", "census": "census", "features": "features", "stats": "locality",
+        "explore": "locality"}  # the explorer plans its own page, not its batch: the locality plan stands in
+DEFAULT_BATCH = {"locality": 128, "norms": 128, "census": 64, "features": 64, "stats": 128, "explore": 16}
 
 
 def worker(instrument: str, spec: str, size: int, images: int) -> dict:
@@ -60,7 +63,15 @@ def worker(instrument: str, spec: str, size: int, images: int) -> dict:
                       layers=1, kept_in_memory=False)
     out = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     run_start = time.perf_counter()
-    if instrument == "locality":
+    note = ""
+    if instrument == "explore":
+        import vitscope
+
+        try:
+            note = f"page {len(vitscope.explore(model, data).data) / 1e6:.1f} MB"
+        except ValueError as refused:
+            note = f"refused: {str(refused).split(';')[0]}"
+    elif instrument == "locality":
         from vitscope.analyze import measure_locality, write_locality
         from vitscope.report.figures.analysis import locality_figures
 
@@ -90,7 +101,7 @@ def worker(instrument: str, spec: str, size: int, images: int) -> dict:
     ended = time.perf_counter()
     estimate = plan.estimate.at(min(plan.batch_size, len(data))) if plan.estimate else None
     return {"batch": plan.batch_size, "load_s": loaded - started, "run_s": ended - run_start, "peak": peak_rss(),
-            "estimate": estimate, "params": sum(p.numel() for p in model.parameters())}
+            "estimate": estimate, "params": sum(p.numel() for p in model.parameters()), "note": note}
 
 
 def available_gb() -> float:
@@ -163,7 +174,7 @@ def main() -> None:
                     med = {k: statistics.median(r[k] for r in good) for k in ("load_s", "run_s", "peak_child")}
                     rows.append([f"ViT-{key}", str(size), instrument, str(good[0]["batch"]), f"{med['load_s']:.1f}",
                                  f"{med['run_s']:.1f}", gb(med["peak_child"]), gb(good[0]["estimate"]), loads,
-                                 f"{len(good)} run(s)"])
+                                 "; ".join(filter(None, [f"{len(good)} run(s)", good[0].get("note")]))])
                 print(table(rows[-1:], ["model", "px", "instrument", "batch", "load s", "run s", "peak RSS GB",
                                         "estimate GB", "load avg at start", "n"]).splitlines()[-1], flush=True)
     print(f"\n{args.images} images; uptime at end: "

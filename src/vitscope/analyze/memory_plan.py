@@ -44,10 +44,15 @@ def forward_shape(model: nn.Module) -> ForwardShape | None:
                         prefix=int(layout.num_prefix_tokens))
 
 
-def probabilities_formed(model: nn.Module, device: torch.device | str) -> bool:
-    """Whether measuring locality forms the attention probabilities: False only for softmax attention on a device
-    where the native kernel computes MAD and entropy from queries and keys."""
+def probabilities_formed(model: nn.Module, device: torch.device | str, work: str = "locality") -> bool:
+    """Whether ``work`` forms a layer's attention probabilities for a whole batch: for locality, unless the attention
+    is softmax and the native kernel computes MAD and entropy from queries and keys on ``device``; for the census,
+    unless it is softmax (then it forms them image by image); never for norms and features."""
+    if work not in ("locality", "census"):
+        return False
     softmax = all(getattr(getattr(m, "normalizer", None), "is_softmax", True) for m in model.modules())
+    if work == "census":
+        return not softmax
     return not (softmax and native.runs_on(torch.empty(1, device=device)))
 
 
@@ -79,15 +84,16 @@ def plan_batch(model: nn.Module, work: str, num_images: int, batch_size: int | N
     count = max(int(num_images), 1)
     if shape is None or budget is None:
         return BatchPlan(batch_size or min(default, count))
-    options = {"maps_formed": probabilities_formed(model, device), "layers": layers, "kept_in_memory": kept_in_memory}
+    options = {"maps_formed": probabilities_formed(model, device, work), "layers": layers,
+               "kept_in_memory": kept_in_memory}
 
     def estimate(shape_: ForwardShape = shape, images: int = count, **changes: Any) -> MemoryEstimate:
         return work_estimate(work, shape_, budget.in_use, images, **(options | changes))
 
     full = estimate()
     if batch_size is not None:
-        if full.at(min(batch_size, count)) <= budget.limit:
-            return BatchPlan(batch_size, full, budget)
+        if full.at(min(batch_size, count)) <= budget.limit:  # a batch beyond the images is all of them
+            return BatchPlan(min(batch_size, count), full, budget)
     else:
         chosen = full.largest_batch(budget.plan, min(default, count)) or full.largest_batch(budget.limit, 1)
         if chosen:
@@ -97,7 +103,7 @@ def plan_batch(model: nn.Module, work: str, num_images: int, batch_size: int | N
     names = FLAGS | (flags or {})
     words = " or ".join(f"{names[key]} {value}" for key, value in fixes) if fixes else None
     advice = (f"pass {words}" if words else f"no {names['batch_size']}, {names['img_size']} or "
-              f"{names['num_images']} makes it fit: use a smaller model, or more memory ({budget.source})")
+              f"{names['num_images']} makes it fit: use a smaller model, or more memory")
     raise ValueError(f"{work} of this model at {shape.side} px would need {full.describe(asked)}, more than the "
                      f"{gigabytes(budget.limit)} it may use ({budget.source}); {advice}")
 
