@@ -15,6 +15,7 @@ from vitscope.analyze.memory_plan import plan_batch
 from vitscope.atomic_io import write_csv, write_json
 from vitscope.attention import learned_alphas
 from vitscope.data import ImageDataset
+from vitscope.memory import freed_memory_returned
 from vitscope.metrics import AttentionStats
 from vitscope.record import block_progress, record_attention
 
@@ -67,7 +68,7 @@ def measure_locality(model: nn.Module, dataset: ImageDataset, *, batch_size: int
     correct, seen = 0, 0
     num_classes = getattr(model, "num_classes", None) or getattr(getattr(model, "cfg", None), "num_classes", 0)
     score = num_classes == dataset.num_classes
-    with record_attention(model, keep="stats", renormalize=renormalize, unit=unit) as rec, \
+    with freed_memory_returned(), record_attention(model, keep="stats", renormalize=renormalize, unit=unit) as rec, \
             block_progress(model, len(dataset), "locality", progress) as bar:
         for images, labels in model_batches(model, dataset, plan.batch_size, device, img_size):
             logits = model(images)

@@ -21,6 +21,7 @@ from vitscope.analyze.inputs import model_batches
 from vitscope.analyze.memory_plan import plan_batch
 from vitscope.atomic_io import write_csv, write_json
 from vitscope.data import ImageDataset
+from vitscope.memory import freed_memory_returned
 from vitscope.metrics.high_norm import ModeCheck, separate_mode
 from vitscope.metrics.norms import Threshold, high_norm_threshold, parse_threshold
 from vitscope.models.capture.sites import token_blocks
@@ -106,7 +107,7 @@ def measure_norms(model: nn.Module, dataset: ImageDataset, *, threshold: str = "
     plan = plan_batch(model, "norms", len(dataset), batch_size, default=DEFAULT_BATCH, device=device)
     if progress:
         print(plan.line("norms"), file=sys.stderr, flush=True)
-    with record_tokens(model, keep="norms", final_norm=False) as rec, \
+    with freed_memory_returned(), record_tokens(model, keep="norms", final_norm=False) as rec, \
             block_progress(model, len(dataset), "norms", progress) as bar:
         for images, _ in model_batches(model, dataset, plan.batch_size, device, img_size):
             model(images)

@@ -6,8 +6,9 @@ layer's attention probabilities forms them (heads x tokens^2) beside the logits 
 per image of the data set (token norms, features) grows with the data set instead. The constants were measured on
 timm's DINOv2 ViT-S/14 and ViT-B/14 at 224-518 px on the CPU: the growth of a fresh process's peak RSS from
 batches of 1 to batches of 6, with glibc mapping every block over 64 KB on its own so that the peak is the live
-set (``tests/test_memory_plan.py`` checks the estimate that way); with glibc's defaults a process can hold tens of
-MB more, which ``SLACK`` covers, and docs/benchmarks.md ("Scale") sets the estimates beside measured peaks.
+set (``tests/test_memory_plan.py`` checks the estimate that way). The instruments run inside
+``freed_memory_returned``, which keeps glibc from holding more than that live set in large blocks; ``SLACK`` covers
+what its heap keeps of small ones, and docs/benchmarks.md ("Scale") sets the estimates beside measured peaks.
 """
 
 from __future__ import annotations

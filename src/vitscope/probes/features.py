@@ -34,6 +34,7 @@ from vitscope.analyze.memory_plan import plan_batch
 from vitscope.atomic_io import remove_stale_temporaries
 from vitscope.cache_dir import cache_root
 from vitscope.data import ImageDataset
+from vitscope.memory import freed_memory_returned
 from vitscope.models import token_layout
 from vitscope.record import block_progress, record_tokens
 from vitscope.run_folder import writer_lock
@@ -277,7 +278,7 @@ def _run_backbone(model: nn.Module, dataset: ImageDataset, layers: list[int], no
     desc = f"features (layers {','.join(map(str, layers))})"
     start = 0
     try:
-        with block_progress(model, len(dataset), desc, progress) as bar:
+        with freed_memory_returned(), block_progress(model, len(dataset), desc, progress) as bar:
             for images, _ in model_batches(model, dataset, batch_size, device, img_size):
                 with _EmbeddingTap(model) as tap, record_tokens(model, layers=blocks or [0], keep=(
                         "normed" if normed_only else "tokens"), final_norm=normed_only) as rec:

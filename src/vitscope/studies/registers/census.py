@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from vitscope.analyze.inputs import model_batches, model_input
 from vitscope.analyze.memory_plan import plan_batch
 from vitscope.data import ImageDataset
+from vitscope.memory import freed_memory_returned
 from vitscope.metrics.high_norm import (
     high_norm_mask,
     mode_units,
@@ -167,7 +168,7 @@ def _record(model: nn.Module, dataset: ImageDataset, settings: CensusSettings, d
     stats: dict[tuple[int, int], list[tuple[Tensor, Tensor]]] = {g: [] for g in grids}
     examples, kept = [], 0
     try:
-        with record_tokens(model, keep="norms", final_norm=False) as rec, \
+        with freed_memory_returned(), record_tokens(model, keep="norms", final_norm=False) as rec, \
                 record_attention(model, keep=None, accumulators=[attention] if attention else []), \
                 block_progress(model, len(dataset), "census", progress) as bar:
             for images, _ in model_batches(model, dataset, batch_size, device, settings.img_size):
