@@ -12,7 +12,7 @@ from vitscope.report.index import write_index
 from vitscope.stats import NOT_TESTABLE, VERDICTS, Precondition, compare, verdict
 from vitscope.studies.locality.results import LocalityResults
 from vitscope.studies.locality.verdicts import LOCAL_MARGIN, judge_runs, locality_precondition
-from vitscope.studies.sparse.results import claims as sparse_claims
+from vitscope.studies.sparse.judging import judge_claims as sparse_claims
 
 UNIFORM_8X8 = uniform_mad((8, 8))  # normalised MAD of uniform attention on 8 x 8, 0.4178 (docs/definitions.md)
 
@@ -100,13 +100,17 @@ def test_demo_index_page_shows_the_verdict(tmp_path, cutmix_min, expected):
 
 
 def test_sparse_claim_without_measured_values_is_not_testable():
-    def record(condition, seed, top1):
-        return {"condition": condition, "seed": seed, "normaliser": condition, "depth": 4, "dense": [],
+    def record(condition, seed, top1, depth=None):
+        dense = [] if depth is None else [{"group": "depth:nyu", "metric": "rmse", "with_cls": True, "layer": 4,
+                                           "value": depth}]
+        return {"condition": condition, "seed": seed, "normaliser": condition, "depth": 4, "dense": dense,
+                "probe_train_images": 8, "eval_images": 8,
                 "image": {"linear_top1": top1, "knn_top1": float("nan")},
                 "diffusion": {"last_layer": {"top1": 0.2, "cosine": 0.3}}, "attention": {"zeros": [0.0]}}
 
-    records = [record("softmax", s, 0.5 + 0.01 * s) for s in range(2)]
-    records += [record("entmax15", s, 0.52 + 0.01 * s) for s in range(2)]
-    found = {c["measure"]: c for c in sparse_claims(records)}
-    assert found["knn_top1"]["verdict"] == "not testable" and "not measured" in found["knn_top1"]["reason"]
-    assert found["linear_top1"]["verdict"] in ("reproduced", "not reproduced", "inconclusive")
+    records = [record("softmax", s, 0.5 + 0.01 * s, depth=float("nan")) for s in range(2)]
+    records += [record("entmax15", s, 0.52 + 0.01 * s, depth=0.6) for s in range(2)]
+    found = {c.claim_id: c for c in sparse_claims(records, {"preset": "demo"})}
+    assert found["S9"].verdict == "not testable" and "not measured in the softmax runs" in found["S9"].reason
+    assert found["S5"].verdict == "not testable" and "no VOC set" in found["S5"].reason
+    assert found["S4"].verdict in ("reproduced", "not reproduced", "inconclusive")

@@ -25,6 +25,19 @@ EQUIVALENCE_MARGIN = 0.05
 # The seed gives the accuracy gains as "about 6-7 points"; 6.5, the middle, is the effect the difference test uses
 GAIN = "gain (points; the seed: about 6-7)"
 
+def _alone_no_effect(component: str, name: str, in_sentence: str) -> Claim:
+    """L5 for one component: Baseline + it alone gives about Baseline's MAD (an equivalence)."""
+    return Claim(f"L5-{component}", "locality", f"{name} alone has no effect on locality: Baseline + {in_sentence} "
+                 "gives MAD values almost identical to Baseline's",
+                 f"{name} showed no independent effect on locality: adding it alone to Baseline gave MAD values "
+                 "almost identical to Baseline's.",
+                 Paper({}, ABLATION, COMPACT, SCALE),
+                 ClaimTest("equivalence", margin=EQUIVALENCE_MARGIN, unit="normalised MAD",
+                           margin_why="ours: the seed gives no margin; 0.05 is the study's 'measurably local' margin, "
+                                      "about a quarter of the paper's CutMix gap"),
+                 measure="min_early_mad", a=f"baseline+{component}", b="baseline", vitscope=MAD_READING)
+
+
 CLAIMS = (
     Claim("L1", "locality", "Modern gives more local early-layer attention than Baseline, on all three datasets",
           "Across the three datasets, the Modern protocol consistently produced more local and more concentrated "
@@ -69,24 +82,8 @@ CLAIMS = (
           vitscope="every (with, without) pair of conditions compared over seeds; separated when each pair's "
                    "difference reaches half the paper's gap (0.093); the paper's absolute bounds are reported beside "
                    "(they depend on the MAD reading); " + MAD_READING),
-    Claim("L5-autoaugment", "locality", "AutoAugment alone has no effect on locality: Baseline + AutoAugment gives "
-          "MAD values almost identical to Baseline's",
-          "AutoAugment showed no independent effect on locality: adding it alone to Baseline gave MAD values almost "
-          "identical to Baseline's.",
-          Paper({}, ABLATION, COMPACT, SCALE),
-          ClaimTest("equivalence", margin=EQUIVALENCE_MARGIN, unit="normalised MAD",
-               margin_why="ours: the seed gives no margin; 0.05 is the study's 'measurably local' margin, about a "
-                          "quarter of the paper's CutMix gap"),
-          measure="min_early_mad", a="baseline+autoaugment", b="baseline", vitscope=MAD_READING),
-    Claim("L5-labelsmoothing", "locality", "Label smoothing alone has no effect on locality: Baseline + label "
-          "smoothing gives MAD values almost identical to Baseline's",
-          "Label smoothing showed no independent effect on locality: adding it alone to Baseline gave MAD values "
-          "almost identical to Baseline's.",
-          Paper({}, ABLATION, COMPACT, SCALE),
-          ClaimTest("equivalence", margin=EQUIVALENCE_MARGIN, unit="normalised MAD",
-               margin_why="ours: the seed gives no margin; 0.05 is the study's 'measurably local' margin, about a "
-                          "quarter of the paper's CutMix gap"),
-          measure="min_early_mad", a="baseline+labelsmoothing", b="baseline", vitscope=MAD_READING),
+    _alone_no_effect("autoaugment", "AutoAugment", "AutoAugment"),
+    _alone_no_effect("labelsmoothing", "Label smoothing", "label smoothing"),
     Claim("L6-cutmix", "locality", "CutMix raises test accuracy over Baseline by about 6-7 points",
           "CutMix and AutoAugment each improved test accuracy over Baseline by similar amounts (about 6-7 "
           "percentage points).",

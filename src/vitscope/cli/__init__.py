@@ -57,8 +57,22 @@ class OneLineParser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         parsed, extras = super().parse_known_args(args, namespace)
         if extras and not self.is_root:  # argparse would report them from the top parser, pointing at its help
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self.did_you_mean(extras)}")
         return parsed, extras
+
+    def did_you_mean(self, extras: list[str]) -> str:
+        """"; did you mean --xyz?" for the first unknown flag close to one of this parser's options (a typo, or
+        ``_`` for ``-``), else empty."""
+        import difflib
+
+        known = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        for extra in extras:
+            flag_given = extra.split("=", 1)[0]
+            if flag_given.startswith("--"):
+                close = difflib.get_close_matches(flag_given.replace("_", "-"), known, n=1, cutoff=0.75)
+                if close:
+                    return f"; did you mean {close[0]}?"
+        return ""
 
     def error(self, message: str):
         self.exit(2, f"vitscope: error: {message}; see `{self.prog} --help`\n")

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from vitscope.cli.options import add_common, add_dataset_options, add_model_changes
+from vitscope.cli.out_folders import locked_out
 from vitscope.cli.preflight import prepare_analysis
 
 
@@ -36,7 +37,7 @@ def register(commands) -> None:
     explore.add_argument("--rows", choices=("auto", "qk", "maps"), default="auto",
                          help="how attention rows are stored: auto (the smaller per layer), qk (queries and keys, the "
                               "page computes rows) or maps (8-bit rows) (default auto)")
-    explore.set_defaults(handler=run_explore)
+    explore.set_defaults(handler=locked_out(run_explore, "vitscope-explore"))
 
 
 def parse_numbers(text: str, flag: str) -> list[int] | None:

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from vitscope.cli.options import add_common, add_model_changes, positive_float, positive_int, unit_fraction
-from vitscope.cli.out_folders import check_output_dir, output_dir, print_files
+from vitscope.cli.out_folders import check_output_dir, locked_out, output_dir, print_files
 
 METRICS = {"linear": "top1", "knn": "knn_top1"}
 
@@ -88,6 +88,9 @@ def register(commands) -> None:
     pca.set_defaults(handler=run_pca)
     linear.set_defaults(handler=run_image)
     knn.set_defaults(handler=run_image)
+    for sub in (linear, knn, tokens, pib, pca, segment, depth):  # one writer per --out, from before the model loads
+        name = sub.prog.split()[-1]
+        sub.set_defaults(handler=locked_out(sub.get_default("handler"), f"vitscope-probe-{name}"))
 
 
 def _load(args: argparse.Namespace, split: str, count: int | None, model):

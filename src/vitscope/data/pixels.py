@@ -1,5 +1,5 @@
-"""Decoding image files and the evaluation view of an image: the one place both the in-memory loaders
-(``sources.py``, ``image_trees.py``) and the streamed datasets (``stream.py``) turn bytes into model-sized pixels.
+"""The evaluation view of an image: the one place both the in-memory loaders (``sources.py``, ``image_trees.py``)
+and the streamed datasets (``stream.py``) turn decoded images (``image_decode.py``) into model-sized pixels.
 
 A ``View`` says how an image becomes a model's input, done with torchvision v2 (antialiased ``resize``, then a
 centre cut): by default timm's evaluation transform, the shorter side resized to ``floor(size / crop_pct)`` and the
@@ -12,18 +12,12 @@ its pixels); a model's view follows the model's transform on every image.
 
 from __future__ import annotations
 
-import io
 import math
-import warnings
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-import numpy as np
-import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 from torchvision import tv_tensors
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2.functional import clamp_bounding_boxes, crop, resize
 
@@ -226,36 +220,3 @@ def model_normalization(model: Any, mean: tuple[float, ...], std: tuple[float, .
         return tuple(mean), tuple(std)
     cfg = getattr(model, "pretrained_cfg", None) or {}
     return tuple(cfg.get("mean", mean)), tuple(cfg.get("std", std))
-
-
-def decode_rgb(data: bytes, where: str) -> Tensor:
-    """Encoded image bytes -> uint8 RGB (3, H, W), EXIF orientation applied: torchvision's decoders (JPEG, PNG,
-    WebP, GIF), PIL for the formats they lack (BMP, TIFF); a file that is no image raises a ValueError naming
-    ``where``."""
-    buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    try:
-        with warnings.catch_warnings():  # torchvision 0.29 points to TorchCodec; its decoders work as before
-            warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)
-            return decode_image(buffer, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-    except (RuntimeError, ValueError) as err:
-        reason = str(err)
-    try:
-        with Image.open(io.BytesIO(data)) as handle:
-            rgb = ImageOps.exif_transpose(handle).convert("RGB")
-            return torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1)
-    except UnidentifiedImageError:
-        reason = "not a readable image file"
-    except (OSError, ValueError) as err:
-        reason = str(err) or reason
-    raise ValueError(f"cannot decode image {where}: {reason}; re-create or remove this file") from None
-
-
-def image_header_size(data: bytes, where: str = "(bytes)") -> tuple[int, int]:
-    """(height, width) of encoded image bytes, read from the header only; a file that is no image raises a
-    ValueError naming ``where``."""
-    try:
-        with Image.open(io.BytesIO(data)) as handle:
-            return handle.height, handle.width
-    except (OSError, ValueError):  # PIL's UnidentifiedImageError names only its in-memory buffer
-        raise ValueError(f"cannot decode image {where}: not a readable image file; re-create or remove this "
-                         "file") from None

@@ -40,7 +40,7 @@ from vitscope.atomic_io import atomic_path
 from vitscope.cache_dir import cache_root
 from vitscope.data.dataset import ImageDataset
 from vitscope.data.folder_layout import list_image_folder
-from vitscope.data.image_trees import FileTree, decode_images, fingerprint
+from vitscope.data.image_trees import FileTree, check_root, decode_images, fingerprint
 from vitscope.data.pixels import (
     DEFAULT_INTERPOLATION,
     View,
@@ -236,12 +236,14 @@ def load_dataset(name: str, root: str | Path | None = None, split: str = "train"
 
     ``crop_pct`` defaults to the dataset's (0.875 for ImageNet's layouts, else 1); ``interpolation`` is the views'
     resampling (bilinear, or bicubic as most pretrained timm models name). The returned set's ``view`` is the view
-    its images already are. ``options`` go to the synthetic generator (``num_images``, ``image_size``,
-    ``num_classes``, ``seed``).
+    its images already are. ``download`` fetches CIFAR into ``root`` when it is missing (and is otherwise ignored:
+    the CLI's --download also fetches model weights). ``options`` go to the synthetic generator (``num_images``,
+    ``image_size``, ``num_classes``, ``seed``).
     """
     split = canonical_split(split)
-    if download and name not in ("cifar10", "cifar100"):
-        raise ValueError(f"--download supports cifar10 and cifar100, not {name}; put {name} in --data-dir yourself")
+    missing = root is None or not Path(root).expanduser().exists()  # (generated scenes need nothing fetched)
+    if download and missing and name not in ("cifar10", "cifar100", "synthetic"):
+        raise ValueError(f"--download fetches cifar10 and cifar100, not {name}; put {name} in --data-dir yourself")
     if view is not None:
         given = [k for k, v in (("image_size", image_size), ("crop_pct", crop_pct), ("mixed_size", mixed_size),
                                 ("interpolation", interpolation if interpolation != DEFAULT_INTERPOLATION else None))
@@ -263,12 +265,9 @@ def load_dataset(name: str, root: str | Path | None = None, split: str = "train"
     if root is None:
         raise ValueError(f"dataset {name} needs a data directory; pass --data-dir PATH (a folder or archive)")
     root = Path(root).expanduser()
-    if download:
+    if download and name in ("cifar10", "cifar100"):
         _download(name, root)
-    if not root.exists():
-        raise FileNotFoundError(
-            f"data directory {root} does not exist; pass --data-dir with the {name} folder or archive"
-        )
+    check_root(root, f"the {name} folder or archive")
     crop_pct = check_crop_pct(default_crop_pct(name) if crop_pct is None else crop_pct)
     check_interpolation(interpolation)
     mean, std = _STATS.get(name, _IMAGENET_STATS)

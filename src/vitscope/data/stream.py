@@ -19,15 +19,15 @@ import torch
 from torch import Tensor
 
 from vitscope.data.dataset import ImageDataset, stratified_indices
+from vitscope.data.image_decode import decode_rgb, image_header_size
+from vitscope.data.image_trees import mixed_sizes
 from vitscope.data.pixels import (
     DEFAULT_CROP_PCT,
     DEFAULT_INTERPOLATION,
     View,
     check_crop_pct,
     check_interpolation,
-    decode_rgb,
     eval_view,
-    image_header_size,
     view_boxes,
 )
 
@@ -164,10 +164,7 @@ class StreamedDataset:
         originals = [(int(im.shape[-2]), int(im.shape[-1])) for im in decoded]
         side = size if size is not None else (mixed_size if len(set(originals)) > 1 else None)
         if side is None and len(set(originals)) > 1:
-            shown = ", ".join(f"{h}x{w}" for h, w in sorted(set(originals))[:3])
-            raise ValueError(f"{self.name} images have different sizes ({shown}, ...); pass an image size S to view "
-                             "them at S x S (shorter side resized, centre crop): --img-size S, or "
-                             "dataset_options.image_size in a training config")
+            raise mixed_sizes(f"{self.name} images", sorted(set(originals)))
         view = None if side is None else side if isinstance(side, View) else View(int(side), self.crop_pct,
                                                                                   self.interpolation)
         images = decoded if view is None else [view(im) for im in decoded]

@@ -11,7 +11,7 @@ stderr and recorded in the result's settings (``classes``).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from vitscope.data import ImageDataset
 from vitscope.metrics.knn import knn_top1
 from vitscope.probes.baselines import majority_top1, random_twin
-from vitscope.probes.features import depth_of, extract_features, parse_layers
+from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import fit_classifier
 from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, ProbeResult, row
 from vitscope.probes.settings import ImageProbeSettings
@@ -30,18 +30,28 @@ DINO_GROUP = "dino-last4"
 Scorer = Callable[[Tensor, Tensor, Tensor, Tensor, int], float]
 
 
+def dino_last4_layers(depth: int) -> list[int]:
+    """The token layers of DINO's linear protocol for ViT-S: the outputs of the last four blocks (every block of a
+    model with fewer than four)."""
+    return list(range(max(1, depth - 3), depth + 1))
+
+
+def dino_last4_cls(features: Mapping[int, LayerFeatures], depth: int) -> Tensor:
+    """DINO's linear-protocol feature (N, 4 D): the CLS tokens of ``dino_last4_layers(depth)`` (read after the
+    final norm, as DINO's ``get_intermediate_layers``) concatenated in block order."""
+    return torch.cat([features[layer].pooled("cls") for layer in dino_last4_layers(depth)], dim=1)
+
+
 def _image_features(backbone: nn.Module, train: ImageDataset, eval_set: ImageDataset, layers: list[int],
                     pool: str, dino_last4: bool, options: dict[str, Any]
                     ) -> dict[tuple[int, str], tuple[Tensor, Tensor]]:
     """(layer, group) -> (train features, eval features), each (N, D) float32."""
     depth = depth_of(backbone)
-    needed = sorted(set(layers) | (set(range(max(1, depth - 3), depth + 1)) if dino_last4 else set()))
+    needed = sorted(set(layers) | (set(dino_last4_layers(depth)) if dino_last4 else set()))
     both = [extract_features(backbone, data, needed, **options) for data in (train, eval_set)]
     out = {(layer, pool): (both[0][layer].pooled(pool), both[1][layer].pooled(pool)) for layer in layers}
     if dino_last4:
-        last4 = [layer for layer in needed if layer >= max(1, depth - 3)]
-        out[(depth, DINO_GROUP)] = tuple(torch.cat([f[layer].pooled("cls") for layer in last4], dim=1)
-                                         for f in both)
+        out[(depth, DINO_GROUP)] = tuple(dino_last4_cls(f, depth) for f in both)
     return out
 
 

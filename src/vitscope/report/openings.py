@@ -81,8 +81,10 @@ def locality_claims(results: dict[str, Any]) -> list[Judgement]:
     return read_results(results).claims
 
 
-def sparse_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(results.get("claims", []))
+def sparse_claims(results: dict[str, Any]) -> list[Judgement]:
+    from vitscope.studies.sparse.results_file import SparseResults
+
+    return SparseResults.coerce(results).claims
 
 
 def registers_claims(results: dict[str, Any]) -> list[Judgement]:
@@ -166,10 +168,15 @@ def locality_opening(results: dict[str, Any]) -> str:
     return opening("locality", results, scale, cannot)
 
 
-def sparse_opening(results: dict[str, Any]) -> str:
-    settings = results["settings"]
-    trained = [r["source"]["trained"] for r in results["runs"] if "trained" in r.get("source", {})]
-    given = {r["condition"]: r["source"]["given"] for r in results["runs"] if "given" in r.get("source", {})}
+def sparse_opening(results: Any) -> str:
+    """The sparse report's opening: what was compared, at what scale, what that can test; the paper's effect
+    sizes from the registry."""
+    from vitscope.claims import claim
+    from vitscope.studies.sparse.results_file import SparseResults
+
+    results = SparseResults.coerce(results)
+    trained = [r["source"]["trained"] for r in results.runs if "trained" in r.get("source", {})]
+    given = {r["condition"]: r["source"]["given"] for r in results.runs if "given" in r.get("source", {})}
     named = ", ".join(f"{label} ({'random weights' if loads_random_weights(entry) else 'the weights given'})"
                       for label, entry in given.items())
     what = f"the given models {html.escape(named)}"
@@ -178,13 +185,17 @@ def sparse_opening(results: dict[str, Any]) -> str:
         what = (f"<code>{html.escape(str(trained[0]['model']))}</code> pretrained with DINO for {epochs} "
                 f"epoch{'s' if epochs != 1 else ''} on {html.escape(str(trained[0]['dataset']))}"
                 + (f", beside the given models {html.escape(named)}" if given else ""))
-    scale = (f"This run ({html.escape(str(settings.get('preset')))} preset) compares {what}, differing only in "
-             f"the attention normaliser, with {_seeds(results)} seed(s) per condition. At this scale it can test "
-             "whether entmax-1.5 gives attention exact zeros and whether that changes the probes and semantic "
-             "diffusion in a small backbone;")
-    cannot = ("it cannot test the paper's ImageNet effect sizes (+0.56 linear top-1, +6 mIoU on VOC), which need "
-              "ViT-S/16 pretrained for 200 epochs.")
-    return opening("sparse", results, scale, cannot)
+    conditions = html.escape(", ".join(results.conditions()))
+    scale = (f"This run ({html.escape(str(results.settings.get('preset')))} preset) compares {what}, differing "
+             f"only in the attention normaliser, registers or CLS/patch Specialization ({conditions}), with "
+             f"{results.seeds_per_condition()} seed(s) per condition. At this scale it can test whether "
+             "entmax-1.5 gives attention exact zeros and in which direction it moves the probes of a small "
+             "backbone;")
+    linear, voc = claim("S4"), claim("S5")
+    cannot = (f"it cannot test the paper's ImageNet effect sizes ({100 * linear.test.effect:+.2f} points of linear "
+              f"top-1, {voc.test.effect:+.2f} mIoU on VOC), which need {linear.paper.model} with "
+              f"{linear.paper.scale}: each verdict below says how its effect compares in size.")
+    return opening("sparse", results.to_json(), scale, cannot)
 
 
 def registers_opening(results: dict[str, Any]) -> str:

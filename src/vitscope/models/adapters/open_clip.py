@@ -50,7 +50,10 @@ def load_open_clip(spec: str, img_size: int | None = None, download: bool = Fals
     if at and not file.strip():
         raise ValueError(f"open_clip:{spec} names no file after '@'; give open_clip:{arch}@FILE (a local checkpoint) "
                          f"or open_clip:{arch} for random weights")
-    arch, _, tag = arch.partition("/")
+    arch, slash, tag = arch.partition("/")
+    if slash and not tag.strip():
+        raise ValueError(f"open_clip:{spec} names no tag after '/'; give open_clip:{arch}/TAG (one of "
+                         f"open_clip.list_pretrained_tags_by_model('{arch}')) or open_clip:{arch} for random weights")
     config = open_clip.get_model_config(arch)
     if config is None:
         raise ValueError(f"open_clip:{arch} is not an OpenCLIP architecture; see open_clip.list_models()")
@@ -71,7 +74,7 @@ def load_open_clip(spec: str, img_size: int | None = None, download: bool = Fals
     visual = _build_vision_tower(config["embed_dim"], vision_cfg, quick_gelu=config.get("quick_gelu", False))
     origin, matched = "open_clip (random weights)", 0
     if file:
-        matched = _load_visual(visual, Path(file).expanduser(), arch)
+        matched = _load_visual(visual, Path(file).expanduser(), arch, img_size)
         origin = "open_clip"
     trunk = getattr(visual, "trunk", None)
     if trunk is None and not isinstance(getattr(visual, "transformer", None), nn.Module):
@@ -121,14 +124,22 @@ def view_cfg(preprocess: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return {**view, "crop_pct": 1.0, "crop_mode": modes[mode]}, ""
 
 
-def _load_visual(visual: nn.Module, file: Path, arch: str) -> int:
-    """Load the tower's tensors from ``file`` strictly; refuses a missing or unexpected key in one line."""
+def _load_visual(visual: nn.Module, file: Path, arch: str, img_size: int | None = None) -> int:
+    """Load the tower's tensors from ``file`` strictly; refuses a missing or unexpected key in one line, and a
+    position table of another length at ``img_size`` as the size it is (not another architecture)."""
     from vitscope.models.weights.checkpoint import read_state_dict
 
     state = read_state_dict(file)
     state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
     if any(k.startswith("visual.") for k in state):
         state = {k[len("visual."):]: v for k, v in state.items() if k.startswith("visual.")}
+    table, built = state.get("positional_embedding"), getattr(visual, "positional_embedding", None)
+    if img_size is not None and table is not None and built is not None and table.shape != built.shape:
+        patch = int(visual.patch_size[0])
+        side = round((table.shape[0] - 1) ** 0.5) * patch  # CLS + a square grid of patches
+        raise ValueError(f"{file}: its position table holds {table.shape[0] - 1} patches ({side} px at patch {patch}) "
+                         f"and --img-size {img_size} asks for {built.shape[0] - 1}; open_clip: towers load at their "
+                         f"own input size: drop --img-size (or use --img-size {side})")
     try:
         result = visual.load_state_dict(state, strict=False)
     except RuntimeError as err:

@@ -47,6 +47,9 @@ def _source_parts(model: nn.Module) -> tuple[dict[str, Tensor], int, int, nn.Mod
         state["pos_embed"] = model.pos_embed.detach()  # a sincos table is a buffer outside the state dict
         if model.cls_token is None:
             raise _refuse("the model has no CLS token", "export models with a class token")
+        if model.cfg.cls_specialization:
+            raise _refuse("its CLS token has its own norms and projections (cls_specialization), which Dinov2Model "
+                          "has not", "load it with vitscope (models.load of the run folder or file)")
         return state, model.patch_size, model.num_registers, model.blocks[0], model.norm
     name = type(model).__name__
     if name != "VisionTransformer" or not type(model).__module__.startswith("timm."):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,12 +57,27 @@ class CachedFile:
 
 
 def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache folder, as ``huggingface_hub`` resolves it, read from the environment now."""
+    """The Hugging Face hub cache folder, as ``huggingface_hub`` resolves it, read from the environment now; a
+    ValueError naming the variable when it points at a file."""
     env = os.environ
-    if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
-        return Path(env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]).expanduser()
-    home = env.get("HF_HOME") or str(Path(env.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface")
-    return Path(home).expanduser() / "hub"
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if env.get(name):
+            return _a_folder(name, Path(env[name]).expanduser())
+    if env.get("HF_HOME"):
+        return _a_folder("HF_HOME", Path(env["HF_HOME"]).expanduser()) / "hub"
+    if env.get("XDG_CACHE_HOME"):
+        return _a_folder("XDG_CACHE_HOME", Path(env["XDG_CACHE_HOME"]).expanduser()) / "huggingface" / "hub"
+    return Path("~/.cache/huggingface/hub").expanduser()
+
+
+def _a_folder(variable: str, path: Path) -> Path:
+    """``path`` (the value of ``variable``) unless it, or the nearest of its parents that exists, is a file."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "a file" if existing == path else f"{existing}, a file"
+        raise ValueError(f"{variable}={os.environ[variable]} points at {where}, not a folder; set {variable} to the "
+                         "Hugging Face cache folder, or unset it (default ~/.cache/huggingface)")
+    return path
 
 
 def torch_cache_dir() -> Path:
@@ -97,10 +113,81 @@ def _commit(path: Path, cache: Path, repo_id: str) -> str | None:
         return None
 
 
-def described(path: str | Path, repo: str, cache: Path | None = None) -> CachedFile:
+def described(path: str | Path, repo: str, cache: Path | None = None, fetch: str | None = None) -> CachedFile:
+    """The ``CachedFile`` of ``path``; a ValueError naming it and ``fetch`` (the command that fetches it afresh)
+    when its bytes are damaged: the hub cache stores a weights file (an LFS file) as a blob named by the sha256 of
+    its bytes, which must match."""
     path = Path(path)
     revision = _commit(path, cache, repo) if cache is not None else None
-    return CachedFile(path, repo, revision, sha256_of(path))
+    digest = sha256_of(path)
+    blob = path.resolve().name
+    if re.fullmatch(r"[0-9a-f]{64}", blob) and digest != blob:
+        fix = f"fetch it afresh with `{fetch}`" if fetch else "delete it and fetch it afresh"
+        raise ValueError(f"the cached file {path} of {repo} is damaged (its sha256 is {digest[:12]}..., not the "
+                         f"{blob[:12]}... it was stored as: cut short or overwritten); {fix}")
+    return CachedFile(path, repo, revision, digest)
+
+
+def _hub_fetch(repo_id: str, filename: str | None = None, revision: str | None = None) -> str:
+    """The ``hf`` command that (re)downloads ``filename`` (or the snapshot) of ``repo_id`` into the hub cache."""
+    rev = f" --revision {revision}" if revision else ""
+    return f"hf download {repo_id}{' ' + filename if filename else ''}{rev} --force-download"
+
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+def check_reachable(url: str, spec: str, fetch: str) -> None:
+    """A ValueError at once when ``url``'s host cannot be reached (no network: huggingface_hub would retry for a
+    minute, printing each try), naming the host and how to fetch ``spec`` instead; skipped behind a proxy, which
+    only the downloader itself can use."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise ValueError(f"--download of {spec} with HF_HUB_OFFLINE set: huggingface_hub fetches nothing; unset "
+                         f"HF_HUB_OFFLINE, or fetch it on a machine with a network (`{fetch}`)")
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return
+    parts = urlparse(url)
+    host, port = parts.hostname or url, parts.port or (80 if parts.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as err:
+        raise ValueError(f"--download cannot reach {host} ({err.strerror or err}) to fetch {spec}; without a "
+                         f"network, fetch it where there is one (`{fetch}`) and copy the cache folder here, then drop "
+                         "--download") from None
+
+
+def download_failed(spec: str, err: Exception, fetch: str) -> ValueError:
+    """One line for a download that failed after the host was reachable (a name the hub does not hold, a gated
+    repository, a dropped connection)."""
+    from huggingface_hub import errors
+
+    detail = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if isinstance(err, errors.GatedRepoError):
+        why = "the repository is gated: accept its terms on the hub and log in with `hf auth login`"
+    elif isinstance(err, errors.RepositoryNotFoundError | errors.RevisionNotFoundError):
+        why = "the hub has no such repository or revision (or it is private: log in with `hf auth login`)"
+    else:
+        why = f"{type(err).__name__}: {detail}"
+    return ValueError(f"--download of {spec} failed ({why}); check the name, or fetch it with `{fetch}`")
+
+
+def _hub_download(spec: str, fetch: str, download, *args, **kwargs):
+    """``download(*args, **kwargs)`` (hf_hub_download or snapshot_download) after ``check_reachable``, its network
+    errors as one line; a file the repository lacks (EntryNotFoundError) is raised as it is."""
+    from huggingface_hub import constants, errors
+
+    check_reachable(constants.ENDPOINT, spec, fetch)
+    try:
+        return download(*args, **kwargs)
+    except errors.LocalEntryNotFoundError as err:  # the hub not reached after all (an EntryNotFoundError too)
+        raise download_failed(spec, err, fetch) from None
+    except (errors.EntryNotFoundError, errors.HFValidationError):  # a file the repository lacks; a malformed name
+        raise
+    except Exception as err:  # httpx connection errors, HfHubHTTPError, gated or missing repositories
+        raise download_failed(spec, err, fetch) from None
 
 
 def missing(spec: str, where: str, fetch: str) -> ValueError:
@@ -119,22 +206,21 @@ def hub_file(spec: str, repo_id: str, filenames: tuple[str, ...], revision: str 
     for filename in filenames:
         found = try_to_load_from_cache(repo_id, filename, cache_dir=cache, revision=revision)
         if isinstance(found, str):
-            return described(found, repo_id, cache)
+            return described(found, repo_id, cache, _hub_fetch(repo_id, filename, revision))
+    rev = f" --revision {revision}" if revision else ""
+    fetch = f"hf download {repo_id} {filenames[0]}{rev}"
     if download:
         from huggingface_hub import errors, hf_hub_download
 
-        absent = (errors.EntryNotFoundError, getattr(errors, "RemoteEntryNotFoundError", errors.EntryNotFoundError))
         for filename in filenames:
             try:
-                return described(hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache), repo_id,
-                                 cache)
-            except absent as err:  # not in the repository: try the next name, as timm does
-                if isinstance(err, errors.LocalEntryNotFoundError):  # offline: nothing could be fetched
-                    raise
+                path = _hub_download(spec, fetch, hf_hub_download, repo_id, filename, revision=revision,
+                                     cache_dir=cache)
+            except errors.EntryNotFoundError:  # not in the repository: try the next name, as timm does
+                continue
+            return described(path, repo_id, cache, _hub_fetch(repo_id, filename, revision))
         raise ValueError(f"{spec}: {repo_id} holds none of {', '.join(filenames)}; check the name")
-    rev = f" --revision {revision}" if revision else ""
-    raise missing(spec, f"{_repo_folder(cache, repo_id)} for {' or '.join(filenames)}",
-                  f"hf download {repo_id} {filenames[0]}{rev}")
+    raise missing(spec, f"{_repo_folder(cache, repo_id)} for {' or '.join(filenames)}", fetch)
 
 
 def hub_folder(spec: str, repo_id: str, revision: str | None = None, *, download: bool = False) -> Path:
@@ -144,33 +230,40 @@ def hub_folder(spec: str, repo_id: str, revision: str | None = None, *, download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     cache = hub_cache_dir()
+    rev = f" --revision {revision}" if revision else ""
+    fetch = f"hf download {repo_id}{rev}"
     try:
         return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True))
     except LocalEntryNotFoundError:
         if download:
-            return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=SNAPSHOT_FILES))
-    rev = f" --revision {revision}" if revision else ""
-    raise missing(spec, str(_repo_folder(cache, repo_id)), f"hf download {repo_id}{rev}")
+            return Path(_hub_download(spec, fetch, snapshot_download, repo_id, revision=revision, cache_dir=cache,
+                                      allow_patterns=SNAPSHOT_FILES))
+    raise missing(spec, str(_repo_folder(cache, repo_id)), fetch)
 
 
 def folder_weights(folder: Path, repo_id: str) -> CachedFile | None:
     """The weights file of a cached snapshot folder (``model.safetensors``, else ``pytorch_model.bin``)."""
     for name in HF_WEIGHTS:
         if (folder / name).is_file():
-            return described(folder / name, repo_id, hub_cache_dir())
+            return described(folder / name, repo_id, hub_cache_dir(), _hub_fetch(repo_id, name, folder.name))
     return None
 
 
 def url_file(spec: str, url: str, *, download: bool = False) -> CachedFile:
     """A url's file in torch's hub cache, where timm and OpenCLIP download it; fetched with ``download``."""
     path = torch_cache_dir() / Path(url.split("?")[0]).name
+    fetch = f"curl -L {url} -o {path}"
     if not path.is_file():
         if not download:
-            raise missing(spec, str(path), f"curl -L {url} -o {path}")
+            raise missing(spec, str(path), fetch)
         import torch
 
+        check_reachable(url, spec, fetch)
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.hub.download_url_to_file(url, str(path))
+        try:
+            torch.hub.download_url_to_file(url, str(path))
+        except OSError as err:  # URLError, a dropped connection
+            raise ValueError(f"--download of {spec} failed ({err}); fetch it with `{fetch}`") from None
     return described(path, url)
 
 
@@ -192,8 +285,16 @@ def timm_pretrained(name: str, *, download: bool = False) -> CachedFile:
     a custom loader (an .npz file or url, a hub repository of another format)."""
     from timm.models import get_pretrained_cfg
 
-    cfg = get_pretrained_cfg(name)
     spec = f"timm:{name}"
+    try:
+        cfg = get_pretrained_cfg(name)
+    except RuntimeError:  # timm: "Invalid pretrained tag (TAG) for ARCH."
+        import timm
+
+        arch, _, tag = name.partition(".")
+        tags = [known.partition(".")[2] for known in timm.list_pretrained(f"{arch}.*")]
+        raise ValueError(f"{spec}: timm has no pretrained tag {tag!r} for {arch}; its tags: {', '.join(tags)} "
+                         f"(timm:{arch}.{tags[0] if tags else 'TAG'})") from None
     if cfg is None:
         raise ValueError(f"{spec}: timm has no pretrained weights under this name; see timm.list_pretrained("
                          f"'{name.split('.')[0]}*') for its tags")
