@@ -80,6 +80,26 @@ def test_refused_analysis_leaves_nothing_behind(tmp_path, monkeypatch, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["locality", "norms"])
+def test_refused_command_names_the_flag_that_fits_and_runs_no_image(command, tmp_path, monkeypatch, capsys):
+    # a budget below one image at 256 px but above one at a smaller side: the line names --img-size and its value
+    model = create("vit-micro", img_size=256)
+    estimate = plan_batch(model, command, 4, budget=fake_budget(64 * GB)).estimate
+    budget = fake_budget(estimate.at(1) - estimate.per_batch_image // 2)
+    monkeypatch.setattr("vitscope.analyze.memory_plan.memory_budget", lambda device: budget)
+    ran = []
+    monkeypatch.setattr(f"vitscope.analyze.{command}.model_batches", lambda *a, **k: ran.append(1) or iter(()))
+    out = tmp_path / command
+    code = main(["analyze", command, "--model", "vit-micro", "--img-size", "256", "--num-images", "4",
+                 "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0]
+    assert f"{command} of this model at 256 px would need about" in err[0]
+    side = int(err[0].rsplit("pass --img-size ", 1)[1])
+    assert side < 256 and plan_batch(create("vit-micro", img_size=side), command, 4, budget=budget).batch_size >= 1
+    assert not out.exists() and not ran
+
+
 def test_refused_feature_extraction_writes_no_cache(tmp_path, monkeypatch):
     monkeypatch.setattr("vitscope.analyze.memory_plan.memory_budget", lambda device: fake_budget(IN_USE + 2**20))
     data = synthetic_scenes("eval", num_images=4)

@@ -41,3 +41,13 @@ def test_large_blocks_are_returned_inside():
     assert held["took"]
     assert held["outside"] > 12, held  # glibc's default: the 16 MiB block stays in its heap
     assert held["inside"] < 4, held  # mapped on its own and unmapped when freed
+
+
+def test_a_threshold_the_environment_sets_stands():
+    # the estimate's own test maps every block over 64 KB on its own: the context must not raise that to 4 MiB
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True, timeout=120,
+                         env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin", "MALLOC_MMAP_THRESHOLD_": "65536"})
+    held = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not held["took"]
+    assert held["outside"] < 4 and held["inside"] < 4, held  # 64 KB: every such block mapped on its own throughout

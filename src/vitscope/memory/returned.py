@@ -9,11 +9,13 @@ the live tensors: 1.44 GB at the peak against 1.28 GB for ViT-B/14 at 518 px on 
 and returned when freed, so the peak is the live set that ``vitscope.memory.estimate`` estimates; the page faults
 of mapping them afresh are a small cost beside the arithmetic of such a forward pass. On leaving, glibc's start-up
 values are set again (as fixed values, as ``freed_memory_kept`` does). Inside ``freed_memory_kept``, whose loops
-want the opposite, and off glibc, it does nothing.
+want the opposite, off glibc, and where the environment sets glibc's mmap threshold itself (``MALLOC_MMAP_THRESHOLD_``
+or ``glibc.malloc.mmap_threshold`` in ``GLIBC_TUNABLES``: that choice stands), it does nothing.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,12 +27,18 @@ THRESHOLD = 4 * 2**20  # blocks from 4 MiB up are mapped on their own within the
 _state = {"active": 0, "took": False}  # nesting: only the outermost context changes and restores the settings
 
 
+def _threshold_set_by_environment() -> bool:
+    """Whether glibc's mmap threshold was set for this process by its environment."""
+    return "MALLOC_MMAP_THRESHOLD_" in os.environ or "glibc.malloc.mmap_threshold" in os.environ.get(
+        "GLIBC_TUNABLES", "")
+
+
 @contextmanager
 def freed_memory_returned() -> Iterator[bool]:
     """Within: blocks of 4 MiB and more are mapped on their own and returned when freed; yields whether that took.
     Process-wide while active."""
     if _state["active"] == 0:
-        libc = kept.glibc() if kept.active() == 0 else None
+        libc = kept.glibc() if kept.active() == 0 and not _threshold_set_by_environment() else None
         _state["took"] = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, THRESHOLD)) and bool(
             libc.mallopt(_M_TRIM_THRESHOLD, 2 * THRESHOLD))
     _state["active"] += 1
