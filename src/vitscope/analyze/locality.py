@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from vitscope.analyze.inputs import model_batches
+from vitscope.analyze.memory_plan import plan_batch
 from vitscope.atomic_io import write_csv, write_json
 from vitscope.attention import learned_alphas
 from vitscope.data import ImageDataset
+from vitscope.memory import freed_memory_returned
 from vitscope.metrics import AttentionStats
-from vitscope.record import record_attention
+from vitscope.record import block_progress, record_attention
+
+DEFAULT_BATCH = 128  # the most images a batch holds when none is asked for and memory allows
 
 DEFINITIONS = {
     "mad": "mean over patch queries of sum_j A[i,j] d(i,j); A restricted to patch queries and keys, rows "
@@ -49,25 +53,29 @@ class LocalityResult:
 
 
 @torch.no_grad()
-def measure_locality(model: nn.Module, dataset: ImageDataset, *, batch_size: int = 128,
+def measure_locality(model: nn.Module, dataset: ImageDataset, *, batch_size: int | None = None,
                      device: torch.device | str = "cpu", renormalize: bool = True, unit: str = "normalized",
                      progress: bool = True, img_size: int | None = None) -> LocalityResult:
     """Stream ``dataset`` through ``model`` in eval mode and collect MAD and entropy per layer and head.
 
-    Images are resized to the model's input size (``img_size`` for models without a fixed one)."""
+    Images are resized to the model's input size (``img_size`` for models without a fixed one). ``batch_size``
+    None: the largest batch (up to 128) that fits in memory (``vitscope.analyze.memory_plan``); a job that cannot
+    fit is refused before any image runs. ``progress`` shows the plan, then a bar that moves block by block."""
     model = model.to(device).eval()
+    plan = plan_batch(model, "locality", len(dataset), batch_size, default=DEFAULT_BATCH, device=device)
+    if progress:
+        print(plan.line("locality"), file=sys.stderr, flush=True)
     correct, seen = 0, 0
     num_classes = getattr(model, "num_classes", None) or getattr(getattr(model, "cfg", None), "num_classes", 0)
     score = num_classes == dataset.num_classes
-    bar = tqdm(total=len(dataset), unit="img", desc="locality", disable=not progress, dynamic_ncols=True)
-    with record_attention(model, keep="stats", renormalize=renormalize, unit=unit) as rec:
-        for images, labels in model_batches(model, dataset, batch_size, device, img_size):
+    with freed_memory_returned(), record_attention(model, keep="stats", renormalize=renormalize, unit=unit) as rec, \
+            block_progress(model, len(dataset), "locality", progress) as bar:
+        for images, labels in model_batches(model, dataset, plan.batch_size, device, img_size):
             logits = model(images)
             if score:
                 correct += int((logits.argmax(dim=-1) == labels).sum())
             seen += len(labels)
-            bar.update(len(labels))
-    bar.close()
+            bar.batch_done(len(labels))
     alphas = [values.tolist() for values in learned_alphas(model).values()] or None
     return LocalityResult(rec.stats, correct / seen if score and seen else None, seen, alphas)
 

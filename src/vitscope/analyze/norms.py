@@ -9,21 +9,26 @@ marks.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from vitscope.analyze.inputs import model_batches
+from vitscope.analyze.memory_plan import plan_batch
 from vitscope.atomic_io import write_csv, write_json
 from vitscope.data import ImageDataset
+from vitscope.memory import freed_memory_returned
 from vitscope.metrics.high_norm import ModeCheck, separate_mode
 from vitscope.metrics.norms import Threshold, high_norm_threshold, parse_threshold
+from vitscope.models.capture.sites import token_blocks
 from vitscope.models.capture.token_map import token_map
-from vitscope.record import record_tokens
+from vitscope.record import block_progress, record_tokens
+
+DEFAULT_BATCH = 128  # the most images a batch holds when none is asked for and memory allows
 
 DEFINITIONS = {
     "norm": "L2 norm of a block's output token, before the final norm",
@@ -88,23 +93,27 @@ class NormsResult:
 
 @torch.no_grad()
 def measure_norms(model: nn.Module, dataset: ImageDataset, *, threshold: str = "percentile:98",
-                  detect_layer: int = -1, batch_size: int = 64, device: torch.device | str = "cpu",
+                  detect_layer: int = -1, batch_size: int | None = None, device: torch.device | str = "cpu",
                   img_size: int | None = None, progress: bool = True) -> NormsResult:
     """Record every block's token norms over ``dataset`` and set the high-norm threshold on the patch
-    tokens of ``detect_layer``, a 0-based block index (-1, the default: the last block)."""
+    tokens of ``detect_layer``, a 0-based block index (-1, the default: the last block). ``batch_size`` None: the
+    largest batch (up to 128) that fits in memory; a job that cannot fit is refused before any image runs."""
     parse_threshold(threshold)  # a bad spec fails before any image is processed
+    depth = len(token_blocks(model))
+    if not -depth <= detect_layer < depth:  # checked before the images run
+        raise ValueError(f"detection layer {detect_layer + 1} (token layer numbering) is past this model's "
+                         f"{depth} blocks; use 1..{depth} or 'last'")
     model = model.to(device).eval()
-    bar = tqdm(total=len(dataset), unit="img", desc="norms", disable=not progress, dynamic_ncols=True)
-    with record_tokens(model, keep="norms") as rec:
-        for images, _ in model_batches(model, dataset, batch_size, device, img_size):
+    plan = plan_batch(model, "norms", len(dataset), batch_size, default=DEFAULT_BATCH, device=device)
+    if progress:
+        print(plan.line("norms"), file=sys.stderr, flush=True)
+    with freed_memory_returned(), record_tokens(model, keep="norms", final_norm=False) as rec, \
+            block_progress(model, len(dataset), "norms", progress) as bar:
+        for images, _ in model_batches(model, dataset, plan.batch_size, device, img_size):
             model(images)
-            bar.update(len(images))
-    bar.close()
+            bar.batch_done(len(images))
     norms = [n.cpu() for n in rec.norms]
     tokens = token_map(model)
-    if not -len(norms) <= detect_layer < len(norms):
-        raise ValueError(f"detection layer {detect_layer + 1} (token layer numbering) is past this model's "
-                         f"{len(norms)} blocks; use 1..{len(norms)} or 'last'")
     layer = detect_layer % len(norms)
     prefix = tokens.get("num_prefix_tokens", 0)
     patches = norms[layer][:, prefix:]

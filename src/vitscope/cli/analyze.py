@@ -16,7 +16,7 @@ def register(commands) -> None:
     analyze = commands.add_parser("analyze", help="measure a model on a dataset")
     kinds = analyze.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
     locality = kinds.add_parser("locality", help="per-head mean attention distance and entropy")
-    add_common(locality, "vitscope-locality")
+    add_common(locality, "vitscope-locality", batch_size=None)
     locality.add_argument("--unit", default="normalized", choices=["normalized", "patch", "pixel"],
                           help="distance unit of MAD: normalized (divided by the grid's largest patch distance), "
                                "patch (patch widths) or pixel (default: normalized)")
@@ -24,7 +24,7 @@ def register(commands) -> None:
                           help="keep the raw patch mass of each row instead of renormalising it")
     locality.set_defaults(handler=locked_out(run_locality, "vitscope-locality"))
     norms = kinds.add_parser("norms", help="token norms per layer and high-norm (artifact) tokens")
-    add_common(norms, "vitscope-norms")
+    add_common(norms, "vitscope-norms", batch_size=None)
     norms.add_argument("--threshold", default="percentile:98", help="percentile:Q, absolute:T or auto")
     norms.add_argument("--detect-layer", default="last", metavar="LAYER",
                        help="token layer (1..L = output of block l, or last) whose patch tokens set the threshold "

@@ -110,9 +110,11 @@ DATA_DIR_HELP = ("dataset folder or archive; --dataset imagefolder reads PATH/{t
                  "image analysed; training and fitted probes refuse them, having no held-out split)")
 
 
-def add_common(parser: argparse.ArgumentParser, default_out: str, num_images: int | None = None) -> None:
+def add_common(parser: argparse.ArgumentParser, default_out: str, num_images: int | None = None,
+               batch_size: int | None = 128) -> None:
     """The options of every command that reads a model and a dataset (model, data and the shared options);
-    ``default_out`` is the folder written when --out is not given, ``num_images`` the default sample size."""
+    ``default_out`` is the folder written when --out is not given, ``num_images`` the default sample size,
+    ``batch_size`` the default batch (None: the largest that fits in memory, ``vitscope.analyze.memory_plan``)."""
     add_model_source(parser, default="vit-micro")
     parser.add_argument("--dataset", default="synthetic",
                         help="dataset name (default: synthetic, built-in scenes that need no directory)")
@@ -124,7 +126,9 @@ def add_common(parser: argparse.ArgumentParser, default_out: str, num_images: in
     parser.add_argument("--download", action="store_true",
                         help="fetch what is not on disk: cifar10/cifar100 into --data-dir, and the weights a model "
                              "name asks for into the Hugging Face (or torch) cache; without it nothing is fetched")
-    add_shared(parser, decided_by={"out": f"./{default_out}"}, device="auto", batch_size=128, seed=0, out=None)
+    add_shared(parser, decided_by={"out": f"./{default_out}", "batch_size": "the largest that fits in memory, up to "
+                                   "128; a job that cannot fit is refused naming the flag that fixes it"},
+               device="auto", batch_size=batch_size, seed=0, out=None)
 
 
 IMG_SIZE_HELP = ("input side S in pixels, a multiple of the patch size: the model's position embedding is resampled "

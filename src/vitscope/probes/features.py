@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -27,17 +28,19 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from vitscope.analyze.inputs import dataset_view, model_batches, model_input
+from vitscope.analyze.memory_plan import plan_batch
 from vitscope.atomic_io import remove_stale_temporaries
 from vitscope.cache_dir import cache_root
 from vitscope.data import ImageDataset
+from vitscope.memory import freed_memory_returned
 from vitscope.models import token_layout
-from vitscope.record import record_tokens
+from vitscope.record import block_progress, record_tokens
 from vitscope.run_folder import writer_lock
 
 _CACHE_VERSION = 1
+DEFAULT_BATCH = 64  # the most images a batch holds when none is asked for and memory allows
 
 
 def depth_of(model: nn.Module) -> int:
@@ -205,14 +208,17 @@ class _EmbeddingTap:
 
 @torch.no_grad()
 def extract_features(model: nn.Module, dataset: ImageDataset, layers: str | Sequence[int | str] = "last", *,
-                     norm: bool = True, batch_size: int = 64, device: torch.device | str = "cpu",
+                     norm: bool = True, batch_size: int | None = None, device: torch.device | str = "cpu",
                      img_size: int | None = None, cache: str | Path | None | bool = True,
                      progress: bool = True) -> dict[int, LayerFeatures]:
     """Token features of ``layers`` (token-layer numbers) for every image of ``dataset``, by token layer.
 
     The backbone runs frozen in eval mode, once for all layers missing from the cache; ``cache`` is a folder,
     True for ``$VITSCOPE_CACHE/features`` or False for memory only. Each cached layer is written to a temporary
-    file batch by batch (memory stays flat in dataset size) and renamed into place when complete.
+    file batch by batch (memory stays flat in dataset size) and renamed into place when complete. Only the asked
+    layers' tokens are kept. ``batch_size`` None: the largest batch (up to 64) that fits in memory; a job that
+    cannot fit is refused, before anything is written, in one line naming the flag that fixes it
+    (``vitscope.analyze.memory_plan``). The progress bar moves block by block.
     """
     depth = depth_of(model)
     wanted = parse_layers(layers, depth)
@@ -225,14 +231,22 @@ def extract_features(model: nn.Module, dataset: ImageDataset, layers: str | Sequ
                                                             else Path(cache))
     files: dict[int, Path] = {}
     if folder is not None:
+        model_key, data_key = model_fingerprint(model), dataset_fingerprint(dataset)
+        files = {layer: _cache_file(folder, model_key, data_key, layer, norm, geometry) for layer in wanted}
+    missing = [layer for layer in wanted if layer not in files or not files[layer].exists()]
+    if missing:  # planned before anything is written: a job that cannot fit in memory leaves nothing behind
+        model.to(device)
+        plan = plan_batch(model, "features", len(dataset), batch_size, default=DEFAULT_BATCH, device=device,
+                          layers=len(missing), kept_in_memory=folder is None)
+        batch_size = plan.batch_size
+        if progress:
+            print(plan.line(f"features (layers {','.join(map(str, missing))})"), file=sys.stderr, flush=True)
+    if folder is not None:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise ValueError(f"the feature cache {folder} cannot be created ({err.strerror or err}); "
                              f"{CACHE_FIX}") from None
-        model_key, data_key = model_fingerprint(model), dataset_fingerprint(dataset)
-        files = {layer: _cache_file(folder, model_key, data_key, layer, norm, geometry) for layer in wanted}
-    missing = [layer for layer in wanted if layer not in files or not files[layer].exists()]
     lock = nullcontext() if not missing or folder is None else writer_lock(
         folder, "feature cache", CACHE_FIX, name=f".{model_key[:16]}-{data_key[:16]}.lock", wait=True)
     with lock:  # one writer per cache entry: a second process waits for it, then reuses what it wrote
@@ -260,32 +274,34 @@ def _run_backbone(model: nn.Module, dataset: ImageDataset, layers: list[int], no
     temps: dict[int, Path] = {}
     blocks = [layer - 1 for layer in layers if layer > 0]
     final_norm = getattr(model, "norm", None)
-    bar = tqdm(total=len(dataset), unit="img", desc=f"features (layers {','.join(map(str, layers))})",
-               disable=not progress, dynamic_ncols=True)
+    normed_only = norm and final_norm is not None  # keep only the tokens read: after the final norm, or before it
+    desc = f"features (layers {','.join(map(str, layers))})"
     start = 0
     try:
-        for images, _ in model_batches(model, dataset, batch_size, device, img_size):
-            with _EmbeddingTap(model) as tap, record_tokens(model, layers=blocks or [0]) as rec:
-                model(images)
-            by_layer = {}
-            if 0 in layers:
-                embedded = tap.value
-                by_layer[0] = final_norm(embedded) if norm and final_norm is not None else embedded
-            raw, normed = rec.tokens, rec.normed
-            for slot, block in enumerate(sorted(set(blocks))):
-                by_layer[block + 1] = normed[slot] if norm and normed[slot] is not None else raw[slot]
-            for layer in layers:
-                batch = by_layer[layer].to("cpu", torch.float16).numpy()
-                if layer not in sinks:
-                    shape = (len(dataset), *batch.shape[1:])
-                    if layer in files:
-                        temps[layer] = files[layer].with_name(f".{files[layer].name}.{os.getpid()}.tmp")
-                        sinks[layer] = _cache_sink(temps[layer], shape)
-                    else:
-                        sinks[layer] = np.empty(shape, dtype=np.float16)
-                sinks[layer][start : start + len(batch)] = batch
-            start += len(images)
-            bar.update(len(images))
+        with freed_memory_returned(), block_progress(model, len(dataset), desc, progress) as bar:
+            for images, _ in model_batches(model, dataset, batch_size, device, img_size):
+                with _EmbeddingTap(model) as tap, record_tokens(model, layers=blocks or [0], keep=(
+                        "normed" if normed_only else "tokens"), final_norm=normed_only) as rec:
+                    model(images)
+                by_layer = {}
+                if 0 in layers:
+                    embedded = tap.value
+                    by_layer[0] = final_norm(embedded) if normed_only else embedded
+                read = rec.normed if normed_only else rec.tokens
+                for slot, block in enumerate(sorted(set(blocks))):
+                    by_layer[block + 1] = read[slot]
+                for layer in layers:
+                    batch = by_layer[layer].to("cpu", torch.float16).numpy()
+                    if layer not in sinks:
+                        shape = (len(dataset), *batch.shape[1:])
+                        if layer in files:
+                            temps[layer] = files[layer].with_name(f".{files[layer].name}.{os.getpid()}.tmp")
+                            sinks[layer] = _cache_sink(temps[layer], shape)
+                        else:
+                            sinks[layer] = np.empty(shape, dtype=np.float16)
+                    sinks[layer][start : start + len(batch)] = batch
+                start += len(images)
+                bar.batch_done(len(images))
         memory = {}
         for layer, sink in sinks.items():
             if layer in temps:
@@ -296,7 +312,6 @@ def _run_backbone(model: nn.Module, dataset: ImageDataset, layers: list[int], no
                 memory[layer] = torch.from_numpy(sink)
         return memory
     finally:
-        bar.close()
         for temp in temps.values():  # an interrupted pass leaves no half-written cache entry
             temp.unlink(missing_ok=True)
         model.train(was_training)

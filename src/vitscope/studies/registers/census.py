@@ -15,6 +15,10 @@ Per token layer (0 = input of block 1, l = output of block l, before the final n
 * what attends to them: the attention mass that CLS and patch queries of attention layer l put on the
   high-norm patches of token layer l - 1 (its keys), against those patches' share of all keys.
 
+Memory: a plain ViT is measured in one pass over the data that keeps token norms, never tokens, and streams the
+attention (``attention_mass``: two averaged rows per layer and image, never a map), so a ViT-g at 518 px fits in
+12 GB; the batch adapts to the memory available (``vitscope.analyze.memory_plan``).
+
 Hierarchical models (Swin, PVT-v2) have no prefix tokens and change width per stage: each stage gets its own
 threshold, set on the stage's last block and applied to every block of the stage; attention mass is measured
 per stage on the model's own geometry, over the keys each query can see (``hier``: Swin windows,
@@ -25,19 +29,20 @@ threshold, threshold_value[, stage]}``.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from vitscope.analyze.inputs import model_batches, model_input
+from vitscope.analyze.memory_plan import plan_batch
 from vitscope.data import ImageDataset
+from vitscope.memory import freed_memory_returned
 from vitscope.metrics.high_norm import (
     high_norm_mask,
-    mass_on_high_norm,
     mode_units,
     patch_in_boxes,
     patch_object_fraction,
@@ -45,28 +50,30 @@ from vitscope.metrics.high_norm import (
     region_share,
     separate_mode,
 )
-from vitscope.metrics.norms import Threshold, high_norm_threshold, log_histograms, parse_threshold
+from vitscope.metrics.norms import high_norm_threshold, log_histograms, parse_threshold
 from vitscope.metrics.units import per_image_picked
 from vitscope.models.capture.sites import token_blocks
 from vitscope.models.capture.token_map import token_map
 from vitscope.probes.results import row
-from vitscope.record import record_attention, record_tokens
+from vitscope.record import block_progress, record_attention, record_tokens
+from vitscope.studies.registers.attention_mass import AttentionRows, mass_rows
 from vitscope.studies.registers.hier import hierarchical_attention_rows
 
 HISTOGRAM_BINS = 48  # log-spaced bins of the norm histograms
+DEFAULT_BATCH = 64  # the most images a batch holds when none is asked for and memory allows
 
 
 @dataclass
 class CensusSettings:
     """``thresholds``: specs, the first one drives location and attention; ``detect_layer``: token layer
     (0..L) or ``"last"``; ``attention_images``: images whose attention maps are recorded; ``example_images``:
-    images kept for artifact maps."""
+    images kept for artifact maps; ``batch_size`` None: the largest batch (up to 64) that fits in memory."""
 
     thresholds: list[str] = field(default_factory=lambda: ["auto", "percentile:98", "absolute:150"])
     detect_layer: int | str = "last"
     attention_images: int = 32
     example_images: int = 8
-    batch_size: int = 64
+    batch_size: int | None = None
     img_size: int | None = None
 
     def __post_init__(self) -> None:
@@ -130,11 +137,24 @@ def _token_grids(model: nn.Module, dataset: ImageDataset, settings: CensusSettin
     return [(math.isqrt(c), math.isqrt(c)) for c in counts if math.isqrt(c) ** 2 == c]
 
 
+@dataclass
+class _Pass:
+    """What the census's one pass over the data gives: ``norms`` per token layer (images, T), ``local`` patch
+    statistics per grid, ``examples`` (images in [0, 1] at model side) and, for plain ViTs, the streamed
+    ``attention`` rows of the first ``attention_images`` images."""
+
+    norms: list[Tensor]
+    local: PatchStats
+    examples: Tensor
+    attention: AttentionRows | None
+
+
 @torch.no_grad()
 def _record(model: nn.Module, dataset: ImageDataset, settings: CensusSettings, device: torch.device,
-            plain: bool, grids: list[tuple[int, int]], progress: bool) -> tuple[list[Tensor], PatchStats, Tensor]:
-    """Token norms per token layer (images, T); the local statistics of every image's patches on each grid
-    (computed batch by batch, so memory holds no images); the first example images in [0, 1] at model side."""
+            plain: bool, grids: list[tuple[int, int]], batch_size: int, progress: bool) -> _Pass:
+    """One pass over ``dataset``: token norms (never the tokens), local patch statistics computed batch by batch
+    (memory holds no images), example images and, for plain ViTs, the attention rows (``attention_mass``: no map
+    is kept). The bar advances block by block."""
     side, mean, std = model_input(model, dataset, settings.img_size)
     m, s = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
     grids = [g for g in grids if side % g[0] == 0 and side % g[1] == 0]
@@ -143,12 +163,15 @@ def _record(model: nn.Module, dataset: ImageDataset, settings: CensusSettings, d
     if plain:  # token layer 0: the input of block 1
         handle = model.blocks[0].register_forward_pre_hook(
             lambda _m, args: embedded.append(args[0].detach().float().norm(dim=-1).cpu()))
+    attention = AttentionRows(min(settings.attention_images, len(dataset)), int(model.num_prefix_tokens)) \
+        if plain else None
     stats: dict[tuple[int, int], list[tuple[Tensor, Tensor]]] = {g: [] for g in grids}
     examples, kept = [], 0
-    bar = tqdm(total=len(dataset), unit="img", desc="census", disable=not progress, dynamic_ncols=True)
     try:
-        with record_tokens(model, keep="norms") as rec:
-            for images, _ in model_batches(model, dataset, settings.batch_size, device, settings.img_size):
+        with freed_memory_returned(), record_tokens(model, keep="norms", final_norm=False) as rec, \
+                record_attention(model, keep=None, accumulators=[attention] if attention else []), \
+                block_progress(model, len(dataset), "census", progress) as bar:
+            for images, _ in model_batches(model, dataset, batch_size, device, settings.img_size):
                 model(images)
                 pixels = (images.cpu() * s + m).clamp(0, 1)
                 for grid in grids:
@@ -156,15 +179,14 @@ def _record(model: nn.Module, dataset: ImageDataset, settings: CensusSettings, d
                 if kept < settings.example_images:
                     examples.append(pixels[: settings.example_images - kept])
                     kept += len(examples[-1])
-                bar.update(len(images))
+                bar.batch_done(len(images))
     finally:
-        bar.close()
         if handle is not None:
             handle.remove()
     norms = [n.cpu() for n in rec.norms]
     patch_stats = {g: (torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts]))
                    for g, parts in stats.items()}
-    return ([torch.cat(embedded)] if plain else []) + norms, patch_stats, torch.cat(examples)
+    return _Pass(([torch.cat(embedded)] if plain else []) + norms, patch_stats, torch.cat(examples), attention)
 
 
 def _object_map(dataset: ImageDataset, grid: tuple[int, int], side: int) -> Tensor | None:
@@ -205,48 +227,24 @@ def _location_rows(label: str, layer: int, high: Tensor, local: tuple[Tensor, Te
     return rows
 
 
-def _attention_images(model: nn.Module, dataset: ImageDataset, settings: CensusSettings, device: torch.device
-                      ) -> Tensor:
+def _attention_images(model: nn.Module, dataset: ImageDataset, settings: CensusSettings, device: torch.device,
+                      batch_size: int) -> Tensor:
     """The first ``attention_images`` images in dataset order (those whose norms are ``norms[:, :count]``)."""
     count = min(settings.attention_images, len(dataset))
     batches = []
-    for batch, _ in model_batches(model, dataset, min(settings.batch_size, count), device, settings.img_size):
+    for batch, _ in model_batches(model, dataset, min(batch_size, count), device, settings.img_size):
         batches.append(batch)
         if sum(len(b) for b in batches) >= count:
             break
     return torch.cat(batches)[:count]
 
 
-@torch.no_grad()
-def _attention_rows(model: nn.Module, dataset: ImageDataset, settings: CensusSettings, device: torch.device,
-                    label: str, norms: list[Tensor], threshold: Threshold, prefix: int, extra: dict[str, Any]
-                    ) -> tuple[list[dict[str, Any]], Tensor]:
-    """Attention mass on high-norm keys per attention layer, and the CLS rows (images, T) of the last layer."""
-    images = _attention_images(model, dataset, settings, device)
-    count = len(images)
-    with record_attention(model, keep="maps") as rec:
-        model(images)
-    rows = []
-    for index, probs in enumerate(rec.maps):
-        probs = probs.float().cpu()
-        keys = high_norm_mask(norms[index][:count], threshold.value, prefix)  # token layer index = block index
-        mass = mass_on_high_norm(probs, keys, prefix)
-        layer = index + 1  # attention layer l reads token layer l - 1
-        for group in ("cls", "patch"):
-            if prefix or group == "patch":
-                rows.append(_row(label, layer, f"{group}-query", "attention_mass_on_high_norm",
-                                 mass[group].mean(), count, layer_kind="attention", **extra))
-        rows.append(_row(label, layer, "high-norm", "key_share", mass["share"].mean(), count,
-                         layer_kind="attention", **extra))
-    last = rec.maps[-1].float().cpu().mean(dim=1)  # (images, T, T) averaged over heads
-    return rows, last[:, 0] if prefix else last.mean(dim=1)
-
-
 @dataclass
 class _Recorded:
     """What the census recorded of one model, handed from ``run_census`` to the plain or hierarchical census:
     ``norms`` per token layer (images, tokens), ``local`` patch statistics per grid, ``examples`` (images, 3,
-    side, side) kept for the maps, ``side`` the model's input side in pixels."""
+    side, side) kept for the maps, ``side`` the model's input side in pixels, ``attention`` the streamed attention
+    rows (plain ViTs), ``batch_size`` the planned batch."""
 
     model: nn.Module
     dataset: ImageDataset
@@ -258,24 +256,33 @@ class _Recorded:
     local: PatchStats
     examples: Tensor
     side: int
+    attention: AttentionRows | None
+    batch_size: int
 
 
 def run_census(model: nn.Module, dataset: ImageDataset, label: str, settings: CensusSettings | None = None,
                device: torch.device | str = "cpu", progress: bool = True) -> Census:
-    """Measure ``model`` (plain ViT, Swin or PVT-v2) on ``dataset``; see the module docstring."""
+    """Measure ``model`` (plain ViT, Swin or PVT-v2) on ``dataset``; see the module docstring. The batch is
+    ``settings.batch_size``, else the largest (up to 64) that fits in memory; a census that cannot fit is refused
+    before any image runs (``vitscope.analyze.memory_plan``)."""
     settings = settings or CensusSettings()
     device = torch.device(device)
     model = model.to(device).eval()
+    plan = plan_batch(model, "census", len(dataset), settings.batch_size, default=DEFAULT_BATCH, device=device,
+                      flags={"num_images": "--eval-images"})
+    if progress:
+        print(plan.line(f"census of {label}"), file=sys.stderr, flush=True)
     tokens = token_map(model)
     plain = tokens["kind"] == "plain"
     grids = [tuple(tokens["patches"]["grid"])] if plain else _token_grids(model, dataset, settings, device)
-    norms, local, examples = _record(model, dataset, settings, device, plain, grids, progress)
-    recorded = _Recorded(model, dataset, settings, device, label, tokens, norms, local, examples, examples.shape[-1])
+    done = _record(model, dataset, settings, device, plain, grids, plan.batch_size, progress)
+    recorded = _Recorded(model, dataset, settings, device, label, tokens, done.norms, done.local, done.examples,
+                         done.examples.shape[-1], done.attention, plan.batch_size)
     return _plain_census(recorded) if plain else _hierarchical_census(recorded)
 
 
 def _plain_census(r: _Recorded) -> Census:
-    model, dataset, settings, device, label = r.model, r.dataset, r.settings, r.device, r.label
+    dataset, settings, label = r.dataset, r.settings, r.label
     tokens, norms, local, examples, side = r.tokens, r.norms, r.local, r.examples, r.side
     prefix, grid = tokens["num_prefix_tokens"], tuple(tokens["patches"]["grid"])
     layers = list(range(len(norms)))  # token layers 0..L
@@ -299,8 +306,8 @@ def _plain_census(r: _Recorded) -> Census:
         extra = {"threshold": primary.spec, "threshold_value": primary.value}
         rows += _location_rows(label, layer, high_norm_mask(n, primary.value, prefix), local.get(grid), objects,
                                extra)
-    attention, cls_rows = _attention_rows(model, dataset, settings, device, label, norms, thresholds[0], prefix,
-                                          {"threshold": thresholds[0].spec, "threshold_value": thresholds[0].value})
+    attention, cls_rows = mass_rows(r.attention, label, norms, thresholds[0],
+                                    {"threshold": thresholds[0].spec, "threshold_value": thresholds[0].value})
     hist_groups = {"patch": [n[:, prefix:] for n in norms], "cls": [n[:, tokens["cls"]] for n in norms],
                    "register": [n[:, tokens["registers"]] for n in norms]}
     shown = len(examples)
@@ -348,7 +355,7 @@ def _hierarchical_census(r: _Recorded) -> Census:
                 primary = stage_thresholds[0]
                 rows += _location_rows(label, i + 1, n > primary.value, local.get(grid), objects,
                                        {"threshold": primary.spec, "threshold_value": primary.value, **extra})
-    images = _attention_images(model, dataset, settings, device)
+    images = _attention_images(model, dataset, settings, device, r.batch_size)
     rows += hierarchical_attention_rows(model, images, stages, primary_of, label)
     layers = list(range(1, len(norms) + 1))
     histograms = log_histograms({"patch": norms}, layers, HISTOGRAM_BINS)

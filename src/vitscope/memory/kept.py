@@ -22,6 +22,11 @@ _DEFAULT_TRIM_THRESHOLD, _DEFAULT_MMAP_MAX = 128 * 1024, 65536  # glibc's defaul
 _state = {"active": 0, "took": False}  # nesting: only the outermost context changes and restores the settings
 
 
+def active() -> int:
+    """How many ``freed_memory_kept`` contexts are open now (nested ones counted)."""
+    return _state["active"]
+
+
 def glibc() -> ctypes.CDLL | None:
     """The C library, when it is glibc (which has ``mallopt`` and ``malloc_trim``); else None."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
