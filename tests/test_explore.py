@@ -358,3 +358,10 @@ def test_a_capture_gives_the_logit_inputs_of_any_unmasked_normaliser(attention):
     rebuilt = logits.normalizer((logits.q * logits.scale) @ logits.k.transpose(-1, -2))
     torch.testing.assert_close(rebuilt, seen[0].probs(), rtol=0, atol=1e-6)
     assert (seen[0].softmax_qk is not None) == (attention == "softmax")
+
+
+def test_refusal_sizes_read_as_plain_megabytes():
+    """ViT-g/14 at 518 px asked for a page of about 1,160 MB; the refusal printed it as '1.16e+03 MB'."""
+    from vitscope.explorer.budget import _mb
+
+    assert [_mb(b) for b in (1.1604e9, 174.2e6, 0.2e6)] == ["1,160", "174", "0.2"]

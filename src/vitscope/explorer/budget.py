@@ -91,7 +91,12 @@ def check_page_size(models: Sequence[nn.Module], layers: Sequence[Sequence[int]]
         fit = max(0, (max_bytes - fixed) // max(per_image, 1))
         shrink = (f"use --num-images {fit} or fewer, or keep fewer --layers or --heads" if fit else
                   "keep fewer --layers or --heads")
-        raise ValueError(f"the page would take about {total / 1e6:.3g} MB ({images} images at {per_image / 1e6:.3g} "
-                         f"MB each), above the {max_bytes / 1e6:.3g} MB budget (--max-mb); {shrink}, or raise "
-                         "--max-mb")
+        raise ValueError(f"the page would take about {_mb(total)} MB ({images} images at {_mb(per_image)} MB each), "
+                         f"above the {_mb(max_bytes)} MB budget (--max-mb); {shrink}, or raise --max-mb")
     return total
+
+
+def _mb(size: float) -> str:
+    """``size`` bytes in MB for a message: three significant digits, whole MB with thousands separators from 1,000
+    (``1,160``, not ``1.16e+03``)."""
+    return f"{size / 1e6:,.0f}" if size >= 1e9 else f"{size / 1e6:.3g}"
