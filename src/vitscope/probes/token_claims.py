@@ -1,0 +1,118 @@
+"""Claims judged on token-level probe rows, with intervals clustered by image (never by token):
+
+- ``judge_layers``: one measure at two token layers of the same held-out tokens (S2: shallow against deep layers,
+  e.g. position top-1, class from one patch token, Point-in-Box hits), paired by image;
+- ``judge_groups``: one measure on two token groups of the same images at one layer (R8: the highest-norm tokens
+  against the rest), unpaired, each side clustered by image;
+- ``cls_plus_group``: R9's comparison, an image classifier on CLS against one on CLS concatenated with the mean of
+  a token group, scored on the same test images (paired).
+
+Rows are ``vitscope.probes.tokens`` (and ``vitscope.probes.pib``) rows whose ``units`` hold per-image sums and
+counts; the verdict is ``vitscope.claims.judge``'s (``vitscope.stats``: the cluster-robust interval over images,
+or two one-sided tests for an equivalence).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vitscope.claims import Claim, Judgement
+from vitscope.claims.judge import judge, missing
+from vitscope.metrics.units import unit_values
+from vitscope.probes.linear import fit_classifier
+from vitscope.probes.results import CHANCE, RANDOM_SUFFIX
+
+
+def find_row(rows: Sequence[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    """The first row whose fields equal ``match``."""
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def _context(rows: Sequence[dict[str, Any]], model: str, metric: str, layers: Sequence[int], groups: Sequence[str]
+             ) -> list[dict[str, Any]]:
+    """The rows a judgement came from: the model's, its random twin's and chance's, without their units."""
+    keep = (model, model + RANDOM_SUFFIX, CHANCE)
+    return [{k: v for k, v in r.items() if k != "units"} for r in rows
+            if r["model"] in keep and r["metric"] == metric and r["layer"] in layers and r.get("group") in groups]
+
+
+def paired_units(row_a: dict[str, Any], row_b: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-unit values of two rows over the images both hold (per-image means repeated by the smaller count),
+    and their image labels: a paired, image-clustered comparison."""
+    a = dict(zip(row_a["units"]["images"], zip(row_a["units"]["sums"], row_a["units"]["counts"], strict=True),
+                 strict=True))
+    b = dict(zip(row_b["units"]["images"], zip(row_b["units"]["sums"], row_b["units"]["counts"], strict=True),
+                 strict=True))
+    shared = sorted(set(a) & set(b))
+    counts = np.array([min(a[i][1], b[i][1]) for i in shared], dtype=int)
+    means_a = np.array([a[i][0] / max(a[i][1], 1) for i in shared])
+    means_b = np.array([b[i][0] / max(b[i][1], 1) for i in shared])
+    return np.repeat(means_a, counts), np.repeat(means_b, counts), np.repeat(np.array(shared), counts)
+
+
+def judge_layers(claim: Claim, rows: Sequence[dict[str, Any]], *, model: str, metric: str, group: str,
+                 a_layer: int, b_layer: int, scope: str, readings: Mapping[str, tuple[int, int]] | None = None
+                 ) -> Judgement:
+    """``claim`` on ``metric`` of token ``group`` at layer ``a_layer`` minus ``b_layer`` (the claim's a and b:
+    e.g. shallow minus deep), paired by image; ``readings`` {name: (a_layer, b_layer)} other layer choices."""
+    found = {}
+    for name, (la, lb) in {"main": (a_layer, b_layer), **(readings or {})}.items():
+        row_a = find_row(rows, model=model, layer=la, group=group, metric=metric)
+        row_b = find_row(rows, model=model, layer=lb, group=group, metric=metric)
+        if row_a is None or row_b is None or "units" not in row_a or "units" not in row_b:
+            if name == "main":
+                return missing(claim, f"no {metric} rows with per-image units at layers {la} and {lb}", scope=scope)
+            continue
+        a, b, images = paired_units(row_a, row_b)
+        found[name] = (a, b, images)
+    a, b, images = found.pop("main")
+    others = {f"layers {readings[n][0]} - {readings[n][1]}": (v[0], v[1]) for n, v in found.items()
+              if np.array_equal(v[2], images)}
+    layers = sorted({a_layer, b_layer, *(x for pair in (readings or {}).values() for x in pair)})
+    return judge(claim, a, b, paired=True, clusters=images, scope=scope, layer=a_layer,
+                 a_label=f"layer {a_layer}", b_label=f"layer {b_layer}", rows=_context(rows, model, metric, layers,
+                                                                                     [group]),
+                 readings=others or None, unit="images")
+
+
+def judge_groups(claim: Claim, rows: Sequence[dict[str, Any]], *, model: str, metric: str, layer: int,
+                 a_group: str, b_group: str, scope: str, a_label: str | None = None, b_label: str | None = None
+                 ) -> Judgement:
+    """``claim`` on ``metric`` at ``layer``: token group a minus group b of the same images, each side clustered
+    by image (an image may hold tokens of both)."""
+    row_a = find_row(rows, model=model, layer=layer, group=a_group, metric=metric)
+    row_b = find_row(rows, model=model, layer=layer, group=b_group, metric=metric)
+    if row_a is None or row_b is None or "units" not in row_a or "units" not in row_b:
+        return missing(claim, f"no {metric} rows with per-image units for {a_group} and {b_group} at layer {layer}",
+                       scope=scope, layer=layer)
+    (a, ia), (b, ib) = unit_values(row_a["units"]), unit_values(row_b["units"])
+    return judge(claim, a, b, clusters=(ia, ib), scope=scope, layer=layer, a_label=a_label or a_group,
+                 b_label=b_label or b_group, rows=_context(rows, model, metric, [layer], [a_group, b_group]),
+                 unit="images")
+
+
+def group_mean(patches: Tensor, mask: Tensor) -> Tensor:
+    """(N, D) mean of each image's masked patch tokens (``patches`` (N, P, D), ``mask`` (N, P) bool; zeros for an
+    image with none)."""
+    weights = mask.float()
+    return (patches.float() * weights[..., None]).sum(1) / weights.sum(1, keepdim=True).clamp(min=1)
+
+
+def cls_plus_group(cls_fit: Tensor, group_fit: Tensor, labels_fit: Tensor, cls_test: Tensor, group_test: Tensor,
+                   labels_test: Tensor, *, seed: int = 0, device: torch.device | str = "cpu"
+                   ) -> dict[str, Tensor]:
+    """R9's two classifiers (``vitscope.probes.linear.fit_classifier``, its learning-rate and weight-decay sweep
+    on held-out fitting rows): on CLS (N, D) alone and on CLS concatenated with a group's mean (N, D); per test
+    image whether each is right: {"cls": (M,), "cls+group": (M,)} float 0/1."""
+    classes = int(max(labels_fit.max(), labels_test.max())) + 1
+    alone = fit_classifier(cls_fit.float(), labels_fit, classes, seed=seed, device=device)
+    both = fit_classifier(torch.cat([cls_fit.float(), group_fit.float()], 1), labels_fit, classes, seed=seed,
+                          device=device)
+    return {"cls": (alone.predict(cls_test.float()).cpu() == labels_test).double(),
+            "cls+group": (both.predict(torch.cat([cls_test.float(), group_test.float()], 1)).cpu()
+                          == labels_test).double()}
