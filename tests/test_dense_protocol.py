@@ -79,9 +79,9 @@ def test_the_held_out_part_is_the_tail_of_the_training_split():
 
 def test_the_sweep_chooses_on_held_out_training_images_and_a_learning_rate_that_learns(one_thread):
     inputs, labels = _planted(20, 2)
-    options = {"with_cls": (False,), "steps": 40, "batch_size": 8, "loss_points": 64}
+    options = {"num_classes": 3, "with_cls": (False,), "steps": 40, "batch_size": 8, "loss_points": 64}
     found = sweep({"layer": inputs}, labels, "segmentation", [(1e-6, 0.0), (0.05, 0.0)], held_fraction=0.25,
-                  options=options, num_classes=3)
+                  options=options)
     assert found.chosen["layer", False] == (0.05, 0.0)  # 1e-6 cannot move the head in 40 steps
     assert (found.fit_images, found.held_images) == (15, 5)
     scores = {row["lr"]: row["miou"] for row in found.scores}
@@ -89,7 +89,7 @@ def test_the_sweep_chooses_on_held_out_training_images_and_a_learning_rate_that_
     # the held-out images decide: change only their labels (all to class 0) and the scores change with them
     relabelled = labels[:15] + [torch.zeros_like(t) for t in labels[15:]]
     other = sweep({"layer": inputs}, relabelled, "segmentation", [(1e-6, 0.0), (0.05, 0.0)], held_fraction=0.25,
-                  options=options, num_classes=3)
+                  options=options)
     assert [r["miou"] for r in other.scores] != [r["miou"] for r in found.scores]
 
 
@@ -99,7 +99,7 @@ def test_batched_confusions_equal_each_heads_own_predictions_exactly(one_thread)
     inputs, labels = _planted(7, 3)
     labels = [torch.nn.functional.interpolate(t[None, None].float(), size=(13, 19))[0, 0].long() for t in labels]
     labels[2][:3] = 255
-    heads = fit_heads({k: inputs for k in range(3)}, labels, "segmentation", num_classes=3, steps=5,
+    heads = fit_heads({k: inputs for k in range(3)}, labels, "segmentation", num_classes=3, ignore_index=255, steps=5,
                       hyper={(k, False): (10.0 ** -k, 0.0) for k in range(3)}, loss_points=32)
     heads = [heads[k, False] for k in range(3)]
     found = segment_confusions(heads, inputs, labels, 3, 255, tile_values=3 * 3 * 19 * 4)  # 4 rows a tile
@@ -162,8 +162,9 @@ def test_cli_segment_both_writes_judged_claims_the_best_layer_and_a_training_not
 
 
 def test_cli_refuses_a_bad_learning_rate_list_in_one_line(tmp_path, capsys):
-    from vitscope.cli import main
+    from cli_refusals import refused
 
-    code = main(["probe", "segment", "--lr", "0.01,-1", "--out", str(tmp_path / "bad")])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "'0.01,-1'" in err
+    assert "--lr: '0.01,-1' must be comma-separated numbers > 0" in refused(
+        ["probe", "segment", "--lr", "0.01,-1", "--out", str(tmp_path / "bad")], capsys)
+    assert "--weight-decay: 'x' must be comma-separated numbers >= 0" in refused(
+        ["probe", "depth", "--weight-decay", "x", "--out", str(tmp_path / "bad")], capsys)

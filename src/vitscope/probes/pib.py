@@ -136,9 +136,9 @@ def pib_probe(model: nn.Module, dataset: ImageDataset, layers: str | Sequence[in
 
 def image_hits(scores: Tensor, boxes: Tensor, images: Tensor, grid: tuple[int, int], size: float
                ) -> dict[str, list]:
-    """Per-image PiB hits (1 or 0, a tie counts 0) as ``units`` (``vitscope.metrics.units.per_image``'s form: one
-    unit per image), so that two layers' PiB can be compared image by image."""
-    hits = torch.tensor([point_in_box(scores[i: i + 1], boxes[i: i + 1], grid, size).pib / 100.0
+    """Per-image PiB hits in percent (100 or 0, a tie counts 0) as ``units`` (``vitscope.metrics.units.per_image``'s
+    form: one unit per image), so that two layers' PiB can be compared image by image, in PiB's own unit."""
+    hits = torch.tensor([point_in_box(scores[i: i + 1], boxes[i: i + 1], grid, size).pib
                          for i in range(len(scores))], dtype=torch.float64)
     return per_image(hits, images)
 

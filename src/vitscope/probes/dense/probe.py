@@ -238,8 +238,7 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
         return iter_predictions(head, inputs, label_sizes, task, **{**predict_options, "windows": None})
 
     chosen = sweep(fit_inputs, fit_data.targets, task, settings.grid(), held_fraction=settings.held_fraction,
-                   options={**head_options, "seed": settings.seed}, num_classes=train.num_classes,
-                   ignore_index=train.ignore_index, predict=predict,
+                   options={**head_options, "seed": settings.seed}, predict=predict,
                    depth_options={"crop": eigen_crop, **depth_range})
     fitted = [fit_heads(fit_inputs, fit_data.targets, task, hyper=chosen.chosen, seed=settings.seed + s,
                         **head_options) for s in range(settings.head_seeds)]

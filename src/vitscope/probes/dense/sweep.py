@@ -57,13 +57,12 @@ def subset(inputs: HeadInputs, index: Sequence[int]) -> HeadInputs:
 
 
 def sweep(inputs: dict[Hashable, HeadInputs], targets: Sequence[Tensor], task: str, grid: Sequence[Pair], *,
-          held_fraction: float, options: dict[str, Any], num_classes: int = 0, ignore_index: int | None = None,
-          depth_options: dict[str, Any] | None = None,
+          held_fraction: float, options: dict[str, Any], depth_options: dict[str, Any] | None = None,
           predict: Callable[[DenseHead, HeadInputs, Sequence[tuple[int, int]]], Any] | None = None) -> SweepResult:
     """Choose each head's pair (module docstring). ``inputs`` by key (e.g. (backbone, layer)) over every training
-    image, ``targets`` theirs; ``options`` go to ``fit_heads`` (with_cls, steps, batch_size, seed, loss points,
-    ...); ``predict(head, inputs, sizes)`` yields depth maps (depth only); ``depth_options`` the depth scores'
-    crop and range."""
+    image, ``targets`` theirs; ``options`` go to ``fit_heads`` (num_classes, ignore_index, with_cls, steps,
+    batch_size, seed, loss points, ...); ``predict(head, inputs, sizes)`` yields depth maps (depth only);
+    ``depth_options`` the depth scores' crop and range."""
     grid = [(float(lr), float(wd)) for lr, wd in grid]
     if len(grid) == 1:
         with_cls = options.get("with_cls", (False,))
@@ -75,6 +74,7 @@ def sweep(inputs: dict[Hashable, HeadInputs], targets: Sequence[Tensor], task: s
     hyper = {((key, pair), cls): pair for key, pair in candidates for cls in options.get("with_cls", (False,))}
     heads = fit_heads(candidates, [targets[i] for i in fit], task, hyper=hyper, **options)
     held_targets = [targets[i] for i in held]
+    num_classes, ignore_index = options.get("num_classes", 0), options.get("ignore_index")
     metric = "miou" if task == "segmentation" else "rmse"
     result = SweepResult({}, [], len(fit), len(held), f"held-out {metric}")
     for key, one in inputs.items():

@@ -12,8 +12,11 @@ check. **Not converged** (``convergence``): the mean training loss over the last
 (below, as a head still descending; above, as one that diverged). Under
 the cosine schedule the learning rate of the last 10 % is below 2.5 % of its peak, so the loss barely moves there
 whatever the state of the head: the change over the whole second half is what tells a head that was still
-descending when the schedule ran out from one that had settled. The threshold is set from measured curves
-(``docs/probes.md``, "Steps and convergence").
+descending when the schedule ran out from one that had settled. The 10 % threshold comes from measured curves
+(segmentation heads on the real ViT-S/14's CamVid features, 1024 loss points): 20 epochs at batch 128 (40 steps)
+fell 16-19 % over the second half; 500 steps at batch 16 fell 4-7 % at learning rates 1e-3 and 1e-2; 2000 steps at
+1e-2 fell 2-4 %. At 0.1 the loss falls 8-16 % over the second half even at 2000 steps: a rate that high settles
+only as the cosine schedule anneals, which the check also reports (a smaller rate, not more steps, is the fix).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from torch import Tensor
 DEFAULT_STEPS = 1000  # optimiser steps of every dense head (batch 16): about 94 passes over 171 images
 CURVE_POINTS = 50
 WINDOW = 0.1  # the share of the steps each window of the convergence check averages
-CONVERGED_WITHIN = 0.05  # relative drop of the training loss over the second half that still counts as settled
+CONVERGED_WITHIN = 0.10  # relative drop of the training loss over the second half that still counts as settled
 
 
 @dataclass(frozen=True)
@@ -106,4 +109,5 @@ def not_converged_line(trainings: dict[str, HeadTraining]) -> str:
     more = f" and {len(late) - 6} more" if len(late) > 6 else ""
     steps = next(iter(late.values())).steps
     return (f"{len(late)} of {len(trainings)} heads had not converged after {steps} steps (training loss still "
-            f"falling by more than {CONVERGED_WITHIN:.0%} over the second half): {named}{more}; pass more --steps")
+            f"moving by more than {CONVERGED_WITHIN:.0%} over the second half): {named}{more}; more --steps (or, "
+            "where a high learning rate settles only as the schedule anneals, a smaller one) may help")
