@@ -118,8 +118,10 @@ def register(commands) -> None:
                         help="comma-separated: position, pixels, pixels-mlp, class")
     tokens.add_argument("--max-tokens", type=positive_int, default=2048, help="tokens per group and split")
     tokens.set_defaults(handler=run_tokens, layers="0,last")
-    pib.add_argument("--score", default="attention", choices=["attention", "norm", "cosine"],
-                     help="patch score: CLS-to-patch attention (mean over heads), token norm, cosine to CLS")
+    pib.add_argument("--score", default="attention", choices=["attention", "norm", "cosine", "class"],
+                     help="patch score: CLS-to-patch attention (mean over heads), token norm, cosine to CLS, or "
+                          "class (each patch's evidence for the image's class from a linear patch-token classifier "
+                          "fitted on half the images; PiB on the other half)")
     pib.set_defaults(handler=run_pib, layers="all")
     pca.add_argument("--count", type=positive_int, default=8, help="images shown")
     pca.add_argument("--per-image", dest="joint", action="store_false", help="fit the PCA per image")

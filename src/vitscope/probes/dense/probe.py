@@ -6,8 +6,13 @@ upsampled bilinearly to each label's own size (labels are only ever resized near
 crop). Training (``loss_points``, default 4096): the loss at that many label pixels per image sampled uniformly
 from the valid ones, where the upsampling is evaluated exactly (``vitscope.probes.dense.points``; an unbiased
 estimate of the full-resolution loss); ``"full"``: the loss over every pixel of the full-resolution upsampling.
-All heads (every layer, with and without CLS) train in one pass over the cached features. Evaluation: every pixel
-of every label, computed in tiles of label rows (``vitscope.probes.dense.tiles``).
+All heads (every layer, with and without CLS) train in one pass over the cached features, for a fixed number of
+optimiser steps (``vitscope.probes.dense.training``: the loss recorded, convergence checked). Each head's learning
+rate and weight decay are chosen on the last part of the training split (``vitscope.probes.dense.sweep``), then
+the chosen heads are refitted with one or more head seeds. Evaluation: every pixel of every label, computed in tiles
+of label rows (``vitscope.probes.dense.tiles``), per image (``vitscope.probes.dense.evaluate``), so that scores and
+differences carry intervals over images and seeds (``vitscope.probes.dense.intervals``) and claim S3 is judged per
+layer (``vitscope.probes.dense.verdicts``). Layers default to ``spread`` (``spread_layers``).
 Segmentation: cross-entropy with the dataset's ignore index; scores from one confusion matrix over the eval split
 (``vitscope.metrics.dense``). Depth (DINOv2's linear head): 256 bins spaced linearly in [``min_depth``,
 ``max_depth``] metres, depth = the bin centres weighted by DINOv2's ``linear`` normalisation (ReLU + 0.1, divided by
