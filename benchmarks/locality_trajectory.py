@@ -2,11 +2,12 @@
 
 The study measures each run once, at its end; this script measures the snapshots the trainer keeps, on the same
 evaluation sample, so that a trend over epochs can be read (docs/results/locality-cpu.md). Definitions are those
-of docs/definitions.md (MAD normalised to [0, 1], rows renormalised; minimum over the heads of the first quarter of
-the layers). At every epoch that all runs reached, the CutMix claims (minimum early MAD, top-1) are judged by the
-study's own rule (``vitscope.studies.locality.verdicts.judge``: ``vitscope.stats`` with the locality precondition),
-with CutMix conditions against the others. Writes ``trajectory.csv``, ``verdicts.csv`` and
-``figures/min_early_mad_by_epoch.png`` into the study folder.
+of docs/definitions.md and the study's (``vitscope.studies.locality.readings``: MAD normalised to [0, 1], CLS
+excluded and rows renormalised, and beside it with CLS counted at distance 0; minimum over the heads of the first
+quarter of the layers). At every epoch that all runs reached, the study's own verdicts are computed
+(``vitscope.studies.locality.verdicts.judge_runs``: every claim of the registry that the conditions allow, each by
+its kind of test, with the locality precondition against uniform attention on the runs' own grid). Writes
+``trajectory.csv``, ``verdicts.csv`` and ``figures/min_early_mad_by_epoch.png`` into the study folder.
 
     python benchmarks/locality_trajectory.py STUDY_DIR
 """
@@ -27,17 +28,18 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from vitscope.analyze import measure_locality  # noqa: E402
 from vitscope.atomic_io import write_csv  # noqa: E402
+from vitscope.claims import claim  # noqa: E402
 from vitscope.data import load_dataset  # noqa: E402
 from vitscope.models import load  # noqa: E402
-from vitscope.studies.locality.verdicts import LOCAL_MARGIN, judge, locality_precondition  # noqa: E402
+from vitscope.studies.locality import readings as rd  # noqa: E402
+from vitscope.studies.locality.records import LocalityRun  # noqa: E402
+from vitscope.studies.locality.results import LocalityResults  # noqa: E402
+from vitscope.studies.locality.verdicts import LOCAL_MARGIN, grid_uniform, has_cutmix, judge_runs  # noqa: E402
 
-UNIFORM_8X8 = 0.4178  # normalised MAD of uniform attention on an 8 x 8 grid (docs/definitions.md)
-PAPER_WITH, PAPER_WITHOUT = 0.024, 0.210  # the paper's bounds: CutMix conditions <=, the others >=
 
-
-def trajectory(study: Path, batch_size: int = 250) -> list[dict]:
-    """One row per (condition, seed, epoch): the snapshot's minimum early MAD and mean MAD per layer."""
-    rows = []
+def snapshots(study: Path, batch_size: int = 250) -> dict[int, list[LocalityRun]]:
+    """Every kept snapshot measured as the study measures a finished run: epoch -> the runs that reached it."""
+    found: dict[int, list[LocalityRun]] = {}
     eval_sets: dict[tuple, object] = {}
     for config_path in sorted(study.glob("runs/*/seed-*/config.json")):  # finished or not: what is kept so far
         cfg = json.loads(config_path.read_text())["config"]
@@ -47,51 +49,58 @@ def trajectory(study: Path, batch_size: int = 250) -> list[dict]:
             eval_sets[key] = full.subset(cfg["eval_images"])
         for snapshot in sorted((config_path.parent / "snapshots").glob("epoch-*.safetensors")):
             epoch = int(snapshot.stem.split("-")[1])
+            model = load(str(snapshot))
             with torch.no_grad():
-                result = measure_locality(load(str(snapshot)), eval_sets[key], batch_size=batch_size, progress=False)
-            mad = result.stats.mad
-            rows.append({"condition": cfg["protocol"], "seed": cfg["seed"], "epoch": epoch,
-                         "accuracy": result.accuracy, "min_early_mad": result.stats.min_early_mad(),
-                         **{f"mad_layer{i + 1}": float(mad[i].nanmean()) for i in range(mad.shape[0])}})
-            print(f"{cfg['protocol']:>24} seed {cfg['seed']} epoch {epoch:>3}: "
-                  f"min early MAD {rows[-1]['min_early_mad']:.4f}, top-1 {result.accuracy:.3f}", flush=True)
+                result = measure_locality(model, eval_sets[key], batch_size=batch_size, progress=False)
+            stats = result.stats
+            run = LocalityRun(cfg["protocol"], cfg["seed"], accuracy=result.accuracy, layers=stats.layers,
+                              mad=stats.mad.tolist(), entropy=stats.entropy.tolist(),
+                              mad_cls_at_zero=stats.mad_raw.tolist(), num_images=result.num_images,
+                              grid_size=list(model.grid_size), num_prefix_tokens=model.num_prefix_tokens,
+                              patch_size=model.patch_size, train_config=cfg)
+            found.setdefault(epoch, []).append(run)
+            print(f"{run.condition:>24} seed {run.seed} epoch {epoch:>3}: min early MAD "
+                  f"{rd.min_early_mad(run, rd.stated(run.num_layers)):.4f}, top-1 {result.accuracy:.3f}", flush=True)
+    return found
+
+
+def trajectory_rows(found: dict[int, list[LocalityRun]], early_layers: list[int] | None) -> list[dict]:
+    """One row per (condition, seed, epoch): top-1, the minimum early MAD under both MAD readings, MAD per layer."""
+    rows = []
+    for epoch, runs in sorted(found.items()):
+        for run in runs:
+            main = rd.stated(run.num_layers, early_layers)
+            cls0 = rd.Reading("mad_cls_at_zero", main.early, main.early_words)
+            mad = np.asarray(run.mad, dtype=float)
+            rows.append({"condition": run.condition, "seed": run.seed, "epoch": epoch, "accuracy": run.accuracy,
+                         "min_early_mad": rd.min_early_mad(run, main),
+                         "min_early_mad_cls_at_zero": rd.min_early_mad(run, cls0),
+                         **{f"mad_layer{i + 1}": float(np.nanmean(mad[i])) for i in range(mad.shape[0])}})
     return rows
 
 
-def snapshot_verdicts(rows: list[dict]) -> list[dict]:
-    """One row per (epoch every run reached, measure): CutMix conditions against the others, judged as the study
-    judges its final runs (one value per run; the precondition from each condition's mean minimum early MAD)."""
-    runs = {(r["condition"], r["seed"]) for r in rows}
+def snapshot_verdicts(found: dict[int, list[LocalityRun]], dataset: str,
+                      early_layers: list[int] | None) -> list[dict]:
+    """At every epoch all runs reached, the study's verdicts (``judge_runs``) on the claims these conditions
+    measure: one row per (epoch, claim)."""
+    everyone = {(r.condition, r.seed) for runs in found.values() for r in runs}
     out = []
-    for epoch in sorted({r["epoch"] for r in rows}):
-        at = [r for r in rows if r["epoch"] == epoch]
-        if {(r["condition"], r["seed"]) for r in at} != runs:
+    for epoch, runs in sorted(found.items()):
+        if {(r.condition, r.seed) for r in runs} != everyone:
             continue  # some run has not reached this epoch: no comparison of unequal training
-        with_, without = ([r for r in at if ("cutmix" in r["condition"]) == side] for side in (True, False))
-        if not with_ or not without:
-            continue
-        minima = {c: float(np.mean([r["min_early_mad"] for r in at if r["condition"] == c]))
-                  for c in dict.fromkeys(r["condition"] for r in at)}
-        precondition = locality_precondition(minima, UNIFORM_8X8)
-        for measure in ("min_early_mad", "accuracy"):
-            claim = {"claim": f"cutmix {measure}", "measure": measure,
-                     "values_with": [r[measure] for r in with_], "values_without": [r[measure] for r in without]}
-            if measure == "min_early_mad":
-                claim["precondition"] = {"met": precondition.met, "reason": precondition.reason}
-            judged = judge(claim)
-            out.append({"epoch": epoch, "measure": measure, "runs_with": judged["runs_with"],
-                        "runs_without": judged["runs_without"],
-                        "mean_with": float(np.mean(claim["values_with"])),
-                        "mean_without": float(np.mean(claim["values_without"])),
-                        "difference": judged["difference"], "ci95_low": judged["ci95_low"],
-                        "ci95_high": judged["ci95_high"], "paper_effect": judged["expected"],
-                        "verdict": judged["verdict"], "reason": judged["reason"]})
-            print(f"epoch {epoch:>3} {measure:>13}: with - without {judged['difference']:+.4f} "
-                  f"[{judged['ci95_low']:+.4f}, {judged['ci95_high']:+.4f}] -> {judged['verdict']}", flush=True)
+        for j in judge_runs(runs, dataset=dataset, early_layers=early_layers):
+            if j.difference is None:
+                continue  # a claim these conditions do not measure
+            out.append({"epoch": epoch, "claim": j.claim_id, "kind": j.kind, "a": j.a, "b": j.b,
+                        "difference": j.difference, "ci95_low": j.ci95_low, "ci95_high": j.ci95_high,
+                        "verdict": j.verdict, "reason": j.reason, "readings": "; ".join(
+                            f"{r.name}: {r.verdict} ({r.difference:+.4f})" for r in j.readings)})
+            print(f"epoch {epoch:>3} {j.claim_id:>16}: {j.interval_text()} -> {j.verdict}", flush=True)
     return out
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], uniform: float, path: Path) -> None:
+    bounds = claim("L4").test  # the paper's separation: with CutMix <= upper, without >= lower
     conditions = list(dict.fromkeys(r["condition"] for r in rows))
     fig, ax = plt.subplots(figsize=(8, 4.8))
     colours = plt.get_cmap("tab10")
@@ -99,17 +108,18 @@ def plot(rows: list[dict], path: Path) -> None:
         mine = [r for r in rows if r["condition"] == condition]
         epochs = sorted({r["epoch"] for r in mine})
         values = np.array([[r["min_early_mad"] for r in mine if r["epoch"] == e] for e in epochs])
-        style = "-" if "cutmix" in condition or condition in ("modern", "modern-autoaugment",
-                                                              "modern-labelsmoothing") else "--"
+        style = "-" if has_cutmix(condition) else "--"
         ax.plot(epochs, values.mean(axis=1), style, color=colours(i), label=condition, marker="o", ms=3)
         if values.shape[1] > 1:
             ax.fill_between(epochs, values.min(axis=1), values.max(axis=1), color=colours(i), alpha=0.12)
-    ax.axhline(UNIFORM_8X8, color="grey", lw=1, ls=":", label="uniform attention (0.4178)")
-    ax.axhline(UNIFORM_8X8 - LOCAL_MARGIN, color="grey", lw=1, ls="--",
-               label=f"testable below: uniform - {LOCAL_MARGIN:g} ({UNIFORM_8X8 - LOCAL_MARGIN:.4f})")
-    ax.axhline(PAPER_WITHOUT, color="black", lw=0.8, ls="-.", label="paper: without CutMix >= 0.210")
-    ax.axhline(PAPER_WITH, color="black", lw=0.8, ls="--", label="paper: with CutMix <= 0.024")
-    ax.set(xlabel="epoch", ylabel="minimum early-layer MAD (normalised)", ylim=(0, 0.45),
+    ax.axhline(uniform, color="grey", lw=1, ls=":", label=f"uniform attention ({uniform:.4f})")
+    ax.axhline(uniform - LOCAL_MARGIN, color="grey", lw=1, ls="--",
+               label=f"testable below: uniform - {LOCAL_MARGIN:g} ({uniform - LOCAL_MARGIN:.4f})")
+    ax.axhline(bounds.lower, color="black", lw=0.8, ls="-.",
+               label=f"paper (CIFAR-100): without CutMix >= {bounds.lower:g}")
+    ax.axhline(bounds.upper, color="black", lw=0.8, ls="--",
+               label=f"paper (CIFAR-100): with CutMix <= {bounds.upper:g}")
+    ax.set(xlabel="epoch", ylabel="minimum early-layer MAD (normalised)", ylim=(0, max(0.45, uniform * 1.08)),
            title="Minimum early-layer MAD by epoch (solid: with CutMix; band: seed range)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7, loc="lower left", ncol=2)
@@ -123,10 +133,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("study", type=Path)
     args = parser.parse_args()
-    rows = trajectory(args.study)
+    found = snapshots(args.study)
+    if not found:
+        raise SystemExit(f"no snapshots under {args.study}/runs/*/seed-*/snapshots; train with snapshots kept")
+    any_run = next(iter(found.values()))[0]
+    early = None
+    if (args.study / "results.json").is_file():
+        early = LocalityResults.read(args.study).early_layers
+    rows = trajectory_rows(found, early)
     write_csv(args.study / "trajectory.csv", rows)
-    write_csv(args.study / "verdicts.csv", snapshot_verdicts(rows))
-    plot(rows, args.study / "figures" / "min_early_mad_by_epoch.png")
+    write_csv(args.study / "verdicts.csv", snapshot_verdicts(found, any_run.train_config["dataset"], early))
+    uniform = grid_uniform([r for runs in found.values() for r in runs])
+    if uniform is None:
+        raise SystemExit("the snapshots were measured on different grids; plot them one grid at a time")
+    plot(rows, uniform, args.study / "figures" / "min_early_mad_by_epoch.png")
     print(f"wrote {args.study / 'trajectory.csv'}, verdicts.csv and figures/min_early_mad_by_epoch.png")
 
 

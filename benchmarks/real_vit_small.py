@@ -4,8 +4,8 @@
 
 Reads what the commands on ``docs/results/real-vit-small.md`` wrote (analyze locality/norms, probe
 knn/linear/tokens/pca, study registers) and writes ``results.json`` beside the page: per-layer MAD and entropy,
-per-layer token norms with the registers study's "separate high-norm mode" test applied to each layer, every probe
-row with its Wilson 95 % interval, the registers study's findings, and each run's wall time from its provenance.
+per-layer token norms with the registers study's "separate high-norm mode" test of each layer, every probe
+row with its Wilson 95 % interval, the registers study's judged claims, and each run's wall time from its provenance.
 Figures named in ``FIGURES`` are copied as they are. Nothing is recomputed from images.
 """
 
@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitscope.metrics.high_norm import is_separate_mode
+from vitscope.metrics.high_norm import no_mode_possible
 from vitscope.stats import wilson_interval
-from vitscope.studies.registers.findings import artifact_layers, findings
+from vitscope.studies.registers.results import RegistersResults
+from vitscope.studies.registers.verdicts import artifact_layers
 
 DATASETS = {"c10": "cifar10", "c100": "cifar100", "syn": "synthetic (texture cue, 224 px)"}
 FIGURES = {  # run folder / file -> name on the page
@@ -83,10 +84,13 @@ def locality(runs: Path) -> dict[str, Any]:
     return out
 
 
-def separate_mode(layer: dict[str, Any], threshold: float) -> bool:
-    """The registers study's test (``studies.registers.findings.artifact_layers``) on one layer of ``analyze
-    norms --threshold auto``: ``vitscope.metrics.high_norm.is_separate_mode`` on its share above and median."""
-    return is_separate_mode(layer["high_norm_fraction"], threshold, layer["patch_norm_p50"])
+def separate_mode(layer: dict[str, Any]) -> bool | None:
+    """The registers study's test of one layer (``vitscope.metrics.high_norm.separate_mode``), as ``analyze norms``
+    stores it per layer; for a file written before it did: False when the layer's largest norm is under twice its
+    median (no split can then reach a mode), else None (unknown: run ``analyze norms`` again)."""
+    if "separate_mode" in layer:
+        return bool(layer["separate_mode"])
+    return False if no_mode_possible(layer["patch_norm_max"], layer["patch_norm_p50"]) else None
 
 
 def norms(runs: Path) -> dict[str, Any]:
@@ -100,8 +104,8 @@ def norms(runs: Path) -> dict[str, Any]:
         out[name] = {
             "threshold": threshold, "images": data["provenance"]["config"].get("num_images"),
             "per_layer": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in x.items() if k != "block"}
-                          | {"separate_mode": separate_mode(x, threshold["value"])} for x in layers],
-            "layers_with_separate_mode": [x["layer"] for x in layers if separate_mode(x, threshold["value"])],
+                          | {"separate_mode": separate_mode(x)} for x in layers],
+            "layers_with_separate_mode": [x["layer"] for x in layers if separate_mode(x)],
         }
     return out
 
@@ -137,8 +141,7 @@ def main(runs: Path, out: Path) -> Path:
     registers = _load(runs / "registers-c10" / "results.json")
     if registers is not None:  # the study's verdicts, as its report states them
         payload["registers"] = {
-            "findings": [{k: f[k] for k in ("finding", "verdict", "agrees", "evidence")}
-                         for f in findings(registers["rows"], registers["models"])],
+            "claims": [j.to_json() for j in RegistersResults.from_json(registers).claims],
             "thresholds": registers["models"][0]["thresholds"],
             "artifact_layers": {m["label"]: artifact_layers(registers["rows"], m["label"])
                                 for m in registers["models"]},

@@ -67,6 +67,7 @@ def test_norm_figures_number_token_layers_and_show_a_colour_bar(tmp_path, captur
     hist, maps = captured
     assert [t for t in hist["titles"] if t] == ["layer 1", "layer 2"]
     assert "vit-micro, random weights" in hist["suptitle"] and "token layer 2" in maps["suptitle"]
+    assert "threshold absolute:5 = 5, set at layer 2" in hist["suptitle"]  # the layer the threshold comes from
     assert maps["colorbars"] == 1
 
 

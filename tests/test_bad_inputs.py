@@ -239,3 +239,23 @@ def test_refusals_wrote_nothing_into_an_existing_run(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"config": {}}))
     refused(["train", "--resume", str(tmp_path), "--config", "x.yaml"], capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+def test_train_on_mixed_sizes_is_told_the_option_train_takes(tmp_path, capsys, monkeypatch):
+    """The refusal of a folder of mixed sizes told ``train`` to pass --img-size, which train refuses; the option it
+    names for train must be one train takes, and it must work."""
+    monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path / "cache"))
+    data = image_folder(tmp_path / "data", {"train": ["cat", "dog"], "val": ["cat", "dog"]})
+    Image.fromarray(np.zeros((20, 12, 3), np.uint8)).save(data / "train" / "cat" / "0.png")
+    argv = ["train", "--dataset", "imagefolder", "--data-dir", str(data), *TINY]
+    line = refused([*argv, "--out", str(tmp_path / "run")], capsys)
+    assert "have different sizes (16x16, 20x12)" in line and "--set dataset_options.image_size=S for train" in line
+    refused([*argv, "--img-size", "16", "--out", str(tmp_path / "run")], capsys)  # what it no longer tells train
+    assert main([*argv, "--set", "dataset_options.image_size=16", "--out", str(tmp_path / "run")]) == 0
+
+
+def test_training_notices_come_after_the_first_step(tmp_path, capsys):
+    """The warmup notice is still said (after the first step, so that a refused run prints its line alone)."""
+    assert main(["train", "--out", str(tmp_path / "run"), "--set", "dataset_options.num_images=32",
+                 *TINY, "--set", "warmup_epochs=2"]) == 0  # the later --set wins
+    assert capsys.readouterr().err.count("warmup_epochs=2 is not shorter than epochs=1") == 1

@@ -71,7 +71,7 @@ def test_dino_at_a_non_native_size_interpolates_as_dino_does(tmp_path, capsys):
     timm_way = resample_abs_pos_embed(state["pos_embed"], [3, 3], [4, 4], num_prefix_tokens=1)
     assert (timm_way - want).abs().max() > 1e-3  # the two interpolations differ: the test can tell them apart
     line = capsys.readouterr().err
-    assert "origin dino" in line and "classifier head" in line and "as original does" in line
+    assert "origin dino," in line and "classifier head" in line and "as the DINO repository does" in line
     assert model.num_classes == 0 and model.vitscope_load["pos_interp"] == "original"  # headless file, head dropped
     forced = load("timm:vit_small_patch16_224", weights=path, img_size=48, pos_interp="timm", **TINY)
     torch.testing.assert_close(forced.pos_embed.data, timm_way, atol=1e-6, rtol=0)
@@ -160,7 +160,7 @@ def test_cli_records_the_interpolation_used_in_the_provenance(tmp_path, choice, 
     payload = json.loads((tmp_path / "out" / "locality.json").read_text())
     loaded = payload["provenance"]["config"]["model_load"]
     assert loaded["origin"] == "dino" and loaded["pos_interp"] == (choice or "original")
-    assert "origin dino" in capsys.readouterr().err
+    assert "origin dino," in capsys.readouterr().err
 
 
 def test_probe_cli_records_the_interpolation_used_in_the_provenance(tmp_path):
@@ -201,3 +201,21 @@ def test_an_original_dinov3_file_loads_into_timms_dinov3(tmp_path, capsys):
     torch.save(original, tmp_path / "dinov3_noreg.pth")
     with pytest.raises(ValueError, match="dinov3_noreg.pth: no register tokens"):
         load("timm:vit_small_patch16_dinov3", weights=tmp_path / "dinov3_noreg.pth", img_size=64, **TINY)
+
+
+def test_a_dinov2_backbone_in_timms_names_is_said_to_be_dinov2(tmp_path, capsys):
+    """A DINOv2 file in timm's key names (as timm's vit_small_patch14_dinov2 files: no mask_token, LayerScale,
+    14-pixel patches) has origin dinov2, not dino, and the load line names whose code interpolated its positions."""
+    model = load("timm:vit_small_patch14_dinov2", img_size=56, num_classes=0, **TINY)
+    state = perturbed(model.state_dict())
+    assert "mask_token" not in state and "blocks.0.ls1.gamma" in state
+    torch.save(state, tmp_path / "dinov2_timm_names.pth")
+    assert detect_origin(state) == "dinov2" and detect_origin(dino_file(tmp_path)[1]) == "dino"
+    loaded = load("timm:vit_small_patch14_dinov2", weights=tmp_path / "dinov2_timm_names.pth", img_size=42, **TINY)
+    want = original_interpolation(state["pos_embed"], 3, offset=0.1, antialias=False)  # DINOv2 without registers
+    torch.testing.assert_close(loaded.pos_embed.data, want, atol=1e-6, rtol=0)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "origin dinov2," in line and "positions interpolated as the DINOv2 repository does" in line
+    load("timm:vit_small_patch14_dinov2", weights=tmp_path / "dinov2_timm_names.pth", img_size=42, pos_interp="timm",
+         **TINY)
+    assert "positions interpolated as timm does" in capsys.readouterr().err

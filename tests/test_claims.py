@@ -66,7 +66,9 @@ def test_direction_claims_need_only_the_sign():
 def test_a_known_constant_side_is_not_a_sample():
     """Softmax has no exact zeros by construction: entmax's fraction is compared with the known 0 (one-sample t),
     not judged inconclusive for a Welch df of about 1 (issue 46 item 18)."""
-    j = judge(claim("S11"), [0.32, 0.37], 0.0)
+    zeros = Claim("X11", "sparse", "s", "w", Paper(), ClaimTest("direction", sign=1), measure="attention_zeros",
+                  a="entmax15", b="softmax")
+    j = judge(zeros, [0.32, 0.37], 0.0)
     assert j.verdict == "reproduced", j.reason
     assert j.n_b == 0 and j.values_b == [0.0]
     low, high = scipy_stats.ttest_1samp([0.32, 0.37], 0.0).confidence_interval(0.95)
@@ -118,6 +120,8 @@ def test_readings_that_disagree_are_said_in_one_sentence():
 
 
 def test_census_claims():
+    assert judge_census(claim("S11"), {"seed 0": True, "seed 1": True}).verdict == "reproduced"  # every run
+    assert judge_census(claim("S11"), {"seed 0": True, "seed 1": False}).verdict == "not reproduced"
     assert judge_census(claim("R1"), {"vit-s": True, "vit-b": False}).verdict == "reproduced"
     assert judge_census(claim("R1"), {"vit-s": False}).verdict == "not reproduced"
     assert judge_census(claim("R2"), {"dino-s16": False, "dino-b16": False}).verdict == "reproduced"

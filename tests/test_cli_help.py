@@ -91,3 +91,15 @@ def test_demo_help_and_readme_state_the_same_measured_stage_times(capsys):
         assert DEMOS[name].minutes == float(minutes)
         assert f"{name} {DEMOS[name].minutes:g}" in shown
     assert "measured idle" in shown and "estimated" not in shown
+
+
+def test_readme_times_say_they_assume_idle_cores():
+    """The README's install and demo times held only on idle cores and did not say so."""
+    from pathlib import Path
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    install = readme[readme.index("The first command installs"):readme.index("not part of the demo's time")]
+    assert "about 2 minutes" in install and "2 idle cores" in install
+    assert "about 9 minutes on 2 idle CPU cores" in readme
+    assert "Both times assume cores that nothing else is using" in readme and "(`uptime`)" in readme
+    assert "the index is written first and again as each demo finishes" in readme

@@ -198,3 +198,89 @@ def test_doctor_reports_and_fails_when_native_kernels_do_not_load(tmp_path, monk
     with fast_paths(kernels=missing):
         assert main(["doctor", "--device", "cpu"]) == 1
     assert "problem: native CPU kernels failed to load although a C++ compiler is present" in capsys.readouterr().out
+
+
+def test_demo_index_links_each_report_as_soon_as_its_demo_finishes(tmp_path, monkeypatch):
+    """The index appeared only at the very end; when the second demo starts, the first one's report is linked."""
+    import vitscope.cli.demo as demo
+
+    seen = []
+
+    def fake(out, device, seed, batch_size):
+        seen.append((out.name, (out.parent / "index.html").read_text()))  # the index as this demo starts
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.html").write_text("<html></html>")
+        return out / "report.html"
+
+    monkeypatch.setitem(globals(), "fake_demo", fake)
+    monkeypatch.setattr(demo, "DEMOS", {"one": demo.Demo("Study one", f"{__name__}:fake_demo", 1.0),
+                                        "two": demo.Demo("Study two", f"{__name__}:fake_demo", 1.0)})
+    monkeypatch.setattr("vitscope.explorer.demo.explorer_demo", lambda out, device: None)
+    assert main(["demo", "--out", str(tmp_path), "--device", "cpu"]) == 0
+    assert [name for name, _ in seen] == ["one", "two"]
+    assert 'href="one/report.html"' not in seen[0][1] and 'href="one/report.html"' in seen[1][1]
+
+
+def test_a_missing_data_folder_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    """It was reported only after the model loaded (25 s for a pretrained one)."""
+    import vitscope.models
+    from cli_refusals import refused
+
+    def loads(*args, **kwargs):
+        raise AssertionError("the model was loaded before the data folder was checked")
+
+    monkeypatch.setattr(vitscope.models, "load", loads)
+    missing = tmp_path / "cifar"
+    for argv in (["analyze", "norms"], ["probe", "linear"], ["explore"]):
+        line = refused([*argv, "--dataset", "cifar10", "--data-dir", str(missing), "--out", str(tmp_path / "out")],
+                       capsys)
+        assert f"data directory {missing} does not exist; pass --data-dir with the cifar10 folder or archive" in line
+    run = tmp_path / "run"  # a run folder's own data folder, read from its config
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"config": {"dataset": "cifar10", "data_dir": str(missing)}}))
+    line = refused(["analyze", "norms", "--model", str(run), "--out", str(tmp_path / "out")], capsys)
+    assert f"data directory {missing} does not exist" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command, typo, meant", [
+    ("analyze norms", ["--num-imgs", "4"], "--num-images"),
+    ("analyze norms", ["--img_size", "224"], "--img-size"),
+    ("probe linear", ["--trian-images=8"], "--train-images"),
+    ("train", ["--data_dir", "x"], "--data-dir"),
+    ("explore", ["--compre", "a=vit-micro"], "--compare"),
+])
+def test_a_flag_typo_gets_did_you_mean(command, typo, meant, capsys):
+    from cli_refusals import refused
+
+    line = refused([*command.split(), *typo], capsys)
+    assert line == (f"vitscope: error: unrecognized arguments: {' '.join(typo)}; did you mean {meant}?; see "
+                    f"`vitscope {command} --help`")
+
+
+def test_an_unknown_flag_far_from_every_option_gets_no_guess(capsys):
+    from cli_refusals import refused
+
+    assert "did you mean" not in refused(["analyze", "norms", "--zzz"], capsys)
+
+
+def test_download_asked_for_a_models_weights_does_not_refuse_built_in_data():
+    """``--download`` also fetches model weights; with the built-in scenes (nothing to fetch) it is no refusal."""
+    from vitscope.data import load_dataset
+
+    assert len(load_dataset("synthetic", None, "eval", download=True, num_images=4)) == 4
+    with pytest.raises(ValueError, match="--download fetches cifar10 and cifar100, not imagefolder"):
+        load_dataset("imagefolder", "/nonexistent/photos", "eval", download=True)
+
+
+def test_download_with_local_data_reads_the_local_data(tmp_path):
+    """``--download`` meant for a model's weights, with an image folder that is there: the folder is read, nothing
+    is fetched for it (it was refused: "supports cifar10 and cifar100, not imagefolder")."""
+    import numpy as np
+    from PIL import Image
+
+    from vitscope.data import load_dataset
+
+    (tmp_path / "photos" / "a").mkdir(parents=True)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "photos" / "a" / "0.png")
+    assert len(load_dataset("imagefolder", tmp_path / "photos", "eval", download=True)) == 1

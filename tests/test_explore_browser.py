@@ -210,7 +210,9 @@ def test_swin_attention_is_drawn_in_its_window(browser, tmp_path):
 def test_norm_view_marks_the_planted_high_norm_tokens_and_shows_register_norms(browser, tmp_path):
     torch.manual_seed(0)
     model = create("vit-micro", num_registers=2).eval()
-    images = pictures(4, 32, seed=1)
+    # 8 images: the auto split leaves at least 5 tokens above it (vitscope.metrics.norms.MIN_COUNT), so one planted
+    # token per image needs 5 images or more to be split off
+    images = pictures(8, 32, seed=1)
     with plant_outliers(model, layer=1, count=1, scale=20.0) as planted:  # after block 2 (1-based)
         explorer = vitscope.explore(model, images, threshold="auto")
         with torch.no_grad(), record_tokens(model, keep="norms") as tokens:
@@ -326,3 +328,33 @@ def test_the_pages_normalisers_are_vitscopes_on_stored_rows(browser, tmp_path):
             zeros += int((js == 0).sum())
     assert zeros > 1000
     assert not page.errors
+
+
+def test_the_patch_share_is_never_shown_above_the_whole_row(browser, tmp_path):
+    """Stored 8-bit maps round: a row's patch cells could sum to 1.002 and the page said 'patch mass 100.2 %' (issue
+    46 item 22); the share is at most 1, and a share below 1 is kept as it is."""
+    model = create("vit-micro", num_registers=1).eval()
+    page = open_page(browser, vitscope.explore(model, pictures(1, 32)), tmp_path / "share.html")
+    assert page.evaluate("window.vitscope.patchShare([0.5, 0.3, 0.202])") == 1
+    assert page.evaluate("window.vitscope.patchShare([0.5, 0.3, 0.1])") == pytest.approx(0.9)
+    assert page.locator(".vs-norm-list").first.text_content()  # the page drew its first row with the share
+
+
+def test_page_labels_name_the_model_and_its_weights_and_captions_say_which_photo():
+    """The label kept 'timm:' as 'timm-' and said nothing of --weights; a folder of photos captioned every thumbnail
+    with the folder's name (issue 46 item 22)."""
+    from vitscope.cli.explore import model_label
+    from vitscope.data import ImageDataset
+    from vitscope.explorer import dataset_captions
+
+    assert model_label("timm:vit_small_patch14_dinov2", "/data/dinov2s_imgfocus_timm.safetensors") == \
+        "timm:vit_small_patch14_dinov2 @ dinov2s_imgfocus_timm"
+    assert model_label("hf:facebook/dinov2-small") == "hf:facebook/dinov2-small"
+    assert model_label("runs/entmax15/seed-0") == "entmax15-seed-0"
+    images = torch.zeros(3, 3, 8, 8, dtype=torch.uint8)
+    flat = ImageDataset("imagefolder", "eval", images, torch.zeros(3, dtype=torch.long), ["camvid_street"],
+                        (0.5,) * 3, (0.5,) * 3)
+    assert dataset_captions(flat) == ["image 1", "image 2", "image 3"]
+    two = ImageDataset("imagefolder", "eval", images, torch.tensor([0, 1, 0]), ["cat", "dog"], (0.5,) * 3,
+                       (0.5,) * 3)
+    assert dataset_captions(two) == ["image 1: cat", "image 2: dog", "image 3: cat"]

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -51,3 +52,34 @@ def test_non_softmax_export_says_how_to_keep_the_normaliser(tmp_path, capsys):
         assert not torch.allclose(plain(images), model(images), atol=1e-3)
     assert main(["export", "--model", "vit-micro", "--out", str(tmp_path / "x.pt")]) == 2
     assert ".safetensors" in capsys.readouterr().err
+
+
+def test_export_hf_writes_the_view_that_reloads_to_the_same_view(tmp_path):
+    """A timm ViT with crop_pct 0.9 (bicubic): the exported folder's image processor, as transformers'
+    AutoImageProcessor reads it, gives the view vitscope gave the model before the export, and hf: reloads that
+    view (the 0.9 crop survives; the old export stretched the whole picture to 224 x 224, crop 1.0)."""
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    from vitscope.data.pixels import model_view
+    from vitscope.models.export.hf import export_hf
+
+    torch.manual_seed(0)
+    model = load("timm:vit_small_patch16_224", depth=1, embed_dim=32, num_heads=2).eval()
+    assert (model.pretrained_cfg["crop_pct"], model.pretrained_cfg["interpolation"]) == (0.9, "bicubic")
+    export_hf(model, tmp_path / "hf")
+    twin = load(f"hf:{tmp_path / 'hf'}")
+    before, after = model_view(model), model_view(twin)
+    assert (after.size, after.scale_size, after.resize, after.interpolation) == (224, 248, "shortest", "bicubic")
+    assert (before.size, before.scale_size, before.resize, before.interpolation) == (224, 248, "shortest", "bicubic")
+    rng = torch.Generator().manual_seed(2)
+    # (height, width): the crop excess of each is a multiple of 4 or 1 modulo 4, where torchvision's CenterCrop
+    # (timm) and transformers' agree to the pixel (3 modulo 4 would put transformers' cut one pixel earlier)
+    for h, w in [(333, 257), (257, 333), (224, 224), (301, 300)]:
+        small = (torch.rand(3, 9, 7, generator=rng) * 255).byte().permute(1, 2, 0).numpy()
+        photo = Image.fromarray(small).resize((w, h), Image.BICUBIC)
+        pixels = torch.from_numpy(np.asarray(photo).copy()).permute(2, 0, 1)
+        processor = AutoImageProcessor.from_pretrained(tmp_path / "hf", do_rescale=False, do_normalize=False)
+        theirs = processor(pixels, return_tensors="pt")["pixel_values"][0]
+        assert torch.equal(after(pixels), before(pixels))
+        assert (after(pixels).float() - theirs).abs().mean() < 0.05  # uint8 levels

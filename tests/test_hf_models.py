@@ -246,3 +246,76 @@ def test_a_folders_image_processor_sets_the_view(tmp_path):
     plain = load_dataset("imagefolder", photos, "eval", mixed_size=48)  # bilinear, whole shorter side: not it
     other, _ = next(model_batches(model, plain, 2, "cpu"))
     assert (other - theirs).abs().mean() > 3 * (fed - theirs).abs().mean()
+
+
+PROCESSORS = {  # model class: its image processor class (transformers' defaults: the hub folders' settings)
+    "ViTModel": "ViTImageProcessor",  # {height, width} 224, bilinear: stretched
+    "SiglipVisionModel": "SiglipImageProcessor",  # {height, width} 224, bicubic: stretched
+    "DeiTModel": "DeiTImageProcessor",  # {height, width} 256 then the centre 224, bicubic
+    "Dinov2Model": "BitImageProcessor",  # shortest edge 224... set to DINOv2's 256, centre crop 224, bicubic
+    "CLIPVisionModel": "CLIPImageProcessor",  # shortest edge 224, centre crop 224, bicubic
+}
+ODD_PHOTOS = [(333, 257), (257, 333), (224, 224), (301, 300)]  # (height, width): 333 x 257 is the issue's
+
+
+def write_odd_photos(folder):
+    """Smooth random photos of ODD_PHOTOS' sizes (a crop excess of 107 rows at 333 x 257 on DINOv2's view)."""
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    rng = torch.Generator().manual_seed(1)
+    for i, (h, w) in enumerate(ODD_PHOTOS):
+        small = (torch.rand(3, 9, 7, generator=rng) * 255).byte().permute(1, 2, 0).numpy()
+        Image.fromarray(small).resize((w, h), Image.BICUBIC).save(folder / f"{i}.png")
+    return [Image.open(folder / f"{i}.png").convert("RGB") for i in range(len(ODD_PHOTOS))]
+
+
+@pytest.mark.parametrize("name", list(PROCESSORS))
+def test_hf_views_equal_the_folders_own_image_processor_on_odd_sizes(tmp_path, name):
+    """vitscope feeds an hf: model what transformers' AutoImageProcessor makes of the folder's
+    preprocessor_config.json, on photos of odd sizes, through load_dataset(view=model) and through the commands'
+    path (mixed sizes viewed at load, model_batches); measured in uint8 levels of the unnormalised view."""
+    from vitscope.analyze.inputs import model_batches, model_view_options
+    from vitscope.data import eval_batches, load_dataset
+
+    cls = getattr(transformers, name)
+    torch.manual_seed(0)
+    sizes = {"image_size": 518, "patch_size": 14} if name == "Dinov2Model" else {"image_size": 224, "patch_size": 16}
+    cls(cls.config_class(**SMALL, **sizes)).save_pretrained(tmp_path / "model")
+    processor = getattr(transformers, PROCESSORS[name])()
+    if name == "Dinov2Model":  # facebook/dinov2-*: a 518 px config, a processor that feeds it 224 px
+        processor = transformers.BitImageProcessor(size={"shortest_edge": 256}, image_mean=[0.485, 0.456, 0.406],
+                                                   image_std=[0.229, 0.224, 0.225])
+    processor.save_pretrained(tmp_path / "model")
+    model = load(f"hf:{tmp_path / 'model'}")
+    assert model.pretrained_cfg["input_size"] == (3, 224, 224)  # the side the processor gives, not the config's
+    photos = write_odd_photos(tmp_path / "photos")
+    reference = transformers.AutoImageProcessor.from_pretrained(tmp_path / "model")
+    theirs = reference(photos, return_tensors="pt")["pixel_values"]
+    levels = torch.tensor(reference.image_std)[:, None, None] * 255  # one unit of a normalised input, in levels
+    data = load_dataset("imagefolder", tmp_path / "photos", "eval", view=model)
+    ours = torch.cat([images for images, _ in eval_batches(data, 2)])
+    fed = torch.cat([images for images, _ in model_batches(
+        model, load_dataset("imagefolder", tmp_path / "photos", "eval", **model_view_options(model, "imagefolder")),
+        2, "cpu")])
+    assert ours.shape == fed.shape == theirs.shape == (len(ODD_PHOTOS), 3, 224, 224)
+    for got in (ours, fed):
+        diff = ((got - theirs) * levels).abs()
+        assert diff.mean() < 0.05 and diff.max() <= 1.01, (name, float(diff.mean()), float(diff.max()))
+
+
+def test_the_load_line_says_which_view_and_what_it_could_not_reproduce(tmp_path, capsys):
+    """DINOv2's processor is named in the load line as it is applied; SigLIP2's aspect-keeping patch budget has no
+    square view, which the line says (the model then gets the view of a model that names none)."""
+    folder = save(tmp_path, "Dinov2Model")
+    transformers.BitImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 48, "width": 48}).save_pretrained(
+        folder)
+    model = load(f"hf:{folder}")
+    assert "view as its image processor: shortest edge to 56, bicubic, centre 48 x 48 cut" in capsys.readouterr().err
+    assert model.pretrained_cfg["crop_mode"] == "center" and model.pretrained_cfg["resize_size"] == 56
+    folder = save(tmp_path, "Siglip2VisionModel")
+    transformers.Siglip2ImageProcessor(max_num_patches=9).save_pretrained(folder)
+    model = load(f"hf:{folder}")
+    err = capsys.readouterr().err
+    assert "its image processor's view is not reproduced (each image resized to at most 9 patches" in err
+    assert "crop_pct" not in model.pretrained_cfg and model.pretrained_cfg["mean"] == (0.5, 0.5, 0.5)

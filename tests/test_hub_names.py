@@ -15,8 +15,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from cli_refusals import refused
 from vitscope.cli import main
 from vitscope.models import create, load, save_model
+from vitscope.models.weights import hub
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 DEIT = {"img_size": 32, "depth": 1, "embed_dim": 32, "num_heads": 2}  # a tiny deit3_small_patch16_224
@@ -181,6 +183,7 @@ def test_download_is_asked_for_before_anything_is_fetched(tmp_path, cache, monke
         return str(snapshot / filename)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(hub, "check_reachable", lambda *args: None)  # the hub answers, through fake_download
     with pytest.raises(ValueError, match="not in the local cache"):
         load("timm:deit3_small_patch16_224.fb_in1k", **DEIT)
     assert fetched == []
@@ -290,3 +293,152 @@ def test_has_random_weights_says_what_load_does(tmp_path, cache):
             states.append(load(spec, weights=weights, pretrained=pretrained, **options).state_dict())
         differs = any(not torch.equal(a, states[1][k]) for k, a in states[0].items() if a.is_floating_point())
         assert has_random_weights(spec, weights, pretrained) == differs, (spec, weights, pretrained)
+
+
+# ---- what a user is told when the cache, the network or a name is wrong ----
+
+NAMED = {  # spec -> (hub repository, file) of the cached weights it reads
+    "timm:deit3_small_patch16_224.fb_in1k": ("timm/deit3_small_patch16_224.fb_in1k", "model.safetensors"),
+    "open_clip:ViT-B-32/laion2b_s34b_b79k": ("laion/CLIP-ViT-B-32-laion2B-s34B-b79K", "open_clip_model.safetensors"),
+    "hf:org/tiny-dinov2": ("org/tiny-dinov2", None),
+}
+
+
+@pytest.mark.parametrize("spec", NAMED)
+def test_download_without_a_network_is_one_line_at_once(spec, tmp_path, cache, capsys, monkeypatch):
+    """``--download`` with no network printed 12 lines over 50 s of huggingface_hub's retries (timm, OpenCLIP) or a
+    bare "Got: ConnectError" (hf:); the hub's host is tried once, and nothing is asked of huggingface_hub."""
+    import huggingface_hub
+
+    def no_network(address, *args, **kwargs):
+        raise OSError(-2, "Name or service not known")
+
+    def never(*args, **kwargs):
+        raise AssertionError("huggingface_hub asked to download without a network")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", never)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", _cache_only_snapshot)
+    line = refused(["probe", "knn", "--model", spec, "--download", "--out", str(tmp_path / "out")], capsys)
+    repo, file = NAMED[spec]
+    assert f"--download cannot reach huggingface.co (Name or service not known) to fetch {spec}" in line
+    assert f"`hf download {repo}{' ' + file if file else ''}`" in line and not (tmp_path / "out").exists()
+
+
+def _cache_only_snapshot(repo_id, *args, local_files_only=False, **kwargs):
+    """snapshot_download of an empty cache that must not be asked to download."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    if local_files_only:
+        raise LocalEntryNotFoundError(f"{repo_id} is not in the cache")
+    raise AssertionError("huggingface_hub asked to download without a network")
+
+
+def test_a_download_that_fails_after_reaching_the_hub_is_one_line(tmp_path, cache, capsys, monkeypatch):
+    import huggingface_hub
+
+    def dropped(*args, **kwargs):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    monkeypatch.setattr(hub, "check_reachable", lambda *args: None)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", dropped)
+    line = refused(["probe", "knn", "--model", "timm:deit3_small_patch16_224.fb_in1k", "--download", "--out",
+                    str(tmp_path / "out")], capsys)
+    assert ("--download of timm:deit3_small_patch16_224.fb_in1k failed (ConnectionResetError: [Errno 104] Connection "
+            "reset by peer); check the name, or fetch it with `hf download timm/deit3_small_patch16_224.fb_in1k "
+            "model.safetensors`") in line
+
+
+def _cache_for(spec: str, cache: Path, tmp_path: Path) -> Path:
+    """``spec``'s weights written into the hub cache; returns the cached weights file."""
+    repo, file = NAMED[spec]
+    if spec.startswith("hf:"):
+        from transformers import Dinov2Config, Dinov2Model
+
+        config = Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14)
+        Dinov2Model(config).save_pretrained(tmp_path / "saved")
+        snapshot = write_cached(cache, repo, {n: tmp_path / "saved" / n for n in ("config.json", "model.safetensors")})
+        return snapshot / "model.safetensors"
+    source, _ = tiny_deit_file(tmp_path)
+    return write_cached(cache, repo, {file: source}) / file
+
+
+@pytest.mark.parametrize("spec", NAMED)
+def test_a_damaged_cache_entry_names_the_re_download(spec, tmp_path, cache, capsys):
+    """A cut-short cached file was told to "save the model again" (hf:) or met a reader's error; the fix is a fresh
+    download, with the exact command."""
+    cached = _cache_for(spec, cache, tmp_path)
+    blob = cached.resolve()
+    blob.write_bytes(blob.read_bytes()[:200])
+    line = refused(["probe", "knn", "--model", spec, "--out", str(tmp_path / "out")], capsys)
+    repo, file = NAMED[spec]
+    fetch = (f"hf download {repo} model.safetensors --revision {COMMIT} --force-download" if file is None else
+             f"hf download {repo} {file} --force-download")
+    assert f"the cached file {cached} of {repo} is damaged" in line and f"fetch it afresh with `{fetch}`" in line
+    assert "save the model again" not in line and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("variable", ["HF_HUB_CACHE", "HF_HOME"])
+def test_a_cache_variable_pointing_at_a_file_is_named(variable, tmp_path, cache, capsys, monkeypatch):
+    file = tmp_path / "not-a-folder"
+    file.write_text("x")
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv(variable, str(file))
+    line = refused(["probe", "knn", "--model", "timm:deit3_small_patch16_224.fb_in1k", "--out",
+                    str(tmp_path / "out")], capsys)
+    assert f"{variable}={file} points at a file, not a folder; set {variable} to the Hugging Face cache folder" in line
+
+
+def test_an_unknown_timm_tag_lists_the_known_tags(tmp_path, cache, capsys):
+    import timm
+
+    line = refused(["probe", "knn", "--model", "timm:vit_small_patch16_224.nope", "--out", str(tmp_path / "out")],
+                   capsys)
+    tags = [name.partition(".")[2] for name in timm.list_pretrained("vit_small_patch16_224.*")]
+    assert "augreg_in21k_ft_in1k" in tags
+    assert f"timm has no pretrained tag 'nope' for vit_small_patch16_224; its tags: {', '.join(tags)}" in line
+
+
+def test_open_clip_at_another_img_size_says_the_size_is_the_issue(tmp_path, capsys):
+    tower = {"layers": 1, "width": 64, "head_width": 32, "image_size": 64}
+    torch.manual_seed(4)
+    reference = load("open_clip:ViT-B-32", **tower)
+    save_file({f"visual.{k}": v.contiguous() for k, v in reference.visual.state_dict().items()},
+              str(tmp_path / "clip.safetensors"))
+    with pytest.raises(ValueError) as info:
+        load(f"open_clip:ViT-B-32@{tmp_path / 'clip.safetensors'}", img_size=96, **tower)
+    assert ("its position table holds 4 patches (64 px at patch 32) and --img-size 96 asks for 9; open_clip: towers "
+            "load at their own input size: drop --img-size (or use --img-size 64)") in str(info.value)
+    assert "architecture" not in str(info.value)
+
+
+def test_augreg_in21k_names_load_the_hubs_state_dict_as_timm_does(tmp_path, cache, monkeypatch):
+    """timm's augreg in21k tags name an original .npz url and custom_load, but also an hf_hub_id, which timm's
+    _resolve_pretrained_source prefers: the hub's ordinary state dict. Such names load from the cache like any
+    other; only what timm itself reads with a custom loader (an .npz url with no hub id) is refused."""
+    import dataclasses
+
+    import timm
+    from timm.models import get_pretrained_cfg
+
+    from vitscope.models.weights import hub
+
+    tiny = {"img_size": 32, "depth": 1, "embed_dim": 32, "num_heads": 2}
+    torch.manual_seed(7)
+    state = {k: v.contiguous() for k, v in load("timm:vit_base_patch16_224", num_classes=21843,  # the in21k head
+                                                  **tiny).state_dict().items()}
+    save_file(state, str(tmp_path / "augreg.safetensors"))
+    cfg = get_pretrained_cfg("vit_base_patch16_224.augreg_in21k")
+    assert cfg.custom_load and cfg.url.endswith(".npz") and cfg.hf_hub_id
+    write_cached(cache, cfg.hf_hub_id, {"model.safetensors": tmp_path / "augreg.safetensors"})
+    model = load("timm:vit_base_patch16_224.augreg_in21k", **tiny)
+    assert_weights(model, state)
+    assert model.vitscope_load["source"]["repo"] == "timm/vit_base_patch16_224.augreg_in21k"
+    for name in timm.list_pretrained("*augreg_in21k"):  # every one of them is looked up on the hub, as timm does
+        if name != "vit_base_patch16_224.augreg_in21k":
+            with pytest.raises(ValueError, match=rf"not in the local cache .* `hf download timm/{name} model"):
+                hub.timm_pretrained(name)
+    npz_only = dataclasses.replace(cfg, hf_hub_id=None)  # what timm could only read with its .npz loader
+    monkeypatch.setattr("timm.models.get_pretrained_cfg", lambda name: npz_only)
+    with pytest.raises(ValueError, match=r"timm reads these weights with a custom loader \(the file https://.*\.npz\)"):
+        hub.timm_pretrained("vit_base_patch16_224.augreg_in21k")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitscope.metrics.norms import high_norm_threshold, otsu_split, parse_threshold, token_norms
+from vitscope.metrics.norms import high_norm_threshold, parse_threshold, token_norms
 
 
 def test_token_norms_are_l2():
@@ -28,7 +28,8 @@ def test_auto_separates_artifact_tokens_from_normal_ones():
     artifacts = rng.lognormal(np.log(300), 0.1, size=40)
     threshold = high_norm_threshold(torch.from_numpy(np.concatenate([normal, artifacts])).float(), "auto").value
     assert normal.max() < threshold < artifacts.min()
-    assert otsu_split(torch.tensor([1.0, 1.1, 0.9, 10.0, 10.2])) == pytest.approx((1.1 + 10.0) / 2)
+    # the geometric midpoint of the gap between the largest normal token and the smallest artifact
+    assert threshold == pytest.approx(np.sqrt(normal.max() * artifacts.min()), rel=1e-5)
 
 
 @pytest.mark.parametrize("spec", ["percentile:100", "percentile:x", "median", "absolute:"])

@@ -20,11 +20,12 @@ def test_packed_study_equals_unpacked(tmp_path):
     solo = run(tiny(tmp_path / "solo"))
     packed = run(tiny(tmp_path / "packed", pack="auto"))  # auto on CPU: both runs in one pack
     assert (tmp_path / "packed" / "runs" / "baseline+cutmix" / "seed-0" / "summary.json").is_file()
-    for a, b in zip(solo["runs"], packed["runs"], strict=True):
-        assert (a["condition"], a["seed"]) == (b["condition"], b["seed"])
-        np.testing.assert_allclose(a["mad"], b["mad"], atol=1e-4)
-        np.testing.assert_allclose(a["entropy"], b["entropy"], atol=1e-4)
-        assert abs(a["accuracy"] - b["accuracy"]) <= 1 / 32
+    for a, b in zip(solo.runs, packed.runs, strict=True):
+        assert (a.condition, a.seed) == (b.condition, b.seed)
+        np.testing.assert_allclose(a.mad, b.mad, atol=1e-4)
+        np.testing.assert_allclose(a.mad_cls_at_zero, b.mad_cls_at_zero, atol=1e-4)
+        np.testing.assert_allclose(a.entropy, b.entropy, atol=1e-4)
+        assert abs(a.accuracy - b.accuracy) <= 1 / 32
     assert json.loads((tmp_path / "packed" / "results.json").read_text())["rows"]
 
 

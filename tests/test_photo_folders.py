@@ -15,7 +15,7 @@ from torchvision.transforms import v2
 
 from vitscope.cli import main
 from vitscope.data import load_dataset, open_streamed
-from vitscope.data.pixels import eval_view
+from vitscope.data.pixels import View, eval_view
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")  # torchvision 0.29
 SIZES = [(30, 50), (48, 20), (24, 24), (37, 29)]  # (height, width): landscape, portrait, square, odd
@@ -156,18 +156,18 @@ def test_a_pretrained_models_interpolation_is_used_for_its_view_in_memory_stream
     assert model_interpolation(load("vit-micro")) == "bilinear"  # vitscope's own models name none
     root = make_layout(tmp_path / "photos", "classes")
     options = model_view_options(model, "imagefolder", 32)
-    assert options == {"mixed_size": 32, "crop_pct": model.pretrained_cfg["crop_pct"], "interpolation": "bicubic"}
+    crop_pct = model.pretrained_cfg["crop_pct"]
+    assert options == {"mixed_size": View(32, crop_pct, "bicubic", keep_square=False)}  # timm's view, every image
     memory = load_dataset("imagefolder", root, "eval", **options)
-    streamed = open_streamed("imagefolder", root, "eval", image_size=32, crop_pct=options["crop_pct"],
-                             interpolation="bicubic")
-    assert torch.equal(memory.images, streamed.images_at(torch.arange(4)))
+    streamed = open_streamed("imagefolder", root, "eval", image_size=32, crop_pct=crop_pct, interpolation="bicubic")
+    assert torch.equal(memory.images, streamed.images_at(torch.arange(4)))  # no photo is 32 x 32: the same view
     files = sorted(f for f in root.rglob("*") if f.is_file())
-    short = math.floor(32 / options["crop_pct"])
+    short = math.floor(32 / crop_pct)
     bicubic = v2.Compose([v2.Resize(short, interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
                           v2.CenterCrop(32)])
     for image, file in zip(memory.images, files, strict=True):
         assert torch.equal(image, bicubic(decode_image(str(file))))
-    bilinear = load_dataset("imagefolder", root, "eval", mixed_size=32, crop_pct=options["crop_pct"])
+    bilinear = load_dataset("imagefolder", root, "eval", mixed_size=32, crop_pct=crop_pct)
     assert (bilinear.images.float() - memory.images.float()).abs().max() > 2  # another resampling, another key
     # timm's own eval transform for this model (PIL bicubic) gives the same view, to PIL's rounding
     config = timm.data.resolve_data_config({"input_size": (3, 32, 32)}, model=model)  # the model's, at 32 px
@@ -186,3 +186,90 @@ def resize_center(images: torch.Tensor, short: int, size: int) -> torch.Tensor:
     """torchvision's bicubic antialiased resize of the shorter side to ``short``, then the centre ``size`` crop."""
     return v2.functional.center_crop(v2.functional.resize(images, [short], interpolation=v2.InterpolationMode.BICUBIC,
                                                            antialias=True), [size, size])
+
+
+TINY_TIMM = {"depth": 1, "embed_dim": 32, "num_heads": 2, "img_size": 64}
+
+
+@pytest.mark.parametrize("spec, pretrained", [("timm:vit_small_patch16_224", None),  # centre, crop 0.9, bicubic
+                                              ("timm:vit_base_patch32_clip_384.openai_ft_in12k_in1k", False)])  # squash
+def test_timm_models_follow_timms_eval_transform_on_photos_already_at_their_side(tmp_path, spec, pretrained):
+    """Photos already S x S (and mixed ones) reach a pretrained timm model as timm's own eval transform
+    (``create_transform(**resolve_data_config(model=model))``) makes them, crop_pct and crop_mode included: through
+    the commands' path (model_view_options, model_batches) and through load_dataset(view=model). Only a model that
+    names no crop (vitscope's own) keeps an S x S photo's pixels."""
+    import timm.data
+
+    from vitscope.analyze.inputs import model_batches, model_view_options
+    from vitscope.data import eval_batches
+    from vitscope.models import load
+
+    model = load(spec, pretrained=pretrained, **TINY_TIMM)
+    config = timm.data.resolve_data_config({"input_size": (3, 64, 64)}, model=model)  # the model's, at its 64 px
+    assert config["crop_pct"] < 1
+    transform = timm.data.create_transform(**config)
+    levels = torch.tensor(config["std"])[:, None, None] * 255
+    square, mixed = tmp_path / "square", make_layout(tmp_path / "mixed", "flat")
+    for i in range(3):
+        write_photo(square / f"{i}.png", 20 + i, 64, 64)
+    for root in (square, mixed):
+        files = sorted(f for f in root.rglob("*") if f.is_file())
+        theirs = torch.stack([transform(Image.open(f).convert("RGB")) for f in files])
+        commands = load_dataset("imagefolder", root, "eval", **model_view_options(model, "imagefolder"))
+        viewed = load_dataset("imagefolder", root, "eval", view=model)
+        for got in (next(model_batches(model, commands, 8, "cpu"))[0], next(eval_batches(viewed, 8))[0]):
+            diff = ((got - theirs) * levels).abs()
+            assert diff.mean() < 0.05 and diff.max() <= 2.01, (root.name, float(diff.mean()))
+    own = load("vit-micro")  # 32 px, no crop named: a 32 x 32 photo is fed as it is
+    for i in range(2):
+        write_photo(tmp_path / "own" / f"{i}.png", i, 32, 32)
+    data = load_dataset("imagefolder", tmp_path / "own", "eval", **model_view_options(own, "imagefolder"))
+    fed, _ = next(model_batches(own, data, 2, "cpu"))
+    raw = torch.stack([decode_image(str(tmp_path / "own" / f"{i}.png")) for i in range(2)])
+    torch.testing.assert_close(fed, normalize_like(raw, data))
+
+
+def normalize_like(images: torch.Tensor, data) -> torch.Tensor:
+    from vitscope.data import normalize
+
+    return normalize(images, data.mean, data.std)
+
+
+def test_the_python_api_and_analyze_see_the_same_photos_and_measure_the_same_mad(tmp_path):
+    """load_dataset(..., view=model) gives the pixels `vitscope analyze` feeds the model (its side, resize, crop
+    and bicubic interpolation), so the Python API's MAD of each head equals the command's on the same photos; the
+    API's old way (image_size=S: bilinear, the whole shorter side) measured another number."""
+    import transformers
+
+    import vitscope
+    from vitscope.data import eval_batches
+    from vitscope.models import load
+
+    torch.manual_seed(0)
+    config = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
+                                       image_size=518, patch_size=14)
+    dinov2 = transformers.Dinov2Model(config)
+    with torch.no_grad():  # sharp, content-driven attention: the pixels a head sees move its MAD
+        for name, param in dinov2.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight", "patch_embeddings.projection.weight")):
+                param.mul_(6)
+    dinov2.save_pretrained(tmp_path / "dinov2")
+    transformers.BitImageProcessor(size={"shortest_edge": 64}, crop_size={"height": 56, "width": 56}).save_pretrained(
+        tmp_path / "dinov2")  # DINOv2's 256 / 224 at a quarter: bicubic, shortest edge, centre crop
+    root = make_layout(tmp_path / "photos", "classes")
+    assert main(["analyze", "locality", "--model", f"hf:{tmp_path / 'dinov2'}", "--dataset", "imagefolder",
+                 "--data-dir", str(root), "--device", "cpu", "--out", str(tmp_path / "loc")]) == 0
+    heads = json.loads((tmp_path / "loc" / "locality.json").read_text())["heads"]
+    cli = torch.tensor([[row["mad"] for row in heads if row["layer"] == layer] for layer in (1, 2)])
+
+    def python_mad(**options):
+        model = load(f"hf:{tmp_path / 'dinov2'}").eval()
+        photos = load_dataset("imagefolder", root, "eval", **options)
+        with torch.no_grad(), vitscope.record_attention(model, keep="stats") as rec:
+            for images, _ in eval_batches(photos, 128):
+                model(images)
+        return rec.stats.mad
+
+    model = load(f"hf:{tmp_path / 'dinov2'}")
+    torch.testing.assert_close(python_mad(view=model), cli, atol=1e-6, rtol=0)
+    assert (python_mad(image_size=56) - cli).abs().max() > 1e-3

@@ -61,3 +61,37 @@ def test_linear_and_knn_read_real_cifar10_above_chance():
     assert chance <= 0.11
     assert lin.value(0, "mean", "top1") > chance + 0.08
     assert near.value(0, "mean", "knn_top1") > chance + 0.05
+
+
+def _named(split: str, classes: list[str], per_class: int = 4) -> ImageDataset:
+    """Flat images whose colour is the class name's (the same name is the same colour in either split)."""
+    colour = {"bird": (30, 30, 200), "cat": (200, 30, 30), "dog": (30, 200, 30), "horse": (120, 120, 120)}
+    labels = torch.arange(len(classes)).repeat(per_class)
+    generator = torch.Generator().manual_seed(len(split))
+    noise = torch.randint(-10, 11, (len(labels), 3, 32, 32), generator=generator)
+    rgb = torch.tensor([colour[name] for name in classes])
+    images = (rgb[labels].view(-1, 3, 1, 1) + noise).clamp(0, 255).to(torch.uint8)
+    return ImageDataset("named", split, images, labels, classes, (0.5,) * 3, (0.25,) * 3)
+
+
+def test_labels_are_matched_by_class_name_and_the_odd_classes_are_said(capsys):
+    """train/{bird,cat,dog} against val/{cat,dog,horse}: cat and dog are read (2 of 3 held-out classes: 0.67),
+    horse images are scored wrong, and both odd classes are said on stderr and in the settings (matched by index,
+    the val cat would have been scored against train's bird)."""
+    torch.manual_seed(0)
+    model = create("vit-micro", num_classes=0)
+    train, held = _named("train", ["bird", "cat", "dog"]), _named("val", ["cat", "dog", "horse"])
+    settings = ImageProbeSettings(pool="mean", k=1, cache=False, progress=False, baseline=False)
+    near = knn_probe(model, train, held, "0", settings)
+    assert near.value(0, "mean", "knn_top1") == pytest.approx(2 / 3)
+    lin = linear_probe(model, train, held, "0", settings.replace(fit_options=FAST))
+    assert lin.value(0, "mean", "top1") == pytest.approx(2 / 3)
+    assert lin.settings["classes"] == {"aligned_by": "name", "eval_only": {"horse": 4}, "train_only": ["bird"]}
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("vitscope: knn probe: held-out classes not in training, scored as wrong: horse (4 images); "
+                      "training classes not held out: bird (labels matched by class name)")
+    shuffled = _named("val", ["dog", "cat"])  # the same classes in another order: every image read
+    assert knn_probe(model, train, shuffled, "0", settings).value(0, "mean", "knn_top1") == 1.0
+    with pytest.raises(ValueError, match=r"^the training classes \(bird, cat, dog\) and the held-out classes "
+                                         r"\(horse\) share no name; use two splits of the same dataset$"):
+        knn_probe(model, train, _named("val", ["horse"]), "0", settings)

@@ -140,3 +140,22 @@ def test_a_settings_object_and_keyword_options_probe_the_same(scenes):
         probe_tokens(model, scenes, "0", quick, max_token=3)
     with pytest.raises(ValueError, match="unknown token probes"):
         TokenProbeSettings(probes=("colour",))
+
+
+def test_a_one_class_folder_gets_no_class_top1_that_cannot_tell_a_model_from_chance():
+    """One class: the model, its random twin and the majority guess all score class top-1 1.0, which says nothing.
+    The class probe is left out and said so (the local probes still run); asked for alone, it is refused."""
+    one_class = synthetic_scenes("train", num_images=16)
+    one_class = ImageDataset("one-class", "eval", one_class.images, torch.zeros(16, dtype=torch.long), ["street"],
+                             one_class.mean, one_class.std)
+    model = create("vit-micro")
+    result = probe_tokens(model, one_class, "0", probes=("position", "class"), norm=False, cache=False,
+                          progress=False, fit_options=FAST, max_tokens=128)
+    assert not [r for r in result.rows if r["metric"] == "class_top1"]
+    assert {r["model"] for r in result.rows if r["metric"] == "position_top1"} == {
+        "model", "model (random init)", "chance"}
+    assert result.settings["probes"] == ["position"]
+    assert "two or more classes" in result.settings["not_measured"]["class"]
+    with pytest.raises(ValueError, match="two or more classes.*'one-class' gives 1 and 1.*position,pixels"):
+        probe_tokens(model, one_class, "0", probes=("class",), baseline=False, cache=False, progress=False,
+                     fit_options=FAST)

@@ -98,6 +98,8 @@ CASES = [
      "do not fit the model its config.json describes"),
     ("open-clip-empty-file", lambda d: ["analyze", "norms", "--model", "open_clip:ViT-S-32@", *PROBE],
      "names no file after '@'"),
+    ("open-clip-empty-tag", lambda d: ["analyze", "norms", "--model", "open_clip:ViT-B-32/", *PROBE],
+     "open_clip:ViT-B-32/ names no tag after '/'"),  # built a random tower and exited 0
     ("open-clip-resnet", lambda d: ["analyze", "norms", "--model", "open_clip:RN50", *PROBE],
      "is not a Vision Transformer"),
     ("pos-interp-random-timm", lambda d: ["analyze", "norms", "--model", "timm:vit_tiny_patch16_224",
@@ -272,3 +274,26 @@ def test_a_run_folder_made_unwritable_mid_run_says_how_to_resume(tmp_path, capsy
                     "epochs=1", "model=vit-micro", "dataset_options.num_images=64", "eval_images=16",
                     "--out", str(run)], capsys)
     assert f"run folder {run} cannot be written" in line and f"vitscope train --resume {run}" in line
+
+
+def test_a_full_disk_names_the_outputs_that_were_not_written(tmp_path, capsys, monkeypatch):
+    """The disk fills while ``analyze norms`` writes its fourth output: the line names it, and the three before it,
+    rather than leaving 3 of 4 outputs without a word."""
+    import matplotlib.figure
+
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def fills_up(fig, fname, *args, **kwargs):
+        if "high_norm_maps" in str(fname):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_savefig(fig, fname, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", fills_up)
+    out = tmp_path / "norms"
+    line = refused(["analyze", "norms", *PROBE, "--out", str(out)], capsys)
+    assert f"the disk holding {out} is full (no space left on device): high_norm_maps.png and the outputs after it " \
+           "were not written (written before it: " in line
+    written = line.split("written before it: ")[1].split(")")[0].split(", ")
+    assert sorted(written) == ["norm_histograms.png", "norms.csv", "norms.json"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(written)
+    assert "run the command again" in line

@@ -39,4 +39,6 @@ def test_census_on_dinov3_counts_registers_as_prefix_tokens():
         for images, _ in model_batches(model, data, 8, "cpu", 64):  # the census's own feeding
             model(images)
     patches = rec.norms[-1][:, 5:].double().flatten()  # the threshold is set on patch tokens only
-    assert census.thresholds[0]["value"] == pytest.approx(float(torch.quantile(patches, 0.98)), rel=1e-5)
+    percentile = next(t for t in census.thresholds if t["spec"] == "percentile:98")
+    assert percentile["value"] == pytest.approx(float(torch.quantile(patches, 0.98)), rel=1e-5)
+    assert census.thresholds[0]["spec"] == "auto"  # the first, which forms the high-norm group

@@ -3,6 +3,7 @@ lines, colour bars on colour maps, exact zeros in their own colour, tick values 
 
 import numpy as np
 import pytest
+from matplotlib.collections import Collection
 from matplotlib.colors import to_rgba
 
 
@@ -11,6 +12,7 @@ def figures_made(monkeypatch):
     """Every matplotlib figure the report modules save, kept for inspection."""
     import vitscope.report.figures.locality as base
     import vitscope.report.figures.norms as nf
+    import vitscope.report.figures.probes as pf
     import vitscope.report.registers.figures as rf
     import vitscope.report.sparse.figures as sf
 
@@ -22,7 +24,7 @@ def figures_made(monkeypatch):
         made.append(fig)
         return real(fig, path)
 
-    for module in (base, nf, rf, sf):
+    for module in (base, nf, pf, rf, sf):
         monkeypatch.setattr(module, "save_figure", keep)
     return made
 
@@ -194,9 +196,149 @@ def test_analyze_norm_histograms_draw_cls_apart_from_patches_and_label_narrow_ra
     norm_histograms(patches, ["layer 1"], 50.0, "auto", tmp_path / "h.png", prefix={"cls": cls})
     ax = figures_made[-1].axes[0]
     drawn = {p.get_label(): p for p in ax.patches if not p.get_label().startswith("_")}
-    assert set(drawn) == {"patch (2560)", "cls (10)"}
-    assert to_rgba(drawn["cls (10)"].get_edgecolor()) == to_rgba(GROUP_COLOURS["cls"])
-    assert to_rgba(drawn["cls (10)"].get_edgecolor())[:3] != to_rgba(drawn["patch (2560)"].get_facecolor())[:3]
-    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
-    assert len(labels) == 4 and float(labels[0]) < 0.8 and float(labels[-1]) > 45  # patches to threshold
-    assert [line.get_xdata()[0] for line in ax.lines if line.get_label() == "threshold"] == [50.0]
+    cls_drawn, patch_drawn = drawn["cls (10 per layer)"], drawn["patch (2560 per layer)"]
+    assert to_rgba(cls_drawn.get_edgecolor()) == to_rgba(GROUP_COLOURS["cls"])
+    assert to_rgba(cls_drawn.get_edgecolor())[:3] != to_rgba(patch_drawn.get_facecolor())[:3]
+    labels = [float(t.get_text()) for t in ax.get_xticklabels() if t.get_text()]
+    assert len(labels) >= 2 and 0.75 < ax.get_xlim()[0] < 0.8 and 2.0 < ax.get_xlim()[1] < 2.2  # patches to CLS
+    assert not ax.lines and ax.get_xlabel() == "token norm (threshold 50 \u2192)"  # far beyond: named, not drawn
+
+
+def _round_value(value: float) -> bool:
+    """A tick value a reader can take in at a glance: its mantissa a multiple of 0.25 (1, 1.5, 2.5, 30, 0.75)."""
+    mantissa = value / 10 ** np.floor(np.log10(value))
+    return abs(mantissa * 4 - round(mantissa * 4)) < 1e-9
+
+
+def test_norm_histograms_give_each_layer_its_own_range_round_ticks_and_the_threshold(tmp_path, figures_made):
+    """A last layer far above the others (a real DINOv2 ViT-S/14: layers 1-11 below 15, layer 12 up to 60) no
+    longer stretches every panel to its threshold: each panel spans its own tokens, with round tick values (not
+    0.936 or 3.73); the threshold is drawn where it falls inside a panel and named with an arrow where it does not;
+    the legend sits below the panels."""
+    from vitscope.report.figures.norms import norm_histograms
+
+    rng = np.random.default_rng(0)
+    norms = [rng.lognormal(np.log(centre), 0.15, 2000) for centre in (1.2, 3.0, 9.0)]
+    norms.append(rng.uniform(25, 61, 2000))
+    norm_histograms(norms, ["layer 1", "layer 2", "layer 3", "layer 4"], 57.8, "percentile:98", tmp_path / "h.png",
+                    threshold_layer="layer 4")
+    fig = figures_made[-1]
+    panels = [ax for ax in fig.axes if ax.axison]
+    for ax, values in zip(panels, norms, strict=True):
+        low, high = ax.get_xlim()
+        filled = np.log(values.max() / values.min()) / np.log(high / low)
+        assert filled > 0.8, f"{ax.get_title()}: its tokens fill {filled:.0%} of the panel"
+        shown = [t.get_position()[0] for t in ax.get_xticklabels() if t.get_text() and low <= t.get_position()[0]
+                 <= high]
+        assert len(shown) >= 2 and all(_round_value(v) for v in shown), (ax.get_title(), shown)
+    for ax in panels[:3]:
+        assert not ax.lines and ax.get_xlabel() == "token norm (threshold 57.8 \u2192)"
+    (line,) = panels[3].lines
+    assert line.get_xdata()[0] == 57.8 and panels[3].get_xlabel() == "token norm"
+    assert "set at layer 4" in fig._suptitle.get_text()
+    legend = fig.legends[0].get_window_extent()
+    assert not any(_overlaps(legend, ax.get_window_extent()) for ax in panels)
+
+
+def _visible_ticks(ax):
+    low, high = ax.get_xlim()
+    return [float(t) for t in ax.get_xticks() if low <= t <= high]
+
+
+def test_one_layer_plots_show_that_layer_as_a_whole_number_and_draw_everything_their_legend_names(
+        tmp_path, figures_made):
+    """A probe or MAD plot of one layer labelled 11.40, 11.55, ... and showed a chance line (and a min-max band)
+    in the legend only: a line through one point draws nothing. Now the one tick reads 12 and every legend entry
+    has something drawn on the axes."""
+    from vitscope.report.figures.locality import per_layer
+    from vitscope.report.figures.probes import score_by_layer
+
+    rows = [{"model": model, "group": "cls", "layer": 12, "metric": "class_top1", "value": value}
+            for model, value in (("vit", 0.8), ("vit (random init)", 0.3), ("chance", 0.1))]
+    score_by_layer(rows, "class_top1", tmp_path / "s.png")
+    per_layer({"vit": np.array([[0.1, 0.2, 0.3]])}, "MAD", tmp_path / "p.png", reference=0.4178)
+    for fig, layer in zip(figures_made, (12, 1), strict=True):
+        ax = fig.axes[0]
+        assert _visible_ticks(ax) == [layer]
+        renderer = fig._get_renderer()
+        handles, labels = ax.get_legend_handles_labels()
+        assert "chance / cls" in labels or layer == 1
+        for handle, label in zip(handles, labels, strict=True):
+            if isinstance(handle, Collection):  # an area (a band): it needs both sides
+                box = handle.get_datalim(ax.transData).transformed(ax.transData)
+                assert box.width > 3 and box.height > 3, f"{label!r} is in the legend but draws no area"
+            else:
+                box = handle.get_window_extent(renderer)
+                assert box.width > 3 or box.height > 3, f"{label!r} is in the legend but draws nothing"
+
+
+def _data_points(ax):
+    """Display coordinates of everything plotted on ``ax``: line vertices and scatter or error-bar points."""
+    points = [line.get_transform().transform(np.column_stack([line.get_xdata(), line.get_ydata()]))
+              for line in ax.lines if not line.get_label().startswith("uniform")]  # reference lines span the axes
+    points += [c.get_offset_transform().transform(c.get_offsets()) for c in ax.collections if len(c.get_offsets())]
+    return np.concatenate([p for p in points if len(p)])
+
+
+def test_legends_cover_no_data(tmp_path, figures_made):
+    """Probe scores, the behaviour space (its colour by layer on a colour bar) and accuracy against locality put
+    their legend where no point or line is: outside the axes."""
+    from vitscope.report.figures.locality import accuracy_vs_locality, behaviour_space
+    from vitscope.report.figures.probes import score_by_layer
+
+    rng = np.random.default_rng(0)
+    rows = [{"model": model, "group": group, "layer": layer, "metric": "class_top1", "value": value + 0.02 * layer}
+            for layer in range(13) for group in ("cls", "patch")
+            for model, value in (("vit", 0.5), ("vit (random init)", 0.2), ("chance", 0.1))]
+    score_by_layer(rows, "class_top1", tmp_path / "s.png")
+    mad, ent = rng.uniform(0.2, 0.42, (12, 6)), rng.uniform(0.5, 1.0, (12, 6))  # heads everywhere, the corners too
+    behaviour_space({"a": (mad, ent)}, tmp_path / "b.png", uniform=0.4178)
+    points = [{"condition": c, "cutmix": "cutmix" in c, "min_early_mad": m, "min_early_mad_std": 0.01,
+               "accuracy": a, "accuracy_std": 0.01}
+              for c, m, a in (("baseline", 0.02, 0.5), ("baseline+cutmix", 0.01, 0.6), ("modern", 0.4, 0.5))]
+    accuracy_vs_locality(points, tmp_path / "a.png", uniform=0.4178)
+    for fig in figures_made:
+        (legend,) = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+        box = legend.get_window_extent()
+        ax = fig.axes[0]
+        inside = [(x, y) for x, y in _data_points(ax) if box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1]
+        assert not inside and not _overlaps(box, ax.get_window_extent()), (ax.get_title(), inside[:3])
+    assert any(ax.get_label() == "<colorbar>" for ax in figures_made[1].axes)
+
+
+def _crosses(points: np.ndarray, box) -> bool:
+    """Whether the polyline through ``points`` (display coordinates) passes through ``box``, sampled finely."""
+    for a, b in zip(points[:-1], points[1:], strict=True):
+        for t in np.linspace(0, 1, 200):
+            x, y = a + t * (b - a)
+            if box.x0 < x < box.x1 and box.y0 < y < box.y1:
+                return True
+    return False
+
+
+@pytest.mark.parametrize(("mad", "ent"), [(0.41, 0.985), (0.05, 0.2), (0.2, 0.55), (0.41, 0.5)],
+                         ids=["near-uniform", "local", "middle", "right-edge"])
+def test_the_zoom_inset_is_crossed_by_no_line_point_or_legend(tmp_path, figures_made, mad, ent):
+    """Wherever the heads crowd (near uniform attention at the top right, local and low entropy at the bottom
+    left, mid-axes), the inset, its tick labels and title lie clear of the reference lines, the layer-mean path,
+    every head, the marked region and the legend (the uniform-MAD line once ran through it)."""
+    from vitscope.report.figures.locality import behaviour_space
+
+    rng = np.random.default_rng(1)
+    heads = (mad + rng.normal(0, 0.004, (8, 8)), ent + rng.normal(0, 0.004, (8, 8)))
+    behaviour_space({"crowded": heads}, tmp_path / "b.png", uniform=0.4178)
+    fig = figures_made[-1]
+    ax = fig.axes[0]
+    (inset,) = [child for child in ax.child_axes if child.get_label() == "zoom"]
+    renderer = fig._get_renderer()
+    box = inset.get_tightbbox(renderer)  # with its tick labels and title
+    for line in ax.lines:
+        drawn = line.get_transform().transform(np.column_stack([line.get_xdata(), line.get_ydata()]))
+        assert not _crosses(drawn, box), f"{line.get_label()!r} crosses the inset"
+    heads_drawn = ax.collections[0].get_offset_transform().transform(ax.collections[0].get_offsets())
+    assert not any(box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1 for x, y in heads_drawn)
+    (x0, x1), (y0, y1) = inset.get_xlim(), inset.get_ylim()
+    region = ax.transData.transform([(x0, y0), (x1, y1)])
+    assert not (region[0][0] < box.x1 and box.x0 < region[1][0] and region[0][1] < box.y1 and box.y0 < region[1][1])
+    legends = [*fig.legends, *(a.get_legend() for a in fig.axes if a.get_legend())]
+    assert legends and not any(_overlaps(legend.get_window_extent(), box) for legend in legends)

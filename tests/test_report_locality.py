@@ -12,9 +12,8 @@ import torch
 
 from vitscope.report.figures import locality as figures
 from vitscope.report.locality.page import build_report
-from vitscope.studies.locality.results import claims
+from vitscope.studies.locality.results import LocalityResults
 from vitscope.studies.locality.study import LocalityStudy, write_results
-from vitscope.studies.locality.verdicts import distinct, judge
 
 
 def test_uniform_mad_matches_the_definition():
@@ -26,63 +25,12 @@ def test_uniform_mad_matches_the_definition():
     assert figures.uniform_mad((3, 5), "pixel", 16) == pytest.approx(d.mean() * 16)
 
 
-def claim(measure, values_with, values_without, name="conditions with cutmix vs without"):
-    return {"claim": name, "measure": measure, "with": float(np.mean(values_with)),
-            "without": float(np.mean(values_without)), "values_with": values_with, "values_without": values_without}
-
-
-@pytest.mark.parametrize(("measure", "values_with", "values_without", "verdict"), [
-    ("min_early_mad", [0.01, 0.02, 0.03], [0.31, 0.32, 0.33], "reproduced"),
-    ("min_early_mad", [0.3100, 0.3102, 0.3104], [0.3102, 0.3104, 0.3106], "not reproduced"),  # negligible effect
-    ("min_early_mad", [0.36, 0.37, 0.38], [0.31, 0.32, 0.33], "not reproduced"),  # the other way
-    ("min_early_mad", [0.05, 0.25, 0.15], [0.31, 0.32, 0.33], "inconclusive"),  # too noisy
-    ("min_early_mad", [0.19, 0.20, 0.21], [0.31, 0.32, 0.33], "reproduced"),  # -0.12: past half of -0.2
-    ("min_early_mad", [0.23, 0.24, 0.25], [0.30, 0.32, 0.34], "inconclusive"),  # short of the threshold, reaches it
-    ("accuracy", [0.57, 0.575, 0.58], [0.50, 0.505, 0.51], "reproduced"),
-    ("accuracy", [0.51, 0.515, 0.52], [0.60, 0.605, 0.61], "not reproduced"),  # CutMix costing 9 points
-    ("accuracy", [0.535], [0.50], "inconclusive"),  # one seed per side: never a finding
-])
-def test_verdicts_of_the_one_rule(measure, values_with, values_without, verdict):
-    judged = judge(claim(measure, values_with, values_without))
-    assert judged["verdict"] == verdict, judged["reason"]
-    assert judged["threshold"] == pytest.approx(abs(judged["expected"]) / 2)
-
-
-def test_one_seed_per_side_is_inconclusive_not_a_zero_width_reproduction():
-    judged = judge(claim("accuracy", [0.535], [0.50]))  # old: interval [0.035, 0.035], "reproduced"
-    assert judged["verdict"] == "inconclusive" and "needs >= 2 seeds per side" in judged["reason"]
-    assert judged["difference"] == pytest.approx(0.035) and math.isnan(judged["ci95_low"])
-
-
-def test_minimum_mad_is_compared_over_seeds_not_bootstrapped_over_heads():
-    def run(condition, seed, heads):
-        mad = np.full((8, len(heads)), 0.4)
-        mad[0] = heads
-        return {"condition": condition, "seed": seed, "accuracy": None, "mad": mad.tolist()}
-
-    rng = np.random.default_rng(0)
-    with_runs = [run("baseline+cutmix", s, 0.02 + 0.01 * rng.random(6)) for s in range(3)]
-    without_runs = [run("baseline", s, 0.25 + 0.05 * rng.random(6)) for s in range(3)]
-    found = {c["claim"]: c for c in claims(with_runs + without_runs) if c["measure"] == "min_early_mad"}
-    mad = found["conditions with cutmix vs without"]
-    minima_with = [float(np.min(r["mad"][:2])) for r in with_runs]
-    minima_without = [float(np.min(r["mad"][:2])) for r in without_runs]
-    assert mad["values_with"] == pytest.approx(minima_with) and mad["values_without"] == pytest.approx(minima_without)
-    # a resampled minimum never falls below the observed one; an interval over seeds reaches both sides
-    assert mad["difference"] - mad["ci95_low"] == pytest.approx(mad["ci95_high"] - mad["difference"])
-    assert mad["ci95_low"] < np.mean(minima_with) - np.mean(minima_without) < mad["ci95_high"]
-
-
-def test_claims_without_a_paper_claim_get_no_verdict():
-    judged = judge(claim("min_early_mad", [0.1, 0.12], [0.4, 0.41], name="conditions with labelsmoothing vs without"))
-    assert judged["verdict"] == "no paper claim" and judged["ci95_high"] < 0  # shown with its interval
-
-
-def record(condition, seed, mad, entropy, accuracy, study):
+def record(condition, seed, mad, entropy, accuracy, study, cls_factor=1.0):
     layers, heads = 4, 4
     rng = np.random.default_rng(seed)
+    mad = mad + 1e-4 * rng.standard_normal((layers, heads))
     return {"condition": condition, "seed": seed, "accuracy": accuracy, "layers": list(range(layers)),
-            "mad": (mad + 1e-4 * rng.standard_normal((layers, heads))).tolist(),
+            "mad": mad.tolist(), "mad_cls_at_zero": (mad * cls_factor).tolist(),
             "entropy": np.full((layers, heads), entropy).tolist(), "skipped": np.zeros((layers, heads)).tolist(),
             "num_images": 32, "num_prefix_tokens": 1, "grid_size": [8, 8], "patch_size": 4,
             "eval_subset": {"method": "class-stratified", "count": 32, "of": 1024, "seed": 0, "indices_sha1": "x"},
@@ -90,41 +38,56 @@ def record(condition, seed, mad, entropy, accuracy, study):
             "train_config": study.train_config(condition, seed, "cpu").to_dict()}
 
 
-def make_study(tmp_path, mad_with, accuracy_with):
+def make_study(tmp_path, mad_with, accuracy_with, cls_factor=1.0):
     study = LocalityStudy(conditions=["baseline", "baseline+cutmix"], seeds=[0, 1], epochs=1, device="cpu",
                           out=str(tmp_path), progress=False)
     records = [record("baseline", s, 0.4178, 0.9999, 0.60 + 0.004 * s, study) for s in (0, 1)]
     records += [record("baseline+cutmix", s, mad_with, 0.9999 if mad_with > 0.4 else 0.3,
-                       accuracy_with + 0.004 * s, study) for s in (0, 1)]
+                       accuracy_with + 0.004 * s, study, cls_factor) for s in (0, 1)]
     write_results(study, records, dt.datetime.now(dt.UTC))
     return tmp_path
 
 
-def test_two_conditions_give_each_comparison_once(tmp_path):
-    results = make_study(tmp_path, 0.4176, 0.51)
-    import json
+def test_two_conditions_judge_each_registry_claim_once(tmp_path):
+    """Baseline against Baseline + CutMix: L4 (one pair) and L6-cutmix are judged, once each; the claims that need
+    other conditions say which; nothing is filed twice."""
+    results = LocalityResults.read(make_study(tmp_path, 0.01, 0.67))
+    ids = [j.claim_id for j in results.claims]
+    assert len(ids) == len(set(ids)) == 12
+    measured = {j.claim_id for j in results.claims if j.difference is not None}
+    assert measured == {"L4", "L6-cutmix"}
+    assert {(j.a, j.b) for j in results.claims if j.difference is not None} == {
+        ("conditions with cutmix", "conditions without cutmix"), ("baseline+cutmix", "baseline")}
 
-    payload = json.loads((results / "results.json").read_text())
-    merged = distinct(payload["claims"])
-    assert len(payload["claims"]) == 4 and len(merged) == 2  # with/without == cutmix alone, per measure
-    assert merged[0]["same_as"] == ["baseline+cutmix vs baseline (cutmix alone)"]
-    assert len(distinct(claims(payload["runs"]))) == 2
+
+def _section(text, start, end):
+    return text[text.index(start):text.index(end)]
 
 
 def test_report_of_a_null_result_says_so(tmp_path):
     text = build_report(make_study(tmp_path, 0.4176, 0.51)).read_text()
-    verdicts = text[text.index("What this run shows"):text.index("Claims checked")]
-    # every condition attends uniformly: the MAD claim cannot show (not testable); CutMix costs 9 points
-    assert verdicts.count("Not reproduced</b>") == 1 and verdicts.count("Not testable</b>") == 1
-    assert "Paper's effect -0.2 (normalised MAD)" in verdicts and "half the paper's effect, 0.1" in verdicts
-    assert "2 vs 2 seeds, Welch t" in verdicts and "Power: these seeds detect effects of about" in verdicts
-    assert "attend almost uniformly" in verdicts
-    table = text[text.index("Claims checked"):text.index("Summary per condition")]
-    assert table.count("<tr>") == 3  # header + one row per measure
-    for column in ("paper effect", "difference", "ci95_low", "ci95_high", "seeds per side", "method", "verdict",
-                   "power"):
-        assert f"<th>{column}</th>" in table
-    assert "needs about" in table
+    verdicts = _section(text, "What this run shows", "Claims checked")
+    # every condition attends uniformly: the separation cannot show (not testable); CutMix costs 9 points
+    assert verdicts.count('class="not-reproduced">Not reproduced</b> <b>L6-cutmix</b>') == 1
+    assert '<b class="not-testable">Not testable</b> <b>L4</b>' in verdicts
+    assert "attends about uniformly" in verdicts and "attend almost uniformly" in verdicts
+    assert "needs runs of modern and baseline" in verdicts  # the headline claims say what they need
+    # the size beside the paper's, and the scale the verdict holds for beside the paper's
+    assert "the opposite sign to the paper&#x27;s effect" in verdicts
+    assert "Scale of this verdict</i>: vit-micro, 1 epoch, 2 seeds per condition, synthetic scenes" in verdicts
+    assert "(the paper: compact ViT, CIFAR-100, one seed)" in verdicts
+    assert "Power: these seeds detect effects of about" in verdicts
+    table = _section(text, "Claims checked", "The readings the seed leaves open")
+    assert table.count("<tr>") == 3  # header + L4 + L6-cutmix (the claims without their conditions are above)
+    for column in ("claim", "test", "difference", "interval low", "interval high", "verdict"):
+        assert f"<th>{column}</th>" in table, column
+    for prose in ("size beside the paper&#x27;s", "power"):  # too wide for a column: a line under each row
+        assert table.count(f"<div><b>{prose}</b>: ") == 2, prose
+    readings = _section(text, "The readings the seed leaves open", "Claims not judged")
+    assert "early = layers 1 and 2" in readings and "CLS counted at distance 0 in MAD" in readings
+    unjudged = _section(text, "Claims not judged", "Summary per condition")
+    assert all(f"<b>{cid}</b>" in unjudged for cid in ("L3", "L7", "L8", "L9"))
+    assert "claim L3, not judged" in text  # the MAD-entropy figure is L3's
     assert "1 epochs" not in text and "1 epoch," in text
     assert "<td>min_lr</td><td>1e-05</td>" in text and "0.0000" not in text
     assert "<td>seed</td><td>per run: 0, 1</td>" in text and "None" not in text
@@ -136,8 +99,21 @@ def test_report_of_a_null_result_says_so(tmp_path):
 
 def test_report_of_a_reproduced_effect(tmp_path):
     text = build_report(make_study(tmp_path, 0.01, 0.67)).read_text()
-    verdicts = text[text.index("What this run shows"):text.index("Claims checked")]
+    verdicts = _section(text, "What this run shows", "Claims checked")
     assert verdicts.count("Reproduced</b>") == 2 and "attend almost uniformly" not in verdicts
+    assert "the closest gap is" in verdicts and "against the paper's bounds" in verdicts
+
+
+def test_report_says_when_the_readings_disagree(tmp_path):
+    """CutMix's heads local only with CLS counted at distance 0 (a CLS sink): the verdict keeps the stated reading
+    and one sentence says the other reads otherwise."""
+    text = build_report(make_study(tmp_path, 0.40, 0.67, cls_factor=0.02)).read_text()
+    verdicts = _section(text, "What this run shows", "Claims checked")
+    item = verdicts[verdicts.index("<b>L4</b>"):]
+    item = item[:item.index("</li>")]
+    assert "Not testable" not in item.split("<b>L4</b>")[0]
+    assert "<b>The readings the seed leaves open disagree: with CLS counted at distance 0 in MAD it reads " \
+           "reproduced" in item
 
 
 @pytest.fixture
@@ -201,48 +177,51 @@ def test_crowded_heads_get_a_zoom_inset_that_holds_them_with_a_margin(captured, 
     assert not [child for child in wide.child_axes if child.get_label() == "zoom"]
 
 
-def test_claims_table_keeps_its_power_column_readable(tmp_path):
-    """The power line is prose: its cells are class "long" (min-width 22em, left-aligned) and the table scrolls
-    sideways in its box rather than squeezing that column to a word a line."""
+def test_claims_table_keeps_its_power_line_readable(tmp_path):
+    """The power line is prose: with 13 columns it cannot have a readable column of its own in the page, so it is
+    a full-width line under its claim's row (report/html.py ``table``), named, after the verdict."""
     text = build_report(make_study(tmp_path, 0.4176, 0.51)).read_text()
-    claims_html = text[text.index("Claims checked"):text.index("Summary per condition")]
+    claims_html = text[text.index("Claims checked"):text.index("The readings the seed leaves open")]
     head = [c.split("</th>")[0] for c in claims_html.split("<th>")[1:]]
+    assert "power" not in head and head[-1] == "verdict"
     rows = claims_html.split("<tr>")[2:]
-    power = head.index("power")
     for row in rows:
-        cells = row.split("<td")[1:]
-        assert cells[power].startswith(' class="long">') and "needs about" in cells[power]
-    assert '<div class="wide"><table>' in claims_html
+        line = row[row.index('<tr class="prose">'):]
+        assert line.startswith(f'<tr class="prose"><td colspan="{len(head)}"><div><b>')
+        assert "<div><b>power</b>: " in line and "needs about" in line
+    assert '<div class="wide"><table class="stacked">' in claims_html
     style = text[text.index("<style>"):text.index("</style>")]
     assert "td.long{min-width:22em;text-align:left}" in style and ".wide{overflow-x:auto}" in style
+    assert "tr.prose td{" in style
 
 
 CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (apt-get install chromium)")
-def test_claims_table_power_column_is_wide_in_chromium(tmp_path):
-    """Rendered at 1280 px: every power cell is at least 20em wide and at most 6 lines tall."""
+def test_claims_table_power_line_is_wide_in_chromium(tmp_path):
+    """Rendered at 1280 px: every power line is at least 20em wide and at most 6 lines tall, and the table ends
+    inside the window."""
     sync_api = pytest.importorskip("playwright.sync_api")
     report = build_report(make_study(tmp_path, 0.4176, 0.51))
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox"])
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.goto(report.as_uri())
-        sizes = page.evaluate("""() => {
+        sizes, right = page.evaluate("""() => {
             const h2 = [...document.querySelectorAll('h2')].find(h => h.textContent === 'Claims checked');
             let table = h2.nextElementSibling; while (!table.querySelector('table')) table = table.nextElementSibling;
-            const heads = [...table.querySelectorAll('th')].map(th => th.textContent);
-            const col = heads.indexOf('power');
             const em = parseFloat(getComputedStyle(table.querySelector('td')).fontSize);
-            return [...table.querySelectorAll('tr')].slice(1).map(tr => {
-                const td = tr.children[col]; const line = parseFloat(getComputedStyle(td).lineHeight) || em * 1.2;
+            const sizes = [...table.querySelectorAll('tr.prose td')].map(td => {
+                const line = parseFloat(getComputedStyle(td).lineHeight) || em * 1.2;
                 return [td.getBoundingClientRect().width / em, td.getBoundingClientRect().height / line];
             });
+            return [sizes, table.querySelector('table').getBoundingClientRect().right];
         }""")
         page.screenshot(path=str(tmp_path / "claims.png"), full_page=True)
         browser.close()
     assert sizes and all(width >= 20 and lines <= 6 for width, lines in sizes), sizes
+    assert right <= 1280
 
 
 def test_every_time_estimate_names_its_machine():

@@ -113,3 +113,78 @@ def test_import_and_writer_lock_without_fcntl(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == "held", done.stderr[-2000:]
     with writer_lock(tmp_path / "run"):  # the soft lock's marker was released, not left stale
         pass
+
+
+# ---- every command that writes an --out holds its lock (a second one on the same folder is refused at once) ----
+
+PROBE = ["--device", "cpu", "--num-images", "4", "--batch-size", "4"]
+WRITERS = {
+    "probe pca": ["probe", "pca", *PROBE],
+    "probe linear": ["probe", "linear", *PROBE],
+    "explore": ["explore", *PROBE],
+    "analyze norms": ["analyze", "norms", *PROBE],
+    "analyze locality": ["analyze", "locality", *PROBE],
+    "demo": ["demo", "sparse", "--device", "cpu"],
+}
+
+
+@pytest.mark.parametrize("command", WRITERS)
+def test_a_second_command_on_one_out_is_refused_naming_the_holder(command, tmp_path, capsys, monkeypatch):
+    """Two ``probe`` (or ``explore``) commands on one --out both exited 0 and the first one's results vanished."""
+    from cli_refusals import refused
+
+    monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    holder = hold(out)
+    try:
+        line = refused([*WRITERS[command], "--out", str(out)], capsys)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"folder {out} is in use by another vitscope process (pid {holder.pid})" in line
+    assert sorted(p.name for p in out.iterdir()) == [".vitscope.lock"]  # nothing of the refused command's
+
+
+def test_an_unlocked_out_is_written_and_its_lock_released(tmp_path, capsys, monkeypatch):
+    from vitscope.cli import main
+
+    monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path / "cache"))
+    assert main(["probe", "pca", *PROBE, "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "pca.json").is_file()
+    with writer_lock(tmp_path / "out"):  # released when the command ended
+        pass
+
+
+# ---- a writer killed mid-write leaves a temporary; the next writer of the folder removes it ----
+
+KILLED_WRITER = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("atomic_io", sys.argv[1])
+atomic_io = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(atomic_io)
+with atomic_io.atomic_path(sys.argv[2]) as tmp:
+    tmp.write_bytes(b"half a model")
+    print(tmp.name, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_kill_9_during_the_model_write_leaves_no_temporary_for_good(tmp_path):
+    """A kill -9 during the top-level model.safetensors write left ``.model.PID.tmp.safetensors`` for good; the next
+    process that takes the folder's writer lock (train, resume, study, probe ...) removes it, and leaves a live
+    writer's temporary alone."""
+    run = tmp_path / "run"
+    run.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(RUN_FOLDER_PY.with_name("atomic_io.py")),
+                               str(run / "model.safetensors")], stdout=subprocess.PIPE, text=True)
+    left = run / writer.stdout.readline().strip()
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    assert left.name == f".model.{writer.pid}.tmp.safetensors" and left.is_file()
+    live = run / f".summary.{os.getpid()}.tmp.json"  # this process is alive: its temporary stays
+    live.write_text("{}")
+    unrelated = run / ".notes.txt"
+    unrelated.write_text("mine")
+    with writer_lock(run):
+        assert not left.exists()
+    assert live.exists() and unrelated.exists() and not (run / "model.safetensors").exists()

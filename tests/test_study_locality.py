@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 
 from vitscope.report.locality.page import build_report
-from vitscope.studies.locality.results import claims, min_early_mad, summarize
+from vitscope.studies.locality.readings import min_early_mad, stated
+from vitscope.studies.locality.records import LocalityRun
+from vitscope.studies.locality.results import LocalityResults, summarize
 from vitscope.studies.locality.study import LocalityStudy, run
+from vitscope.studies.locality.verdicts import judge_runs
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -36,13 +39,17 @@ def test_results_files(finished_study):
     out = finished_study
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert len(rows) == 2 * 2 * 4 * 4  # conditions x seeds x layers x heads
+    assert float(rows[0]["mad_cls_at_zero"]) < float(rows[0]["mad"])  # both MAD readings, per head
     assert {r["condition"] for r in rows} == {"baseline", "baseline+cutmix"} and {r["layer"] for r in rows} == {
         "1", "2", "3", "4"}
     summary = list(csv.DictReader((out / "summary.csv").open()))
     assert [s["condition"] for s in summary] == ["baseline", "baseline+cutmix"] and summary[0]["seeds"] == "2"
     payload = json.loads((out / "results.json").read_text())
-    assert payload["schema_version"] == 1 and payload["study"] == "locality"
+    assert payload["schema_version"] == 2 and payload["study"] == "locality" and payload["kind"] == "locality-study"
     assert payload["provenance"]["dataset"] == "synthetic"
+    results = LocalityResults.read(out)  # the typed results the report reads, every registry claim judged once
+    assert [j.claim_id for j in results.claims][:3] == ["L1", "L1-entropy", "L2"]
+    assert results.runs[0].mad_cls_at_zero and results.settings["conditions"] == ["baseline", "baseline+cutmix"]
     # the numbers in the table are those of each run's own analysis file
     run_file = json.loads((out / "runs" / "baseline" / "seed-1" / "locality.json").read_text())
     mine = [float(r["mad"]) for r in rows if r["condition"] == "baseline" and r["seed"] == "1"]
@@ -65,7 +72,7 @@ def test_killed_study_completes_on_rerun(tmp_path):
     (victim / "summary.json").unlink()
     (victim / "model.safetensors").unlink()
     payload = run(study)
-    assert {r["condition"] for r in payload["runs"]} == {"baseline", "baseline+cutmix"}
+    assert {r.condition for r in payload.runs} == {"baseline", "baseline+cutmix"}
     assert (victim / "locality.json").is_file() and (victim / "model.safetensors").is_file()
 
 
@@ -73,20 +80,19 @@ def test_claims_with_known_answers():
     def record(condition, seed, early, acc):
         mad = np.full((8, 8), 0.4)
         mad[:2] = early
-        return {"condition": condition, "seed": seed, "accuracy": acc, "mad": mad.tolist(),
-                "entropy": np.ones((8, 8)).tolist(), "layers": list(range(8)), "skipped": np.zeros((8, 8)).tolist()}
+        return LocalityRun(condition, seed, accuracy=acc, mad=mad.tolist(), entropy=np.ones((8, 8)).tolist(),
+                           grid_size=[8, 8])
 
-    records = [record("baseline", s, 0.3 + 0.01 * s, 0.50) for s in range(3)]
-    records += [record("baseline+cutmix", s, 0.01 + 0.001 * s, 0.56) for s in range(3)]
-    assert min_early_mad(records[0]) == pytest.approx(0.3)
-    found = {(c["claim"], c["measure"]): c for c in claims(records)}
-    mad = found[("conditions with cutmix vs without", "min_early_mad")]
-    assert mad["difference"] == pytest.approx(0.011 - 0.31, abs=1e-9)
-    assert mad["ci95_high"] < 0 and mad["verdict"] == "reproduced" and mad["method"].startswith("Welch t")
-    acc = found[("baseline+cutmix vs baseline (cutmix alone)", "accuracy")]
-    assert acc["difference"] == pytest.approx(0.06)
+    records = [record("baseline", s, 0.3 + 0.01 * s, 0.50 + 0.001 * s) for s in range(3)]
+    records += [record("baseline+cutmix", s, 0.01 + 0.001 * s, 0.56 + 0.002 * s) for s in range(3)]
+    assert min_early_mad(records[0], stated(8)) == pytest.approx(0.3)
+    found = {j.claim_id: j for j in judge_runs(records, dataset="synthetic")}
+    l4 = found["L4"]  # the one pair with - without, closest pair shown as a - b
+    assert l4.difference == pytest.approx(0.011 - 0.31, abs=1e-9)
+    assert l4.ci95_high < 0 and l4.verdict == "reproduced" and "Welch t" in l4.method
+    assert found["L6-cutmix"].difference == pytest.approx(0.061)
     rows = summarize(records)
-    assert rows[0]["min_early_mad_mean"] == pytest.approx(0.31) and rows[1]["accuracy_mean"] == pytest.approx(0.56)
+    assert rows[0]["min_early_mad_mean"] == pytest.approx(0.31) and rows[1]["accuracy_mean"] == pytest.approx(0.562)
 
 
 def test_bad_study_options():
@@ -132,9 +138,10 @@ def test_real_cifar10_images_tiny_run(tmp_path, monkeypatch):
                           seeds=[0], preset="paper", epochs=1, train_images=256, eval_images=64, batch_size=64,
                           device="cpu", out=str(tmp_path / "cifar"), progress=False)
     payload = run(study)
-    record = payload["runs"][0]
-    assert record["grid_size"] == [8, 8] and record["train_config"]["model"] == "vit-compact"
-    assert len(record["mad"]) == 8 and record["num_images"] == 64 and record["accuracy"] is not None
+    record = payload.runs[0]
+    assert record.grid_size == [8, 8] and record.train_config["model"] == "vit-compact"
+    assert len(record.mad) == 8 and record.num_images == 64 and record.accuracy is not None
+    assert "CIFAR-10" in payload.claims[0].scope
 
 
 def test_runs_side_by_side_one_per_device(tmp_path, monkeypatch):
@@ -142,13 +149,13 @@ def test_runs_side_by_side_one_per_device(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runner, "devices", lambda device: ["cpu", "cpu"])  # stands in for two GPUs
     payload = run(tiny_study(tmp_path / "pool", seeds=[0]))
-    assert sorted(r["condition"] for r in payload["runs"]) == ["baseline", "baseline+cutmix"]
+    assert sorted(r.condition for r in payload.runs) == ["baseline", "baseline+cutmix"]
 
 
 def test_submitit_launcher_runs_each_condition_as_a_job(tmp_path):
     pytest.importorskip("submitit")
     payload = run(tiny_study(tmp_path / "jobs", seeds=[0], launcher="submitit-local"))
-    assert sorted(r["condition"] for r in payload["runs"]) == ["baseline", "baseline+cutmix"]
+    assert sorted(r.condition for r in payload.runs) == ["baseline", "baseline+cutmix"]
     assert list((tmp_path / "jobs" / "submitit").glob("*_log.out"))
 
 

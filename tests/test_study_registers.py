@@ -19,8 +19,8 @@ from vitscope.models import load
 from vitscope.record import record_tokens
 from vitscope.report.registers.page import build_report
 from vitscope.studies.models import ModelEntry
-from vitscope.studies.registers.findings import artifact_layers, findings
 from vitscope.studies.registers.study import RegistersStudy, _eval_set, run
+from vitscope.studies.registers.verdicts import artifact_layers
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -59,8 +59,14 @@ def finished_study(tmp_path_factory, one_thread):
 def test_results_follow_the_shared_schema(finished_study):
     out, payload = finished_study
     saved = json.loads((out / "results.json").read_text())
-    assert set(saved) >= {"schema_version", "kind", "settings", "rows", "provenance"}
+    assert set(saved) >= {"schema_version", "kind", "settings", "rows", "provenance", "claims"}
     assert saved["kind"] == "registers-study" and saved["provenance"]["dataset"] == "synthetic"
+    assert saved["schema_version"] == 2 and saved["claims"] == [j.to_json() for j in payload.claims]
+    ids = [c["claim_id"] for c in saved["claims"]]
+    assert ids == ["R1", "R2", "R3", "R4-texture", "R4-position", "R5-position", "R5-shape", "R6", "R6", "R7", "R7",
+                   "R8-local", "R8-global", "R9", "R10"]  # R6 and R7 once per register pair (supervised, DINO)
+    modes = [r for r in saved["rows"] if r["metric"] == "separate_mode"]  # every token layer, each its own test
+    assert {(r["model"], r["layer"]) for r in modes if r["model"] == "reg0"} == {("reg0", layer) for layer in range(5)}
     assert [m["label"] for m in saved["models"]] == ["reg0", "reg2", "dino-reg0", "dino-reg2", "timm-vit",
                                                      "timm-swin", "reg0+planted"]
     swin = [r for r in saved["rows"] if r["model"] == "timm-swin"]  # per stage, on the stage's own geometry
@@ -96,7 +102,7 @@ def test_results_follow_the_shared_schema(finished_study):
 
 def test_dino_runs_keep_registers_out_of_the_patch_grid_and_thresholds(finished_study):
     out, payload = finished_study
-    model = next(m for m in payload["models"] if m["label"] == "dino-reg2")
+    model = next(m for m in payload.models if m["label"] == "dino-reg2")
     assert model["tokens"]["registers"] == [1, 2] and model["tokens"]["patches"]["start"] == 3
     teacher = load(str(out / "runs" / "dino-reg2" / "seed-0")).eval()
     assert teacher.num_registers == 2
@@ -109,43 +115,73 @@ def test_dino_runs_keep_registers_out_of_the_patch_grid_and_thresholds(finished_
     expected = float(torch.quantile(patches.double().flatten(), 0.98))
     threshold = next(t for t in model["thresholds"] if t["spec"] == "percentile:98")
     assert threshold["value"] == pytest.approx(expected, rel=1e-5)
-    fraction = [r for r in payload["rows"] if r["model"] == "dino-reg2" and r["metric"] == "high_norm_fraction"
+    fraction = [r for r in payload.rows if r["model"] == "dino-reg2" and r["metric"] == "high_norm_fraction"
                 and r["threshold"] == "percentile:98" and r["layer"] == 4][0]
     assert fraction["n"] == len(data) * 64  # registers and CLS never counted as patches
 
 
 def test_planted_model_shows_the_known_answer(finished_study):
     _, payload = finished_study
-    assert artifact_layers(payload["rows"], "reg0+planted") == [2, 3, 4]  # planted after block 2 (token layer 2)
-    verdicts = {f["finding"]: f for f in findings(payload["rows"], payload["models"])}
-    # planted models are never evidence; the small trained ones grow no artifacts, as the paper says they do not,
-    # but with no large model the paper's main claim is untested: undecided, not reproduced
-    assert verdicts["exist"]["verdict"] == "inconclusive" and verdicts["exist"]["agrees"] == "undecided"
-    assert "reg0+planted" not in verdicts["exist"]["evidence"] and "no small model" in verdicts["exist"]["evidence"]
+    assert artifact_layers(payload.rows, "reg0+planted")[0] == 2  # planted after block 2: from token layer 2 on
+    assert all(artifact_layers(payload.rows, m) == [] for m in ("reg0", "timm-vit"))
+    claims = {j.claim_id: j for j in payload.claims}
+    # planted and random models are never evidence: the census holds the four vit-micros trained here, clean, which
+    # show nothing about pretrained models; the families' comparisons have no model with a mode to compare
+    assert claims["R1"].verdict == "inconclusive" and "reg0+planted" not in claims["R1"].details["models"]
+    assert set(claims["R1"].details["models"]) == {"reg0", "reg2", "dino-reg0", "dino-reg2"}
+    assert claims["R2"].verdict == "inconclusive"
+    assert claims["R3"].verdict == "not testable" and "no high-norm tokens in the claim's sense" in claims["R3"].reason
+    assert claims["R4-texture"].verdict == "not testable"  # timm-swin has random weights: no Swin model measured
+    assert all(claims[c].verdict == "not testable" and "no artifacts for registers to remove" in claims[c].reason
+               for c in ("R6", "R7"))
 
 
-def test_report_findings_say_whether_they_agree_and_by_which_rule(finished_study):
+def test_report_prints_every_claim_with_its_verdict_family_and_scope(finished_study):
     out, payload = finished_study
     text = (out / "report.html").read_text()
-    section = text[text.index("Published findings"):]
-    assert section.count("(our measurement ") == len(findings(payload["rows"], payload["models"]))
-    assert "held-out tokens in each group" in section and "resamples images, never tokens" in section
-    for column in ("measure (high-norm - normal)", "paper&#x27;s direction", "effect", "threshold (half)", "source"):
-        assert f"<th>{column}</th>" in section
+    start = text.index("The reassessment's claims")
+    section = text[start:text.index("<h2>", start)]
+    assert section.count("<li>") == len(payload.claims), section.count("<li>")
+    assert "R4-texture</b> [Swin]" in section and "R5-shape</b> [PVT]" in section
+    assert "Holds for:</i> 4 models measured here on synthetic" in section
+    assert "resamples images, never tokens" in section and "largest gap" in section
+    assert "small models do not" not in text.lower() and "Published findings" not in text
+
+
+def test_a_probe_group_under_the_minimum_is_not_shown_as_evidence(finished_study):
+    """The planted model's high-norm groups hold few held-out tokens at this size: the report says 'too few'
+    rather than print their top-1 (issue 46 item 21)."""
+    out, payload = finished_study
+    small = [r for r in payload.rows if r["model"] == "reg0+planted" and r["group"] == "high-norm"
+             and r["metric"] == "position_top1"]
+    assert small and all(r["n"] < 16 for r in small)
+    text = (out / "report.html").read_text()
+    planted = text[text.index("<h3>reg0+planted, token layer"):]
+    assert f"too few ({small[0]['n']} &lt; 16)" in planted.split("</table>")[0]
+
+
+def test_preset_none_trains_only_what_is_asked():
+    """--preset none --model X trains nothing (issue 46 item 20); --registers trains what it names."""
+    named = RegistersStudy(preset="none", models=[ModelEntry("x", "vit-micro")], progress=False)
+    assert named.registers == [] and named.trained() == []
+    asked = RegistersStudy(preset="none", registers=[0, 4], progress=False)
+    assert [label for label, *_ in asked.trained()] == ["reg0", "reg4"]
 
 
 def test_the_report_says_which_models_have_random_weights(finished_study):
     """The untagged timm architectures are random and the report says so, in its opening and titles; the same entry
     given a weights file or a pretrained tag is not called random (the rule is ``has_random_weights``)."""
     from vitscope.report.openings import registers_opening
-    from vitscope.report.registers.page import _scale_note, _title
+    from vitscope.report.registers.page import _scale_note
+    from vitscope.report.registers.tables import title
+    from vitscope.studies.registers.results import RegistersResults
 
     out, payload = finished_study
     text = (out / "report.html").read_text()
     assert "timm-vit, timm-swin with random weights" in text
     assert "seeded initialisation): timm-vit, timm-swin;" in text and "Given with their weights" not in text
     assert "timm-vit (timm:vit_small_patch16_224, random weights)" in text
-    assert {m["label"] for m in payload["models"] if "random weights" in _title(m)} == {"timm-vit", "timm-swin"}
+    assert {m["label"] for m in payload.models if "random weights" in title(m)} == {"timm-vit", "timm-swin"}
     results = json.loads((out / "results.json").read_text())
     for change in ({"weights": "vit.safetensors"}, {"spec": "timm:vit_small_patch16_224.augreg_in21k"}):
         for model in results["models"]:
@@ -153,8 +189,8 @@ def test_the_report_says_which_models_have_random_weights(finished_study):
                 model["entry"] = {**model["entry"], **change}
         opening = registers_opening(results)
         assert "timm-vit with the weights given" in opening and "timm-swin with random weights" in opening
-        assert "whether the given models grow artifacts" in opening
-        note = _scale_note(results)
+        assert "whether the given models have high-norm tokens in a separate mode" in opening
+        note = _scale_note(RegistersResults.from_json(results))
         assert "Given with their weights: timm-vit." in note and "initialisation): timm-swin;" in note
 
 
@@ -188,8 +224,8 @@ def test_killed_dino_study_resumes_where_it_stopped(tmp_path):
                                  probes={"enabled": False}, census={"thresholds": ["auto"]}, device="cpu",
                                  out=str(out), progress=False))
     assert first.stat().st_mtime_ns == stamp  # the finished run was reused, not trained again
-    assert [m["label"] for m in payload["models"]] == ["dino-reg0", "dino-reg2"]
-    assert all(m["training"]["knn_top1"] is not None for m in payload["models"])
+    assert [m["label"] for m in payload.models] == ["dino-reg0", "dino-reg2"]
+    assert all(m["training"]["knn_top1"] is not None for m in payload.models)
     assert killed_early or pytest.skip("the study finished before the kill landed")
 
 
@@ -205,11 +241,11 @@ def test_report_renders_in_headless_chromium(finished_study, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-500:]
     page = dom.stdout
-    for heading in ("Published findings", "Detector and probes on planted outliers", "Registers comparison",
+    for heading in ("claims (seed 004)", "Detector and probes on planted outliers", "Registers comparison",
                     "Token probes", "Attention maps with and without registers", "Terms, used once", "Provenance",
                     "per stage", "kNN top-1 (teacher)"):
         assert heading in page
-    assert page.count("<img") >= 8 and "reg0+planted" in page and "not reproduced" in page
+    assert page.count("<img") >= 8 and "reg0+planted" in page and "not testable" in page
     shot = tmp_path / "report.png"
     subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                     f"--user-data-dir={tmp_path / 'q'}", f"--screenshot={shot}", "--window-size=1200,4000",
@@ -243,7 +279,7 @@ def test_a_label_reused_for_another_model_is_measured_again(tmp_path):
     run(_one_model_study(tmp_path, ModelEntry("a", "vit-micro")))
     payload = run(_one_model_study(tmp_path, ModelEntry("a", "vit-compact")))
     compact = sum(p.numel() for p in load("vit-compact").parameters())
-    assert payload["models"][0]["entry"]["spec"] == "vit-compact" and payload["models"][0]["parameters"] == compact
+    assert payload.models[0]["entry"]["spec"] == "vit-compact" and payload.models[0]["parameters"] == compact
 
 
 def test_other_weights_in_the_same_file_are_measured_again(tmp_path):
@@ -256,7 +292,7 @@ def test_other_weights_in_the_same_file_are_measured_again(tmp_path):
     torch.manual_seed(1)
     save_model(load("vit-micro"), weights)  # same path and label, other weights
     second = run(_one_model_study(tmp_path / "study", ModelEntry("a", str(weights))))
-    norms = [[r["value"] for r in payload["rows"] if r["metric"] == "norm_mean"] for payload in (first, second)]
+    norms = [[r["value"] for r in payload.rows if r["metric"] == "norm_mean"] for payload in (first, second)]
     assert norms[0] and norms[0] != norms[1]
 
 

@@ -15,16 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from vitscope.claims import claims_of
 from vitscope.cli import main
 from vitscope.data import ImageDataset
 from vitscope.studies.runner import RunSpec
-from vitscope.studies.sparse.results import claims as sparse_claims
+from vitscope.studies.sparse.results_file import SparseResults
 from vitscope.studies.sparse.study import RECORD, SparseStudy, parse_condition, probe_sets, run, torchrun_command
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SRC = Path(__file__).resolve().parents[1] / "src"
 TINY = {
-    "preset": "demo", "epochs": 1, "probe_train_images": 64, "probe_eval_images": 32, "device": "cpu",
+    "preset": "demo", "epochs": 1, "conditions": ["softmax", "entmax15", "specialization"],
+    "probe_train_images": 64, "probe_eval_images": 32, "device": "cpu",
     "progress": False,
     "training": {"dataset_options": {"num_images": 128}, "eval_images": 32, "batch_size": 64,
                  "objective_options": {"knn_bank": 128, "n_local": 2}},
@@ -78,7 +80,7 @@ def test_resumes_after_a_kill_without_redoing_finished_runs(killed_then_finished
     out, before = killed_then_finished
     first = RunSpec("softmax", 0).folder(out)
     assert {p.name: p.stat().st_mtime_ns for p in (first / RECORD, first / "model.safetensors")} == before
-    for condition in ("softmax", "entmax15", "given-micro"):
+    for condition in ("softmax", "entmax15", "specialization", "given-micro"):
         assert (RunSpec(condition, 0).folder(out) / RECORD).is_file()
     summary = json.loads((RunSpec("entmax15", 0).folder(out) / "summary.json").read_text())
     assert summary["objective"] == "dino" and summary["epochs"] == 1
@@ -87,14 +89,19 @@ def test_resumes_after_a_kill_without_redoing_finished_runs(killed_then_finished
 def test_results_files(killed_then_finished):
     out, _ = killed_then_finished
     payload = json.loads((out / "results.json").read_text())
-    assert {"schema_version", "kind", "settings", "rows", "provenance"} <= set(payload)
-    assert payload["kind"] == "sparse-study"
-    runs = {r["condition"]: r for r in payload["runs"]}
-    assert set(runs) == {"softmax", "entmax15", "given-micro"}
+    assert {"schema_version", "kind", "settings", "rows", "provenance", "claims", "differences"} <= set(payload)
+    assert payload["kind"] == "sparse-study" and payload["schema_version"] == 2
+    results = SparseResults.read(out)
+    runs = {r["condition"]: r for r in results.runs}
+    assert set(runs) == {"softmax", "entmax15", "specialization", "given-micro"}
     assert runs["entmax15"]["normaliser"] == "entmax15" and runs["softmax"]["normaliser"] == "softmax"
     assert runs["entmax15"]["source"]["trained"]["model_options"] == {"attention": "entmax15", "num_registers": 0}
+    assert runs["specialization"]["source"]["trained"]["model_options"]["cls_specialization"] is True
+    assert runs["specialization"]["parameters"] > runs["softmax"]["parameters"]  # the CLS path's own weights
     assert runs["given-micro"]["source"]["given"]["spec"] == "vit-micro"
-    rows = payload["rows"]
+    assert runs["entmax15"]["image"]["linear_protocol"] == "dino-last4"  # DINO's ViT-S protocol, every preset
+    assert 0 <= runs["entmax15"]["image"]["linear_top1_last-cls"] <= 1  # the other protocol, the claim's reading
+    rows = results.rows
     for condition in runs:
         metrics = {r["metric"] for r in rows if r["model"] == condition}
         assert {"linear_top1", "knn_top1", "diffusion_top1", "diffusion_cosine", "attention_zeros",
@@ -115,13 +122,23 @@ def test_results_files(killed_then_finished):
     assert len(table) == len(rows)
     summary = list(csv.DictReader((out / "summary.csv").open()))
     assert {"model", "metric", "mean", "std", "seeds"} <= set(summary[0])
-    claims = {(c["condition"], c["measure"]): c for c in payload["claims"]}
-    assert claims[("entmax15", "diffusion_cosine")]["predicted"] == "lower"
-    assert claims[("given-micro", "linear_top1")]["verdict"] == "no claim"  # a softmax model: nothing predicted
-    assert all(c["verdict"] in ("reproduced", "not reproduced", "inconclusive", "no claim")
-               for c in payload["claims"])
-    one_seed = claims[("entmax15", "linear_top1")]  # one seed per side: never a finding
-    assert one_seed["verdict"] == "inconclusive" and "needs >= 2 seeds per side" in one_seed["reason"]
+    # every registry claim of seed 001 once, in order; one seed per side is never a finding
+    claims = {j.claim_id: j for j in results.claims}
+    assert list(claims) == [c.id for c in claims_of("sparse")]
+    for cid in ("S4", "S4-specialization", "S3", "S8-specialization"):
+        assert claims[cid].verdict == "inconclusive" and "2" in claims[cid].reason, (cid, claims[cid].reason)
+    # S11 is a property each run shows or not (a census): the one entmax run's zeros decide it
+    zeros = claims["S11"].details["fractions"]
+    assert claims["S11"].kind == "census" and len(zeros) == 1
+    assert claims["S11"].verdict == ("reproduced" if min(zeros.values()) > 0 else "not reproduced")
+    assert claims["S4-reg4"].verdict == "not testable" and "softmax+reg4" in claims["S4-reg4"].reason
+    assert claims["S5"].verdict == "not testable" and "VOC" in claims["S5"].reason
+    assert claims["S1"].verdict == "not judged" and "defines no measure" in claims["S1"].reason
+    assert "vit-micro pretrained with DINO for 1 epoch on synthetic" in claims["S4"].scope
+    # every other difference shown without a verdict (vitscope's own diffusion measures among them)
+    shown = {(d.condition, d.measure) for d in results.differences}
+    assert {("entmax15", "diffusion_cosine"), ("given-micro", "linear_top1"), ("specialization", "seg:synthetic"),
+            ("entmax15", "depth:synthetic")} <= shown
     assert (RunSpec("entmax15", 0).folder(out) / "examples.safetensors").is_file()
 
 
@@ -173,11 +190,12 @@ def test_report_renders_in_headless_chromium(killed_then_finished, tmp_path):
     report = build_report(out)
     text = report.read_text()
     assert "src=\"http" not in text and "<script" not in text  # self-contained
-    for heading in ("Paper-style table", "Semantic diffusion per layer", "Layer-wise segmentation mIoU",
+    for heading in ("The paper's claims, judged", "Paper-style table", "Semantic diffusion per layer",
+                    "Layer-wise segmentation mIoU",
                     "Attention sparsity per layer",
                     "PCA maps", "CLS attention per head", "Settings", "Provenance"):
         assert heading in text
-    assert "69.50" in text and "70.06" in text and "ImageNet-1k, ViT-S/16" in text  # the paper's numbers, labelled
+    assert "69.50" in text and "70.06" in text and "paper: ImageNet-1k, DINO (v1) ViT-S/16" in text  # labelled
     shot = tmp_path / "shot.png"
     subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                     f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,3000",
@@ -186,9 +204,9 @@ def test_report_renders_in_headless_chromium(killed_then_finished, tmp_path):
 
 
 def test_conditions_and_folders():
-    assert parse_condition("entmax15") == ("entmax15", 0)
-    assert parse_condition("entmax:1.3+reg4") == ("entmax:1.3", 4)
-    assert parse_condition("softmax+reg16") == ("softmax", 16)
+    assert parse_condition("entmax15") == ("entmax15", 0, False)
+    assert parse_condition("entmax:1.3+reg4") == ("entmax:1.3", 4, False)
+    assert parse_condition("softmax+reg16") == ("softmax", 16, False)
     assert RunSpec("entmax:1.3+reg4", 0).folder("o") == Path("o/runs/entmax_1.3+reg4/seed-0")
     with pytest.raises(ValueError, match="unknown attention normaliser"):
         parse_condition("relu+reg4")
@@ -205,6 +223,12 @@ def test_conditions_and_folders():
     assert cfg.objective == "dino" and cfg.seed == 3
     assert cfg.model_options == {"attention": "sparsemax", "num_registers": 4}
     assert cfg.out.endswith("runs/sparsemax+reg4/seed-3")
+    spec = SparseStudy(conditions=["specialization"]).train_config("specialization", 0, "cpu")
+    assert spec.model_options == {"attention": "softmax", "num_registers": 0, "cls_specialization": True}
+    assert SparseStudy(preset="paper").conditions == ["softmax", "entmax15", "softmax+reg4", "specialization"]
+    assert SparseStudy(preset="compact").measure.linear_protocol == "dino-last4"
+    with pytest.raises(ValueError, match="linear_protocol"):
+        SparseStudy(measure={"linear_protocol": "last4"})
 
 
 def test_gpus_per_run_trains_each_run_under_torchrun():
@@ -215,65 +239,20 @@ def test_gpus_per_run_trains_each_run_under_torchrun():
     assert launch.slurm["gpus_per_node"] == 8 and launch.device == "cuda"
 
 
-def fake_record(condition, seed, linear=0.5, cityscapes=None, normaliser=None):
-    """What ``results.claims`` reads from one measured run."""
-    dense = [] if cityscapes is None else [{"group": "seg:cityscapes", "metric": "miou", "with_cls": False,
-                                            "layer": 4, "value": cityscapes}]
-    return {"condition": condition, "seed": seed, "normaliser": normaliser or condition.split("+")[0], "depth": 4,
-            "image": {"linear_top1": linear, "knn_top1": linear},
-            "diffusion": {"last_layer": {"top1": 0.3, "cosine": 0.2}}, "attention": {"zeros": [[0.0, 0.0]]},
-            "dense": dense}
-
-
-def by_measure(records, condition="entmax15"):
-    return {c["measure"]: c for c in sparse_claims(records) if c["condition"] == condition}
-
-
-def test_every_seed_of_both_sides_is_used():
-    records = [fake_record("entmax15", s, linear) for s, linear in enumerate((0.64, 0.49, 0.485))]
-    records.append(fake_record("softmax", 0, 0.49))
-    linear = by_measure(records)["linear_top1"]
-    assert linear["difference"] == pytest.approx((0.64 + 0.49 + 0.485) / 3 - 0.49)  # old: seed 0 of each side
-    assert (linear["runs"], linear["baseline_runs"]) == (3, 1) and linear["verdict"] == "inconclusive"
-    assert linear["values"] == [0.64, 0.49, 0.485]
-
-
-def test_the_papers_linear_effect_can_be_reproduced():
-    # the paper's own +0.56 points at four seeds a side: old threshold 1 point read "not reproduced"
-    records = [fake_record("entmax15", s, 0.7006 + 0.0002 * (s - 1.5)) for s in range(4)]
-    records += [fake_record("softmax", s, 0.6950 + 0.0002 * (s - 1.5)) for s in range(4)]
-    linear = by_measure(records)["linear_top1"]
-    assert linear["verdict"] == "reproduced" and linear["threshold"] == pytest.approx(0.0028)
-    assert linear["paper_effect"] == pytest.approx(0.0056) and linear["method"].startswith("Welch t")
-    assert "needs about" in linear["power"]
-
-
-def test_cityscapes_is_judged_against_half_its_own_effect():
-    # the paper's +1.08 mIoU: half of it (0.54), not a 1.0-point threshold it barely clears
-    records = [fake_record("entmax15", s, cityscapes=36.79 + 0.6 + 0.05 * s) for s in range(3)]
-    records += [fake_record("softmax", s, cityscapes=36.79 + 0.05 * s) for s in range(3)]
-    seg = by_measure(records)["seg:cityscapes"]
-    assert seg["threshold"] == pytest.approx(0.54) and seg["verdict"] == "reproduced"
-
-
-def test_registers_alone_are_shown_not_judged():
-    records = [fake_record("softmax+reg4", s, 0.6, normaliser="softmax") for s in range(2)]
-    records += [fake_record("softmax", s, 0.5 + 0.01 * s) for s in range(2)]
-    linear = by_measure(records, "softmax+reg4")["linear_top1"]
-    assert linear["verdict"] == "no claim" and linear["ci95_low"] < linear["difference"] < linear["ci95_high"]
-
-
-def test_report_claims_table_carries_the_rule_columns(killed_then_finished):
+def test_report_prints_each_claim_with_its_size_scale_and_power(killed_then_finished):
     from vitscope.report.sparse.page import build_report
 
     out, _ = killed_then_finished
     text = build_report(out).read_text()
-    section = text[text.index("<h2>Claims checked</h2>"):text.index("Semantic diffusion per layer")]
-    for column in ("paper effect", "difference", "ci95_low", "ci95_high", "seeds per side", "method", "verdict",
-                   "power"):
-        assert f"<th>{column}</th>" in section
-    assert "needs &gt;= 2 seeds per side to measure the noise" in section  # the demo's one seed per side
-    assert "paper: ImageNet linear probe 69.50 -&gt; 70.06" in section  # each effect stated once, with its source
+    section = text[text.index("The paper's claims, judged"):text.index("Paper-style table")]
+    for cid in ("S1", "S4", "S4-reg4", "S9", "S11", "S12"):
+        assert f"<b>{cid}</b>" in section, cid
+    for label in ("measured", "why", "scale", "the paper"):
+        assert f"<i>{label}</i>" in section
+    assert "needs &gt;= 2 seeds per side" in section  # the test's one seed per side
+    assert "not the paper&#x27;s setting: this run vit-micro" in section
+    differences = text[text.index("Measured differences without a paper claim"):text.index("Semantic diffusion per")]
+    assert "vitscope&#x27;s semantic diffusion (a)" in differences and "<th>95 % interval</th>" in differences
 
 
 def test_a_timm_model_is_measured_at_img_size(tmp_path, monkeypatch):

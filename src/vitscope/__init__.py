@@ -1,7 +1,8 @@
 """vitscope: train, modify and measure how tokens interact inside Vision Transformers.
 
-Importing has no side effects (no environment variables, threads or torch): the public names below load their
-modules, and torch, on first use. The CPU wait policy and thread count are applied where runs start
+Importing has no side effects (no environment variables, threads or torch): the public names below and the
+sub-packages (``vitscope.models.load``, ``vitscope.data.load_dataset`` ...) load their modules, and torch, on first
+use (``vitscope.lazy_import``). The CPU wait policy and thread count are applied where runs start
 (``vitscope.threads``).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vitscope.lazy_import import submodule_getattr
 from vitscope.version import __version__
 
 if TYPE_CHECKING:
@@ -17,15 +19,17 @@ if TYPE_CHECKING:
 
 _LAZY = {"AttentionStats": "vitscope.metrics", "record_attention": "vitscope.record",
          "record_tokens": "vitscope.record"}
+_submodule = submodule_getattr(__name__)
 
 
 def __getattr__(name: str) -> Any:
-    """``vitscope.record_attention`` and friends, imported on first use (PEP 562)."""
+    """``vitscope.record_attention`` and friends, and the sub-packages (``vitscope.models``, ``vitscope.data`` ...),
+    imported on first use (PEP 562)."""
     if name in _LAZY:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'vitscope' has no attribute {name!r}")
+    return _submodule(name)
 
 
 def explore(*args, **kwargs):

@@ -12,24 +12,38 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+TEMPORARY = r"\..+\.(?P<pid>\d+)\.tmp(\.[^.]+)?"  # atomic_path's temporaries: .STEM.PID.tmp[.SUFFIX]
+
+
+def temporary_path(path: str | Path) -> Path:
+    """The temporary file ``atomic_path`` writes for ``path``: ``.STEM.PID.tmp.SUFFIX`` beside it (``TEMPORARY``)."""
+    path = Path(path)
+    return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` (same suffix) for the caller to write; when the block ends without an
     error it is flushed to disk and renamed over ``path``, so readers see the old file or the whole new one,
-    never a part. After an error the temporary file is removed and ``path`` is untouched.
+    never a part. After an error the temporary file is removed and ``path`` is untouched (an OSError that names no
+    file, as a full disk's from json or numpy writers, is given ``path`` as its filename). A writer killed inside the
+    block leaves its temporary; ``run_folder.writer_lock`` removes those of dead processes.
 
         with atomic_path(out / "model.safetensors") as tmp:
             save_file(tensors, str(tmp))
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    tmp = temporary_path(path)
     try:
         yield tmp
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        if err.filename is None or str(err.filename) == str(tmp):  # the writers name no file, or the temporary
+            err.filename = str(path)  # the output that was not written, for the one-line message
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

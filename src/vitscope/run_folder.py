@@ -92,7 +92,8 @@ def writer_lock(folder: str | Path, what: str = "run folder", fix: str = "choose
     A second writer, in another process, gets a ``FolderInUse`` naming the folder and the holder's pid (with
     ``wait``, it waits for the holder instead). The kernel drops a native lock when the holder exits or is killed,
     so no lock is ever stale; the pid left in the file is only a hint. The lock file stays after release. Nested
-    blocks of one process on one lock share it. Readers take no lock.
+    blocks of one process on one lock share it. Readers take no lock. Once held, the temporary files a killed
+    writer left in ``folder`` are removed (``remove_dead_temporaries``).
     """
     folder = Path(folder).expanduser()
     lock = folder / name
@@ -117,11 +118,21 @@ def writer_lock(folder: str | Path, what: str = "run folder", fix: str = "choose
     except OSError as err:
         raise _unwritable(what, folder, fix, err) from None
     _held[key] = 1
+    remove_dead_temporaries(folder)
     try:
         yield lock
     finally:
         del _held[key]
         file_lock.release()
+
+
+def remove_dead_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporaries ``atomic_io.atomic_path`` left in ``folder`` when its writer was killed (kill -9 during
+    a write of ``model.safetensors``, ``results.json`` ...), those of processes no longer alive; called by the
+    writer that now holds the folder's lock."""
+    from vitscope.atomic_io import TEMPORARY, remove_stale_temporaries
+
+    return remove_stale_temporaries(folder, TEMPORARY)
 
 
 def _unwritable(what: str, folder: Path, fix: str, err: OSError) -> PermissionError:

@@ -9,42 +9,30 @@ from torch import Tensor, nn
 
 from vitscope.data import ImageDataset, normalize
 from vitscope.data.dataset import raw_batches
-from vitscope.data.pixels import DEFAULT_INTERPOLATION, INTERPOLATIONS, check_crop_pct, default_crop_pct, eval_view
+from vitscope.data.pixels import View, model_normalization, model_side, model_view
 from vitscope.models import has_random_weights
 
-
-def model_side(model: nn.Module, img_size: int | None = None) -> int | None:
-    """The input side in pixels ``model`` is built for: a vitscope model's config size, a timm model's fixed
-    input size (after ``load(..., img_size=)``, which resamples its position embedding to it), else ``img_size``,
-    else its pretrained config's; None for a model that takes any size and names none."""
-    cfg = getattr(model, "cfg", None)
-    if cfg is not None and hasattr(cfg, "img_size"):
-        return int(cfg.img_size)
-    fixed = getattr(getattr(model, "patch_embed", None), "img_size", None)
-    side = (fixed[0] if isinstance(fixed, tuple | list) else fixed) or img_size
-    side = side or (getattr(model, "pretrained_cfg", None) or {}).get("input_size", (None,))[-1]
-    return int(side) if side else None
+__all__ = ["dataset_view", "model_batches", "model_crop_pct", "model_input", "model_interpolation", "model_label",
+           "model_side", "model_view", "model_view_options"]
 
 
 def model_crop_pct(model: nn.Module, dataset_name: str | None = None) -> float:
-    """The crop fraction of ``model``'s evaluation view: its pretrained config's ``crop_pct`` (as timm's eval
-    transform), else the dataset's default (``vitscope.data.pixels.default_crop_pct``)."""
-    crop = (getattr(model, "pretrained_cfg", None) or {}).get("crop_pct")
-    return check_crop_pct(crop) if crop else default_crop_pct(dataset_name or "")
+    """The crop fraction of ``model``'s evaluation view (``vitscope.data.pixels.model_view``)."""
+    return model_view(model, dataset_name, model_side(model) or 1).crop_pct
 
 
 def model_interpolation(model: nn.Module) -> str:
-    """How ``model``'s evaluation view resamples: its pretrained config's ``interpolation`` (as timm's eval
-    transform; bicubic for most pretrained ViTs) where the views support it, else bilinear."""
-    named = (getattr(model, "pretrained_cfg", None) or {}).get("interpolation")
-    return named if named in INTERPOLATIONS else DEFAULT_INTERPOLATION
+    """How ``model``'s evaluation view resamples (``vitscope.data.pixels.model_view``): its pretrained config's
+    ``interpolation`` (as timm's eval transform; bicubic for most pretrained ViTs) where the views support it, else
+    bilinear."""
+    return model_view(model, None, model_side(model) or 1).interpolation
 
 
 def model_view_options(model: nn.Module, dataset_name: str, img_size: int | None = None) -> dict[str, object]:
-    """``load_dataset`` options that view a folder of mixed-size images as ``model`` sees them: at its input side,
-    with its crop fraction and interpolation (images of one size keep their pixels; ``model_batches`` views them)."""
-    return {"mixed_size": model_side(model, img_size), "crop_pct": model_crop_pct(model, dataset_name),
-            "interpolation": model_interpolation(model)}
+    """``load_dataset`` options that view a folder of mixed-size images as ``model`` sees them (``mixed_size``: its
+    ``model_view`` at its input side; images of one size keep their pixels and ``model_batches`` views them)."""
+    side = model_side(model, img_size)
+    return {"mixed_size": model_view(model, dataset_name, side) if side else None}
 
 
 def model_input(model: nn.Module, dataset: ImageDataset, img_size: int | None = None
@@ -52,21 +40,28 @@ def model_input(model: nn.Module, dataset: ImageDataset, img_size: int | None = 
     """(side in pixels, mean, std) for inputs of ``model``: its ``model_side`` (else the dataset's image size),
     the dataset's statistics for vitscope models, timm models' pretrained normalisation."""
     side = model_side(model, img_size) or dataset.image_size
-    if getattr(getattr(model, "cfg", None), "img_size", None) is not None:
-        return side, dataset.mean, dataset.std
-    pretrained = getattr(model, "pretrained_cfg", None) or {}
-    return side, tuple(pretrained.get("mean", dataset.mean)), tuple(pretrained.get("std", dataset.std))
+    return side, *model_normalization(model, dataset.mean, dataset.std)
+
+
+def dataset_view(model: nn.Module, dataset: ImageDataset, img_size: int | None = None) -> View:
+    """The view ``model`` takes of ``dataset``'s images: its ``model_view`` at its input side (the dataset's image
+    size for a model that names none), the crop fraction of the dataset's layout where the model names none."""
+    side, _, _ = model_input(model, dataset, img_size)
+    return model_view(model, getattr(dataset, "name", None), side)
 
 
 def model_batches(model: nn.Module, dataset: ImageDataset, batch_size: int, device: torch.device | str,
                   img_size: int | None = None) -> Iterator[tuple[Tensor, Tensor]]:
-    """Normalised images (B, 3, S, S) and labels: each image's evaluation view at the model's input side S
-    (``eval_view``: kept when already S x S, else shorter side resized with the model's interpolation and a centre
-    crop, never stretched), computed on the CPU as the dataset loaders compute it, then moved to ``device``."""
-    side, mean, std = model_input(model, dataset, img_size)
-    crop, resampling = model_crop_pct(model, getattr(dataset, "name", None)), model_interpolation(model)
+    """Normalised images (B, 3, S, S) and labels: each image's view as ``model`` takes it (``dataset_view``: the
+    model's own transform; an image already S x S kept only by a model that names none), computed on the CPU as
+    the dataset loaders compute it, then moved to ``device``. Images the loader already viewed so
+    (``dataset.view``, e.g. ``load_dataset(..., view=model)``) are used as they are."""
+    _, mean, std = model_input(model, dataset, img_size)
+    view = dataset_view(model, dataset, img_size)
+    viewed = getattr(dataset, "view", None) == view
     for images, labels in raw_batches(dataset, batch_size, "cpu"):  # viewed on the CPU: the loaders' pixels
-        yield normalize(eval_view(images, side, crop, resampling).to(device), mean, std), labels.to(device)
+        images = images if viewed else view(images)
+        yield normalize(images.to(device), mean, std), labels.to(device)
 
 
 def model_label(spec: str, weights: str | None = None, pretrained: bool | None = None) -> str:

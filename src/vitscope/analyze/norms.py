@@ -1,9 +1,10 @@
 """Token norms over a dataset and high-norm token detection, streamed (norms only, never the tokens).
 
 A high-norm fraction alone is no finding: ``percentile:98`` marks 2 % of patch tokens in any model, and ``auto``
-splits any sample in two. Every result therefore carries the registers study's test of a *separate* high-norm
-mode on the detection layer (``vitscope.metrics.high_norm.separate_mode``), and ``threshold_meaning`` says what
-the threshold marks.
+marks the tokens above the largest gap of the upper tail whether or not that gap is wide. Every result therefore
+carries the registers study's test of a *separate* high-norm mode on the detection layer and on every layer, each
+on its own norms (``vitscope.metrics.high_norm.separate_mode``), and ``threshold_meaning`` says what the threshold
+marks.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ DEFINITIONS = {
     "high-norm": "a patch token whose norm exceeds the threshold, set on the detection layer's patch tokens",
     "percentile:Q": "Q-th percentile of the patch-token norms of the data",
     "absolute:T": "fixed threshold T",
-    "auto": "largest gap of a two-component (Otsu) split of the log norms",
-    "separate mode": "the auto split leaves at most 10% of patches above a threshold at least 2x the median patch "
-                     "norm (vitscope.metrics.high_norm): high-norm tokens as a population of their own, not a tail",
+    "auto": "the split at the largest gap in the upper tail of the log norms (0.1-10 % of tokens above)",
+    "separate mode": "that gap is empty over at least one interquartile range of the log norms, with 5 or more tokens "
+                     "and at most 10 % above, at 2x the median patch norm or more (vitscope.metrics.high_norm; "
+                     "vitscope's test, the seeds name none): high-norm tokens as a population of their own, not a "
+                     "tail; tested on each layer's own norms",
 }
 
 
@@ -43,7 +46,8 @@ def threshold_meaning(spec: str) -> str:
                 f"{100 - value:g}% of them by construction")
     if kind == "absolute":
         return f"a fixed norm of {value:g}"
-    return "the auto (Otsu) split of the detection layer's log patch-token norms, which always splits in two"
+    return ("the split at the largest gap in the upper tail of the detection layer's log patch-token norms, which "
+            "marks some tokens whether or not the gap is wide")
 
 
 @dataclass
@@ -75,6 +79,7 @@ class NormsResult:
                 "layer": i + 1, "block": name, "patch_norm_mean": float(patches.mean()),
                 "patch_norm_p50": float(patches.median()), "patch_norm_max": float(patches.max()),
                 "high_norm_fraction": float((patches > self.threshold.value).float().mean()),
+                "separate_mode": separate_mode(patches).separate,  # the layer's own split, not the threshold's
                 "cls_norm_mean": float(norms[:, cls].mean()) if cls else None,
                 "register_norm_mean": float(norms[:, regs].mean()) if regs else None,
             })

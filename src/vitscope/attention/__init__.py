@@ -22,6 +22,7 @@ from vitscope.attention.normalizers import (
     sparsemax,
 )
 from vitscope.attention.paths import FastPaths, deferred_exactness, fast_paths
+from vitscope.lazy_import import submodule_getattr
 
 __all__ = [
     "NORMALIZER_NAMES", "Entmax15", "EntmaxAlpha", "FastPaths", "LearnedEntmax", "Normalizer", "NormalizerSpec",
@@ -38,3 +39,5 @@ from vitscope.attention.module import (  # noqa: E402
 )
 
 __all__ += ["Attention", "AttentionEvent", "AttentionObserver", "masked_logits", "use_fused_attention"]
+
+__getattr__ = submodule_getattr(__name__)  # sub-modules on first use (PEP 562)

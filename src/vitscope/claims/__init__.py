@@ -10,6 +10,7 @@ from __future__ import annotations
 from vitscope.claims import locality, registers, sparse
 from vitscope.claims.judgement import NOT_JUDGED, VERDICTS, Judgement, Reading
 from vitscope.claims.registry import KINDS, STUDIES, Claim, ClaimTest, Paper
+from vitscope.lazy_import import submodule_getattr
 
 REGISTRY: dict[str, Claim] = {c.id: c for c in (*locality.CLAIMS, *sparse.CLAIMS, *registers.CLAIMS)}
 
@@ -31,3 +32,5 @@ def claims_of(study: str) -> tuple[Claim, ...]:
 
 __all__ = ["KINDS", "NOT_JUDGED", "REGISTRY", "STUDIES", "VERDICTS", "Claim", "ClaimTest", "Judgement", "Paper",
            "Reading", "claim", "claims_of"]
+
+__getattr__ = submodule_getattr(__name__)  # sub-modules on first use (PEP 562)

@@ -168,15 +168,18 @@ def _gap_words(gap: float, paper_gap: float, unit: str) -> str:
 
 def judge_census(claim: Claim, models: Mapping[str, bool], *, scope: str = "",
                  details: dict[str, Any] | None = None) -> Judgement:
-    """A census claim: ``models`` maps each model of the claim's kind to whether it has the thing (a separate
-    high-norm mode). ``expect=True``: reproduced when at least one has it, not reproduced when none does;
-    ``expect=False``: reproduced when none has it, not reproduced when any does. No model: not testable."""
+    """A census claim: ``models`` maps each model (or run) of the claim's kind to whether it has the thing (a
+    separate high-norm mode, exact zeros). ``expect=True``: reproduced when at least one has it (with ``every``:
+    each one), not reproduced when none does (with ``every``: when any lacks it); ``expect=False``: reproduced when
+    none has it, not reproduced when any does. No model: not testable."""
     if not models:
         return missing(claim, f"no model of this kind ({claim.a}) was measured", scope=scope)
     having = sorted(name for name, has in models.items() if has)
     lacking = sorted(name for name, has in models.items() if not has)
     found = f"{len(having)} of {len(models)} have it" + (f" ({', '.join(having)})" if having else "")
-    if claim.test.expect:
+    if claim.test.expect and claim.test.every:
+        decided = "not reproduced" if lacking else "reproduced"
+    elif claim.test.expect:
         decided = "reproduced" if having else "not reproduced"
     else:
         decided = "not reproduced" if having else "reproduced"

@@ -19,9 +19,24 @@ MAD_READING = ("MAD normalised by the grid's largest patch distance (uniform att
                "renormalised over patch keys with CLS excluded, 'early' = the first quarter of the layers; the seed "
                "fixes none of these (the results also give MAD with CLS counted at distance 0, and early = layers "
                "1-2)")
-# No independent effect, in normalised MAD: the study's own "measurably local" margin (studies.locality), a quarter
-# of the paper's CutMix effect
+# No independent effect, in normalised MAD: the study's own "measurably local" margin
+# (studies.locality.verdicts.LOCAL_MARGIN), about a quarter of the paper's CutMix gap (0.210 - 0.024 = 0.186)
 EQUIVALENCE_MARGIN = 0.05
+# The seed gives the accuracy gains as "about 6-7 points"; 6.5, the middle, is the effect the difference test uses
+GAIN = "gain (points; the seed: about 6-7)"
+
+def _alone_no_effect(component: str, name: str, in_sentence: str) -> Claim:
+    """L5 for one component: Baseline + it alone gives about Baseline's MAD (an equivalence)."""
+    return Claim(f"L5-{component}", "locality", f"{name} alone has no effect on locality: Baseline + {in_sentence} "
+                 "gives MAD values almost identical to Baseline's",
+                 f"{name} showed no independent effect on locality: adding it alone to Baseline gave MAD values "
+                 "almost identical to Baseline's.",
+                 Paper({}, ABLATION, COMPACT, SCALE),
+                 ClaimTest("equivalence", margin=EQUIVALENCE_MARGIN, unit="normalised MAD",
+                           margin_why="ours: the seed gives no margin; 0.05 is the study's 'measurably local' margin, "
+                                      "about a quarter of the paper's CutMix gap"),
+                 measure="min_early_mad", a=f"baseline+{component}", b="baseline", vitscope=MAD_READING)
+
 
 CLAIMS = (
     Claim("L1", "locality", "Modern gives more local early-layer attention than Baseline, on all three datasets",
@@ -38,12 +53,14 @@ CLAIMS = (
           ClaimTest("direction", sign=-1, unit="normalised entropy"), measure="early_entropy", a="modern", b="baseline",
           vitscope="mean normalised entropy of the early-layer heads per seed (divided by log of the number of patch "
                    "keys; the seed states no base or key count)"),
-    Claim("L2", "locality", "On CIFAR-100 the minimum early-layer MAD falls from 0.316 (Baseline) to 0.008 (Modern)",
+    Claim("L2", "locality", "On CIFAR-100 the minimum MAD falls from 0.316 (Baseline) to 0.008 (Modern)",
           "The effect was clearest on CIFAR-100, where the minimum MAD fell from 0.316 under Baseline to 0.008 under "
           "Modern.",
           Paper({"Baseline": 0.316, "Modern": 0.008}, "CIFAR-100", COMPACT, SCALE),
           ClaimTest("difference", effect=0.008 - 0.316, unit="normalised MAD"), measure="min_early_mad", a="modern",
-          b="baseline", vitscope="Modern minus Baseline, one value per seed; " + MAD_READING),
+          b="baseline", vitscope="Modern minus Baseline, one value per seed: the smallest head MAD of the early "
+                                 "layers (the seed says 'minimum MAD' in a comparison of the first layers, without "
+                                 "the layers it spans); " + MAD_READING),
     Claim("L3", "locality", "In MAD-entropy space Baseline heads sit uniformly in the high-distance, high-entropy "
           "region, while Modern moves the early layers to low distance and low entropy and the deeper layers back "
           "to global attention, like a CNN's hierarchy",
@@ -51,9 +68,10 @@ CLAIMS = (
           "first layers towards near, concentrated attention before the deeper layers settle on global attention, "
           "mimicking a CNN's hierarchy.",
           Paper({}, "CIFAR-100", COMPACT, SCALE), ClaimTest("qualitative"), measure="behaviour_space",
-          vitscope="the report's MAD-entropy figure per layer (report/figures/locality.py); no statistic"),
-    Claim("L4", "locality", "CutMix alone decides locality: every condition with CutMix has minimum early-layer MAD "
-          "<= 0.024, every condition without it >= 0.210",
+          vitscope="the report's MAD-entropy figure: every head of every condition, coloured by layer "
+                   "(report/figures/locality.py); no statistic"),
+    Claim("L4", "locality", "CutMix alone decides locality: every condition with CutMix has minimum MAD <= 0.024, "
+          "every condition without it >= 0.210",
           "The ablation found CutMix to be the only factor that decides whether spatial locality appears: every "
           "condition with CutMix (Modern, -AutoAugment, -Label Smoothing, +CutMix) had a minimum MAD of at most "
           "0.024, and every condition without it (Baseline, -CutMix, +AutoAugment, +Label Smoothing) stayed at 0.210 "
@@ -64,34 +82,18 @@ CLAIMS = (
           vitscope="every (with, without) pair of conditions compared over seeds; separated when each pair's "
                    "difference reaches half the paper's gap (0.093); the paper's absolute bounds are reported beside "
                    "(they depend on the MAD reading); " + MAD_READING),
-    Claim("L5-autoaugment", "locality", "AutoAugment alone has no effect on locality: Baseline + AutoAugment gives "
-          "about Baseline's minimum early-layer MAD",
-          "AutoAugment showed no independent effect on locality: adding it alone to Baseline gave MAD values almost "
-          "identical to Baseline's.",
-          Paper({}, ABLATION, COMPACT, SCALE),
-          ClaimTest("equivalence", margin=EQUIVALENCE_MARGIN, unit="normalised MAD",
-               margin_why="ours: the seed gives no margin; 0.05 is the study's 'measurably local' margin, a quarter "
-                          "of the paper's CutMix effect"),
-          measure="min_early_mad", a="baseline+autoaugment", b="baseline", vitscope=MAD_READING),
-    Claim("L5-labelsmoothing", "locality", "Label smoothing alone has no effect on locality: Baseline + label "
-          "smoothing gives about Baseline's minimum early-layer MAD",
-          "Label smoothing showed no independent effect on locality: adding it alone to Baseline gave MAD values "
-          "almost identical to Baseline's.",
-          Paper({}, ABLATION, COMPACT, SCALE),
-          ClaimTest("equivalence", margin=EQUIVALENCE_MARGIN, unit="normalised MAD",
-               margin_why="ours: the seed gives no margin; 0.05 is the study's 'measurably local' margin, a quarter "
-                          "of the paper's CutMix effect"),
-          measure="min_early_mad", a="baseline+labelsmoothing", b="baseline", vitscope=MAD_READING),
+    _alone_no_effect("autoaugment", "AutoAugment", "AutoAugment"),
+    _alone_no_effect("labelsmoothing", "Label smoothing", "label smoothing"),
     Claim("L6-cutmix", "locality", "CutMix raises test accuracy over Baseline by about 6-7 points",
           "CutMix and AutoAugment each improved test accuracy over Baseline by similar amounts (about 6-7 "
           "percentage points).",
-          Paper({"gain (points)": 6.5}, ABLATION, COMPACT, SCALE),
+          Paper({GAIN: 6.5}, ABLATION, COMPACT, SCALE),
           ClaimTest("difference", effect=0.065, unit="top-1"), measure="accuracy", a="baseline+cutmix", b="baseline",
           vitscope="top-1 on the evaluation split, Baseline + CutMix minus Baseline, one value per seed"),
     Claim("L6-autoaugment", "locality", "AutoAugment raises test accuracy over Baseline by about 6-7 points",
           "CutMix and AutoAugment each improved test accuracy over Baseline by similar amounts (about 6-7 "
           "percentage points).",
-          Paper({"gain (points)": 6.5}, ABLATION, COMPACT, SCALE),
+          Paper({GAIN: 6.5}, ABLATION, COMPACT, SCALE),
           ClaimTest("difference", effect=0.065, unit="top-1"), measure="accuracy", a="baseline+autoaugment",
           b="baseline",
           vitscope="top-1 on the evaluation split, Baseline + AutoAugment minus Baseline, one value per seed"),

@@ -13,8 +13,9 @@ Kinds of test (``ClaimTest.kind``), each judged by ``vitscope.claims.judge``:
   above zero) by at least half the paper's gap (``lower - upper``);
 - ``direction``: the sign only (the paper gives no size): reproduced when the interval excludes zero that way;
 - ``equivalence``: no effect beyond ``margin`` (two one-sided tests, ``vitscope.stats.equivalence``);
-- ``census``: whether models of a kind have a separate high-norm mode at all (``expect``: True, some do; False,
-  none does), from the registers census of each model (not a statistic over seeds);
+- ``census``: whether models (or runs) of a kind have a property at all (``expect``: True, some do, or with
+  ``every`` each one does; False, none does), e.g. a separate high-norm mode, or exact zeros in the attention: a
+  property that a model either shows or not, judged model by model, not a statistic over seeds;
 - ``qualitative``: a figure, a hypothesis or a scope statement; shown with what vitscope offers, never judged.
 """
 
@@ -32,8 +33,8 @@ class ClaimTest:
     """How a claim is judged. ``effect``: the paper's a - b (difference); ``sign``: +1 or -1, the paper's direction
     (direction; derived from ``effect`` for a difference); ``upper``/``lower``: the paper's bounds for groups a and
     b (separation); ``margin``: the largest difference that counts as no effect (equivalence), with ``margin_why``
-    saying where it comes from; ``expect``: whether the census should find the thing (census); ``unit``: of the
-    measure."""
+    saying where it comes from; ``expect``: whether the census should find the thing, and ``every``: in each model
+    rather than in some (census); ``unit``: of the measure."""
 
     kind: str
     effect: float | None = None
@@ -43,6 +44,7 @@ class ClaimTest:
     margin: float | None = None
     margin_why: str = ""
     expect: bool | None = None
+    every: bool = False
     unit: str = ""
 
     def __post_init__(self) -> None:

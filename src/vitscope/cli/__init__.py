@@ -21,6 +21,7 @@ from vitscope.cli.options import add_shared_to_top, resolve_shared
 from vitscope.cli.out_folders import check_output_dir, created_folders
 from vitscope.cli.preflight import check_data_dir, check_device_flag, check_launcher_flag, quiet_torch_notices
 from vitscope.cli.write_errors import write_failure_line
+from vitscope.lazy_import import submodule_getattr
 from vitscope.threads import apply_thread_count, apply_wait_policy
 
 COMMAND_MODULES = ("models", "analyze", "explore", "probe", "train", "study", "demo", "doctor", "export")
@@ -56,8 +57,22 @@ class OneLineParser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         parsed, extras = super().parse_known_args(args, namespace)
         if extras and not self.is_root:  # argparse would report them from the top parser, pointing at its help
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self.did_you_mean(extras)}")
         return parsed, extras
+
+    def did_you_mean(self, extras: list[str]) -> str:
+        """"; did you mean --xyz?" for the first unknown flag close to one of this parser's options (a typo, or
+        ``_`` for ``-``), else empty."""
+        import difflib
+
+        known = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        for extra in extras:
+            flag_given = extra.split("=", 1)[0]
+            if flag_given.startswith("--"):
+                close = difflib.get_close_matches(flag_given.replace("_", "-"), known, n=1, cutoff=0.75)
+                if close:
+                    return f"; did you mean {close[0]}?"
+        return ""
 
     def error(self, message: str):
         self.exit(2, f"vitscope: error: {message}; see `{self.prog} --help`\n")
@@ -130,3 +145,6 @@ def one_line(err: BaseException) -> str:
         _, _, message = lines[-1].partition(": ")  # the traceback's last line: "ValueError: cannot decode ..."
         return message or lines[-1]
     return lines[0]
+
+
+__getattr__ = submodule_getattr(__name__)  # sub-modules on first use (PEP 562)

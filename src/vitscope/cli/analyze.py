@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from vitscope.cli.options import add_common, add_dataset_options, add_model_changes
-from vitscope.cli.out_folders import print_files
+from vitscope.cli.out_folders import locked_out, print_files
 from vitscope.cli.preflight import prepare_analysis
 
 
@@ -22,14 +22,14 @@ def register(commands) -> None:
                                "patch (patch widths) or pixel (default: normalized)")
     locality.add_argument("--no-renormalize", dest="renormalize", action="store_false",
                           help="keep the raw patch mass of each row instead of renormalising it")
-    locality.set_defaults(handler=run_locality)
+    locality.set_defaults(handler=locked_out(run_locality, "vitscope-locality"))
     norms = kinds.add_parser("norms", help="token norms per layer and high-norm (artifact) tokens")
     add_common(norms, "vitscope-norms")
     norms.add_argument("--threshold", default="percentile:98", help="percentile:Q, absolute:T or auto")
     norms.add_argument("--detect-layer", default="last", metavar="LAYER",
                        help="token layer (1..L = output of block l, or last) whose patch tokens set the threshold "
                             "(default: last)")
-    norms.set_defaults(handler=run_norms)
+    norms.set_defaults(handler=locked_out(run_norms, "vitscope-norms"))
     for sub in (locality, norms):
         add_model_changes(sub)
         sub.set_defaults(dataset=None)  # None: the run's own dataset for a run folder, else synthetic

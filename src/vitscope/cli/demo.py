@@ -2,9 +2,9 @@
 
 ``DEMOS`` is the one table of demos: a study adds itself with one line naming a function
 ``(out: Path, device: str, seed: int, batch_size: int | None) -> Path`` (the report it wrote). Bare
-``vitscope demo`` runs every demo in the table; each writes into ``OUT/<name>/`` and ``OUT/index.html``
-links every report present, and the explorer page of the sparse demo's backbones (``vitscope.explorer.demo``,
-seconds) when their runs are there.
+``vitscope demo`` runs every demo in the table; each writes into ``OUT/<name>/`` and ``OUT/index.html``, rewritten
+as each demo finishes, links every report present, and the explorer page of the sparse demo's backbones
+(``vitscope.explorer.demo``, seconds) when their runs are there.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from vitscope.cli.options import add_shared
 from vitscope.cli.out_folders import output_dir
+from vitscope.run_folder import writer_lock
 
 DEMO_SEEDS = 2  # seeds per condition in every demo: the fewest from which the decision rule gives a verdict
 
@@ -71,17 +72,20 @@ def run(args: argparse.Namespace) -> int:
     names = selected(args.studies)  # checked before --out is created
     out = output_dir(args.out)
     titles = {name: demo.title for name, demo in DEMOS.items()}
-    write_index(out, titles)  # first, so that every report links back to it
-    for name in names:
-        module, function = DEMOS[name].runner.split(":")
-        started = time.perf_counter()
-        report = getattr(importlib.import_module(module), function)(out / name, args.device, args.seed,
-                                                                      args.batch_size)
-        minutes = (time.perf_counter() - started) / 60
-        print(f"{name}: {report.resolve()} ({minutes:.1f} min)")
-    explorer = explorer_demo(out, device=args.device)
-    if explorer is not None:
-        print(f"explorer: {explorer.resolve()}")
-    index = write_index(out, titles)
+    with writer_lock(out, "demo folder"):
+        index = write_index(out, titles)  # first, so that every report links back to it
+        print(f"index: {index.resolve()} (updated as each demo finishes)")
+        for name in names:
+            module, function = DEMOS[name].runner.split(":")
+            started = time.perf_counter()
+            report = getattr(importlib.import_module(module), function)(out / name, args.device, args.seed,
+                                                                          args.batch_size)
+            minutes = (time.perf_counter() - started) / 60
+            write_index(out, titles)  # a reader can open the first report while the next demo runs
+            print(f"{name}: {report.resolve()} ({minutes:.1f} min)")
+        explorer = explorer_demo(out, device=args.device)
+        if explorer is not None:
+            print(f"explorer: {explorer.resolve()}")
+        index = write_index(out, titles)
     print(f"index: {index.resolve()}")
     return 0

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from vitscope.cli.options import add_common, add_dataset_options, add_model_changes
+from vitscope.cli.out_folders import locked_out
 from vitscope.cli.preflight import prepare_analysis
 
 
@@ -36,7 +37,7 @@ def register(commands) -> None:
     explore.add_argument("--rows", choices=("auto", "qk", "maps"), default="auto",
                          help="how attention rows are stored: auto (the smaller per layer), qk (queries and keys, the "
                               "page computes rows) or maps (8-bit rows) (default auto)")
-    explore.set_defaults(handler=run_explore)
+    explore.set_defaults(handler=locked_out(run_explore, "vitscope-explore"))
 
 
 def parse_numbers(text: str, flag: str) -> list[int] | None:
@@ -60,8 +61,17 @@ def compare_entries(items: list[str]):
     return parse_model_entries(texts, "--compare")
 
 
+def model_label(spec: str, weights: str | None = None) -> str:
+    """The page's name for ``--model SPEC [--weights FILE]``: a named spec as written (``timm:NAME``, ``hf:ORG/NAME``),
+    a path by ``_label``; a weights file's name follows (``timm:vit_small_patch14_dinov2 @ dinov2s_imgfocus_timm``)."""
+    named = spec.split(":", 1)[0] in ("timm", "hf", "open_clip")
+    label = spec if named else _label(spec)
+    return f"{label} @ {Path(weights).stem}" if weights else label
+
+
 def _label(spec: str) -> str:
-    """A page label from a spec: its last path part (a run's ``<condition>/seed-<n>`` keeps both)."""
+    """A label from a path spec: its last path part (a run's ``<condition>/seed-<n>`` keeps both), in characters a
+    ``--compare LABEL=`` accepts."""
     path = Path(spec.rstrip("/"))
     name = f"{path.parent.name}-{path.name}" if path.name.startswith("seed-") and path.parent.name else path.name
     name = name or spec
@@ -92,7 +102,8 @@ def run_explore(args: argparse.Namespace) -> int:
                          f"1..{most_heads}")
     models = [model] + [entry.load() for entry in entries]
     changes = [c for c in (args.attention, f"reg{args.num_registers}" if args.num_registers else None) if c]
-    labels = [_label(args.model) + "".join(f" +{c}" for c in changes)] + [entry.label for entry in entries]
+    labels = [model_label(args.model, args.weights) + "".join(f" +{c}" for c in changes)]
+    labels += [entry.label for entry in entries]
     if len(set(labels)) < len(labels):
         labels = [f"{i + 1}:{label}" for i, label in enumerate(labels)]
     randoms = [has_random_weights(args.model, args.weights, args.pretrained)]

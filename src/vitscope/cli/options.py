@@ -128,9 +128,10 @@ def add_common(parser: argparse.ArgumentParser, default_out: str, num_images: in
 
 
 IMG_SIZE_HELP = ("input side S in pixels, a multiple of the patch size: the model's position embedding is resampled "
-                 "to S, and images are resized on the shorter side and centre-cropped to S x S (the model's crop_pct "
-                 "where its pretrained config has one: shorter side S / crop_pct), never stretched; images already "
-                 "S x S keep their pixels (default: the model's own input size)")
+                 "to S, and images are viewed at S x S as the model's own library views them (timm's eval "
+                 "transform with its crop_pct, an hf: image processor, OpenCLIP's preprocess; a vitscope model: "
+                 "shorter side resized, centre crop, images already S x S kept) (default: the model's own input "
+                 "size)")
 DATA_OPTIONS_HELP = ("a dataset option (several pairs may follow one --set): dataset_options.image_size=S views every "
                      "image at S x S before the model's own resize; the synthetic scenes also take num_images, "
                      "num_classes, seed, cue, ... as in `vitscope train`")

@@ -1,10 +1,13 @@
-"""Output folders: checked before any work, created once the options are, and removed again when a command fails
-before writing anything into them (``created_folders``)."""
+"""Output folders: checked before any work, created once the options are, held by one writer at a time
+(``locked_out``), and removed again when a command fails before writing anything into them (``created_folders``)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -32,9 +35,11 @@ class CreatedFolders:
 
     def __init__(self) -> None:
         self.folders: list[Path] = []
+        self.started = time.time()  # when the command began (seconds since the epoch): what it wrote is newer
 
     def begin(self) -> None:
         self.folders = []
+        self.started = time.time()
 
     def note(self, folder: Path) -> None:
         """Record ``folder``'s outermost ancestor that does not exist yet (call before creating it)."""
@@ -77,3 +82,19 @@ def output_dir(path: str | Path) -> Path:
 def print_files(files: dict[str, Path]) -> None:
     for kind, path in files.items():
         print(f"{kind:>10}: {path}")
+
+
+def locked_out(handler: Callable[[argparse.Namespace], int], default_out: str) -> Callable[[argparse.Namespace], int]:
+    """``handler`` run while it holds its output folder's writer lock (``run_folder.writer_lock``; ``--out``, else
+    ``default_out``), taken before anything loads: a second command on the same folder is refused at once in one
+    line naming the holder's pid, instead of both writing there and the first one's results vanishing."""
+    from vitscope.run_folder import writer_lock
+
+    def run(args: argparse.Namespace) -> int:
+        folder = check_output_dir(args.out or default_out)
+        created_folders.note(folder)  # a refused command removes it again (it holds only the lock)
+        with writer_lock(folder, "output folder"):
+            return handler(args)
+
+    run.__doc__ = handler.__doc__
+    return run

@@ -21,10 +21,19 @@ def quiet_torch_notices() -> None:
 
 
 def check_data_dir(args: argparse.Namespace) -> None:
-    """A ValueError when ``--data-dir`` is given with ``--dataset synthetic``, which reads no directory."""
-    if getattr(args, "dataset", None) == "synthetic" and getattr(args, "data_dir", None):
+    """A ValueError when ``--data-dir`` is given with ``--dataset synthetic``, which reads no directory; a
+    FileNotFoundError (or a broken link's ValueError) when it does not exist and ``--download`` will not make it:
+    said before any model loads (which may take half a minute)."""
+    data_dir, dataset = getattr(args, "data_dir", None), getattr(args, "dataset", None)
+    if dataset == "synthetic" and data_dir:
         raise ValueError(f"--data-dir {args.data_dir} is not read by --dataset synthetic (generated scenes); drop "
                          "--data-dir or name the dataset it holds with --dataset")
+    if data_dir and not getattr(args, "download", False):
+        from pathlib import Path
+
+        from vitscope.data.image_trees import check_root
+
+        check_root(Path(data_dir).expanduser(), f"the {dataset} folder or archive" if dataset else "the dataset")
 
 
 def check_device_flag(args: argparse.Namespace) -> None:
@@ -53,6 +62,7 @@ def prepare_analysis(args: argparse.Namespace, default_out: str):
     from vitscope.models import load
     from vitscope.provenance import provenance, resolve_device
 
+    check_data_dir(args)  # a run folder's own data folder, known only now, checked before its model loads
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     model = load(args.model, weights=args.weights, attention=args.attention, num_registers=args.num_registers,

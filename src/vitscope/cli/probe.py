@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from vitscope.cli.options import add_common, add_model_changes, positive_float, positive_int, unit_fraction
-from vitscope.cli.out_folders import check_output_dir, output_dir, print_files
+from vitscope.cli.out_folders import check_output_dir, locked_out, output_dir, print_files
 
 METRICS = {"linear": "top1", "knn": "knn_top1"}
 DEFAULT_STEPS = 1000  # vitscope.probes.dense.training.DEFAULT_STEPS (not imported: the CLI loads torch lazily)
@@ -131,6 +131,9 @@ def register(commands) -> None:
     pca.set_defaults(handler=run_pca)
     linear.set_defaults(handler=run_image)
     knn.set_defaults(handler=run_image)
+    for sub in (linear, knn, tokens, pib, pca, segment, depth):  # one writer per --out, from before the model loads
+        name = sub.prog.split()[-1]
+        sub.set_defaults(handler=locked_out(sub.get_default("handler"), f"vitscope-probe-{name}"))
 
 
 def _load(args: argparse.Namespace, split: str, count: int | None, model):
@@ -197,6 +200,8 @@ def _finish(args: argparse.Namespace, result, out: Path, device, subsets: dict, 
             f"{args.model} has random weights itself (drawn under --seed {args.seed}); its '(random init)' row is a "
             "second, independent random draw of the same architecture, so the two rows differ only by the draw")
         print(f"note: {result.settings['random_weights']}")
+    for why in result.settings.get("not_measured", {}).values():  # a measure that could not discriminate
+        print(f"note: {why}")
     files = result.write(output_dir(out), _provenance(args, device, subsets))
     for metric in metrics:
         if any(r["metric"] == metric for r in result.rows):

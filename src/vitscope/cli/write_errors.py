@@ -38,6 +38,25 @@ def _folder(err: BaseException, args: argparse.Namespace) -> str:
     return str(out) if out else "the output folder"
 
 
+def _not_written(err: BaseException) -> str:
+    """Which outputs a failed write left out: the file it was writing (and those after it), and the files this
+    command wrote into the same folder before it; empty when the error names no file."""
+    from vitscope.cli.out_folders import created_folders
+
+    name = getattr(err, "filename", None)
+    if not name or Path(name).is_dir():
+        return ""
+    failed = Path(name)
+    try:
+        written = sorted((p for p in failed.parent.iterdir() if p.is_file() and not p.name.startswith(".")
+                          and p.stat().st_mtime >= created_folders.started and p.name != failed.name),
+                         key=lambda p: p.stat().st_mtime)
+    except OSError:
+        written = []
+    before = f" (written before it: {', '.join(p.name for p in written)})" if written else " (nothing was written)"
+    return f": {failed.name} and the outputs after it were not written{before}"
+
+
 def _under(path: str, root: Path) -> bool:
     try:
         return Path(path).resolve().is_relative_to(root.resolve())
@@ -54,10 +73,12 @@ def write_failure_line(err: BaseException, args: argparse.Namespace) -> str | No
         if full or torch_writer:
             folder = _folder(cause, args)
             why = "no space left on device" if full else "torch's file writer failed: the disk is full or gone"
+            training = getattr(args, "command", None) == "train"
             then = (f"; then continue the run with `vitscope train --resume {args.resume or args.out}`"
-                    if getattr(args, "command", None) == "train" and (args.resume or args.out) else "")
-            return (f"the disk holding {folder} is full ({why}); free space or pass an --out on a disk with room"
-                    f"{then}")
+                    if training and (args.resume or args.out) else "")
+            lost = "" if training else _not_written(cause)
+            return (f"the disk holding {folder} is full ({why}){lost}; free space or pass an --out on a disk with "
+                    f"room{then or ', then run the command again'}")
         name = getattr(cause, "filename", None)
         if isinstance(cause, OSError) and cause.errno in READ_ONLY and name and _under(name, cache_root()):
             return (f"VITSCOPE_CACHE {cache_root()} cannot be written ({cause.strerror}: {name}); set VITSCOPE_CACHE "

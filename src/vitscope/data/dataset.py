@@ -19,6 +19,8 @@ class ImageDataset:
     ``std`` the per-channel statistics (in [0, 1] units) used to normalise model inputs. ``extras`` may
     hold dense targets such as ``boxes`` (N, 4) pixels x0, y0, x1, y1, ``masks`` (N, H, W) and ``depth``.
     ``selection`` describes how a subset was drawn (None for the whole split); runs record it in provenance.
+    ``view`` is the ``vitscope.data.pixels.View`` every image already is (None: images at their own size, or a
+    view no model named), so a model that takes that view uses them as they are.
     """
 
     name: str
@@ -31,6 +33,7 @@ class ImageDataset:
     root: str | None = None
     extras: dict[str, Tensor] = field(default_factory=dict)
     selection: dict[str, Any] | None = None
+    view: Any = None
 
     def __post_init__(self) -> None:
         if self.images.dtype != torch.uint8 or self.images.ndim != 4:
@@ -73,7 +76,7 @@ class ImageDataset:
         if self.selection is not None:
             selection["from"] = self.selection
         return ImageDataset(self.name, self.split, self.images[index], self.labels[index], self.classes,
-                            self.mean, self.std, self.root, extras, selection)
+                            self.mean, self.std, self.root, extras, selection, self.view)
 
 
 def sample_record(index: Tensor, count: int, total: int, seed: int) -> dict[str, Any]:

@@ -7,9 +7,11 @@ folder is looked into.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import os
+import stat
 import tarfile
 import zipfile
 import zlib
@@ -21,7 +23,8 @@ import torch
 from tqdm import tqdm
 
 from vitscope.data.folder_layout import IMAGE_SUFFIXES, SPLIT_FOLDERS
-from vitscope.data.pixels import DEFAULT_CROP_PCT, DEFAULT_INTERPOLATION, decode_rgb, eval_view
+from vitscope.data.image_decode import decode_rgb
+from vitscope.data.pixels import DEFAULT_CROP_PCT, DEFAULT_INTERPOLATION, View, eval_view
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 __all__ = ["ARCHIVE_SUFFIXES", "IMAGE_SUFFIXES", "SPLIT_FOLDERS", "FileTree", "decode_images", "fingerprint"]
@@ -41,21 +44,79 @@ def broken_archive(path: Path, err: Exception) -> ValueError:
                       "re-create it from the image folder (e.g. tar czf NAME.tar.gz FOLDER)")
 
 
+def _broken_link(path: Path, err: OSError) -> ValueError:
+    """The error for a symbolic link in a data tree that leads nowhere: the link, its target and the fix."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    why = ("a symbolic link loop" if err.errno == errno.ELOOP
+           else f"a symbolic link to {target}, which does not exist")
+    return ValueError(f"{path} is {why}; fix the link or remove it (data trees follow links to files and folders)")
+
+
+def check_root(root: Path, what: str) -> None:
+    """A FileNotFoundError naming ``root`` (``what``: e.g. "the cifar10 folder or archive") when it does not exist,
+    or a ValueError when it is a broken or looping symbolic link."""
+    if root.exists():
+        return
+    if root.is_symlink():
+        try:
+            os.stat(root)
+        except OSError as err:
+            raise _broken_link(root, err) from None
+    raise FileNotFoundError(f"data directory {root} does not exist; pass --data-dir with {what}")
+
+
+def walk_files(root: Path) -> list[tuple[str, os.stat_result]]:
+    """(relative POSIX path, stat) of every file below the folder ``root`` (in os.walk's order), following symbolic
+    links to files and folders; a broken or looping link (hidden ``.name`` links aside: editors' lock files), or a
+    link to a folder above it, is a ValueError naming it."""
+    found: list[tuple[str, os.stat_result]] = []
+
+    def visit(folder: Path, relative: str, above: frozenset[str]) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as err:
+            raise ValueError(f"cannot list {folder} ({err.strerror or err}); make it readable (chmod -R u+rX "
+                             f"{folder}) or remove it") from None
+        folders = []
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                info = os.stat(path)  # through links
+            except OSError as err:
+                if entry.name.startswith("."):
+                    continue
+                raise _broken_link(path, err) if entry.is_symlink() else ValueError(
+                    f"cannot read {path} ({err.strerror or err}); make it readable or remove it") from None
+            if stat.S_ISDIR(info.st_mode):
+                real = os.path.realpath(path)
+                if real in above:
+                    raise ValueError(f"{path} is a symbolic link to {real}, a folder above it, so the data tree "
+                                     "never ends; remove the link") from None
+                folders.append((path, f"{relative}{entry.name}/", above | {real}))
+            elif stat.S_ISREG(info.st_mode):
+                found.append((relative + entry.name, info))
+        for below in folders:  # a folder's files, then its folders: os.walk's order (fingerprints kept)
+            visit(*below)
+
+    visit(root, "", frozenset({os.path.realpath(root)}))
+    return found
+
+
 def fingerprint(root: str | Path) -> str:
     """A digest that changes whenever any file below ``root`` changes: every file's relative path, size and
-    modification time for a folder; the file's own size and modification time for an archive."""
+    modification time for a folder (``walk_files``: through symbolic links); the file's own size and modification
+    time for an archive."""
     root = Path(root).expanduser().resolve()
     digest = hashlib.sha1(str(root).encode())
     if root.is_file():
-        stat = root.stat()
-        digest.update(f"\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+        stat_ = root.stat()
+        digest.update(f"\0{stat_.st_size}\0{stat_.st_mtime_ns}".encode())
         return digest.hexdigest()
-    for folder, dirs, files in os.walk(root):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(folder, name)
-            stat = os.stat(path)
-            digest.update(f"\0{os.path.relpath(path, root)}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    for relative, info in walk_files(root):
+        digest.update(f"\0{relative}\0{info.st_size}\0{info.st_mtime_ns}".encode())
     return digest.hexdigest()
 
 
@@ -64,10 +125,7 @@ class FileTree:
 
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser()
-        if not self.root.exists():
-            raise FileNotFoundError(
-                f"data directory {self.root} does not exist; pass --data-dir with the dataset's folder"
-            )
+        check_root(self.root, "the dataset's folder")
         self._archive: tarfile.TarFile | zipfile.ZipFile | None = None
         if self.root.is_file():
             if not is_archive(self.root):
@@ -76,9 +134,7 @@ class FileTree:
                 )
             self._files = self._archive_members()
         else:
-            self._files = sorted(
-                p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file()
-            )
+            self._files = sorted(relative for relative, _ in walk_files(self.root))
         self.prefix = self._single_top_folder()
 
     def _archive_members(self) -> list[str]:
@@ -145,18 +201,28 @@ class FileTree:
         return ", ".join(shown) or "(empty)"
 
 
+def mixed_sizes(what: str, shapes: list[tuple[int, int]]) -> ValueError:
+    """The refusal of images of different sizes with no size to view them at: the sizes, and the option each
+    command takes (``train`` has no --img-size: its dataset option sets the size)."""
+    sizes = ", ".join(f"{h}x{w}" for h, w in shapes[:3]) + (", ..." if len(shapes) > 3 else "")
+    return ValueError(f"{what} have different sizes ({sizes}); give an image size S to view them all at S x S "
+                      "(shorter side resized, centre crop): --img-size S for analyze, explore and probe, --set "
+                      "dataset_options.image_size=S for train")
+
+
 PROGRESS_FROM = 5000  # images from which decoding shows progress on a terminal (CIFAR's 60k: about a minute)
 
 
-def decode_images(tree: FileTree, paths: list[str], size: int | None = None, *,
-                  crop_pct: float = DEFAULT_CROP_PCT, mixed_size: int | None = None,
+def decode_images(tree: FileTree, paths: list[str], size: int | View | None = None, *,
+                  crop_pct: float = DEFAULT_CROP_PCT, mixed_size: int | View | None = None,
                   interpolation: str = DEFAULT_INTERPOLATION) -> torch.Tensor:
     """Decode ``paths`` to a uint8 RGB tensor (N, 3, H, W) with ``vitscope.data.pixels.decode_rgb``.
 
-    With ``size`` every image becomes its evaluation view ``eval_view(image, size, crop_pct, interpolation)``
-    (shorter side resized, centre crop; never stretched). Without it images keep their own pixels when they share
-    one size; images of different sizes are viewed at ``mixed_size``, or, without one, refused with a ValueError
-    naming the sizes and the fix. An unreadable image raises a ValueError naming it."""
+    With ``size`` (a side or a ``View``) every image becomes its evaluation view ``eval_view(image, size, crop_pct,
+    interpolation)``. Without it images keep their own pixels when they share one size (other than
+    ``mixed_size``'s side); images of different sizes are viewed at ``mixed_size`` (a side or a ``View``), or,
+    without one, refused with a ValueError naming the sizes and the fix. An unreadable image raises a ValueError
+    naming it."""
     blobs = list(tree.read_many(paths))
 
     def decode(item: tuple[str, bytes]) -> torch.Tensor:
@@ -168,12 +234,10 @@ def decode_images(tree: FileTree, paths: list[str], size: int | None = None, *,
         images = list(tqdm(pool.map(decode, blobs), total=len(blobs), desc=f"decoding {Path(tree.root).name}",
                            unit="img", leave=False, disable=len(blobs) < PROGRESS_FROM or None))
     shapes = sorted({tuple(im.shape[-2:]) for im in images})
-    if len(shapes) > 1 and mixed_size is not None:
+    edge = getattr(mixed_size, "size", mixed_size)  # a side, or a View's (vitscope.data.pixels.View)
+    if mixed_size is not None and (len(shapes) > 1 or shapes == [(edge, edge)]):  # one size at the side: viewed too
         images = [eval_view(image, mixed_size, crop_pct, interpolation) for image in images]
     elif len(shapes) > 1:
-        sizes = ", ".join(f"{h}x{w}" for h, w in shapes[:3]) + (", ..." if len(shapes) > 3 else "")
-        raise ValueError(f"images in {tree.root} have different sizes ({sizes}); pass an image size S to view them "
-                         "all at S x S (shorter side resized, centre crop): --img-size S, or "
-                         "dataset_options.image_size in a training config")
-    side = size or mixed_size or 0
+        raise mixed_sizes(f"images in {tree.root}", shapes)
+    side = getattr(size, "size", size) or edge or 0
     return torch.stack(images) if images else torch.zeros(0, 3, side, side, dtype=torch.uint8)

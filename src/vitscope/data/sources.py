@@ -16,10 +16,10 @@ Decoded images are cached as uint8 tensors (safetensors) in ``$VITSCOPE_CACHE/da
 ``~/.cache/vitscope``), keyed by the path, size and modification time of every file of the tree (or of the
 archive), so no image is decoded twice and an edited tree is decoded afresh.
 
-Images keep their own pixels unless a size is asked for (``image_size``) or they differ in size and the caller
-names the size they are brought to (``mixed_size``, e.g. the model's input side); then each image becomes its
-evaluation view (``vitscope.data.pixels.eval_view``: shorter side resized, centre crop, never stretched), the
-same pixels the streamed datasets give.
+Images keep their own pixels unless a view is asked for: ``view=model`` (the model's own transform,
+``vitscope.data.pixels.model_view``), a size (``image_size``: the view no model named, shorter side resized, centre
+crop), or, when they differ in size, the view they are brought to (``mixed_size``, e.g. the model's); then each image
+becomes that view (``vitscope.data.pixels.View``), the same pixels the streamed datasets give.
 """
 
 from __future__ import annotations
@@ -40,8 +40,16 @@ from vitscope.atomic_io import atomic_path
 from vitscope.cache_dir import cache_root
 from vitscope.data.dataset import ImageDataset
 from vitscope.data.folder_layout import list_image_folder
-from vitscope.data.image_trees import FileTree, decode_images, fingerprint
-from vitscope.data.pixels import DEFAULT_INTERPOLATION, check_crop_pct, check_interpolation, default_crop_pct, eval_view
+from vitscope.data.image_trees import FileTree, check_root, decode_images, fingerprint
+from vitscope.data.pixels import (
+    DEFAULT_INTERPOLATION,
+    View,
+    check_crop_pct,
+    check_interpolation,
+    default_crop_pct,
+    model_normalization,
+    model_view,
+)
 from vitscope.data.stream_sources import open_streamed
 from vitscope.data.synthetic import synthetic_scenes
 
@@ -140,8 +148,7 @@ def _read(name: str, tree: FileTree, split: str, view: dict[str, Any]):
         marker = "test_batch" if name == "cifar10" else "meta"
         if tree.exists(pickled + "/") or tree.exists(marker):
             images, labels, classes, extras = _cifar_pickles(tree, name, split)
-            size = view["size"]
-            viewed = images if size is None else eval_view(images, size, view["crop_pct"], view["interpolation"])
+            viewed = images if view["size"] is None else view["size"](images)
             return viewed, labels, classes, extras
     if name == "tiny-imagenet":
         return _tiny_imagenet(tree, split, view)
@@ -179,51 +186,74 @@ def _cached_synthetic(split: str, options: tuple) -> ImageDataset:
 
 
 def _cached_decode(name: str, root: Path, split: str, view: dict[str, Any]):
-    """(tensors, classes) of ``split``, from the decode cache or decoded now and stored. Without a fixed size a
-    tree whose images share one size is stored at that size, whatever ``mixed_size`` says (one copy for every
-    model), and a tree of mixed sizes under its views at ``mixed_size``."""
+    """(tensors, classes) of ``split``, from the decode cache or decoded now and stored. ``view`` holds ``size``
+    and ``mixed_size``, each a ``View`` or None. Without a fixed size a tree whose images share one size is stored
+    at that size, whatever ``mixed_size`` says (one copy for every model), and a tree of mixed sizes under its
+    views at ``mixed_size``."""
     digest = fingerprint(root)
-    resampled = [] if view["interpolation"] == DEFAULT_INTERPOLATION else [view["interpolation"]]  # old keys hold
     if view["size"] is not None:
-        keys = [[view["size"], view["crop_pct"], *resampled]]
+        keys = [view["size"].key()]
     else:
-        keys = [[None]] + ([["mixed", view["mixed_size"], view["crop_pct"], *resampled]] if view["mixed_size"] else [])
+        keys = [[None]] + ([["mixed", *view["mixed_size"].key()]] if view["mixed_size"] else [])
     for key in keys:
         cached = _cache_path(name, split, digest, key)
         if cached.is_file():
             with safe_open(str(cached), framework="pt") as handle:
                 tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
-                return tensors, json.loads(handle.metadata()["classes"])
+                return tensors, json.loads(handle.metadata()["classes"]), key is not keys[0]
     images, labels, classes, extras = _read(name, FileTree(root), split, view)
     expected = _CLASS_COUNTS.get(name)
     if expected is not None and len(classes) != expected:
         raise ValueError(f"{root} has {len(classes)} classes but {name} has {expected}; "
                          f"check the folder, or use --dataset imagefolder for other class sets")
     tensors = {"images": images.contiguous(), "labels": labels.long(), **extras}
-    # a mixed tree comes back at mixed_size; one of a single other size kept its pixels (a tree natively at
-    # mixed_size is stored under the mixed key: the same pixels, decoded once more for another model size)
-    viewed = view["mixed_size"] is not None and tuple(images.shape[-2:]) == (view["mixed_size"],) * 2
+    # a mixed tree comes back viewed at mixed_size, and so does one of a single size at the view's side (stored
+    # under the mixed key, decoded once more for another model size); one of another single size kept its pixels
+    mixed = view["mixed_size"]
+    viewed = mixed is not None and tuple(images.shape[-2:]) == (mixed.size,) * 2
     key = keys[-1] if view["size"] is not None or viewed else keys[0]
     with atomic_path(_cache_path(name, split, digest, key)) as tmp:
         save_file(tensors, str(tmp), metadata={"classes": json.dumps(classes)})
-    return tensors, classes
+    return tensors, classes, key is not keys[0]
 
 
 def load_dataset(name: str, root: str | Path | None = None, split: str = "train", *, image_size: int | None = None,
-                 crop_pct: float | None = None, mixed_size: int | None = None,
-                 interpolation: str = DEFAULT_INTERPOLATION, download: bool = False, **options: Any) -> ImageDataset:
+                 crop_pct: float | None = None, mixed_size: int | View | None = None,
+                 interpolation: str = DEFAULT_INTERPOLATION, view: Any = None, download: bool = False,
+                 **options: Any) -> ImageDataset:
     """The labelled ``split`` ('train' or 'eval'; 'test' and 'val' accepted) of dataset ``name``.
 
-    Images keep their own pixels, except: ``image_size`` gives every image its evaluation view at that side
-    (shorter side resized to ``image_size / crop_pct``, centre crop; ``vitscope.data.pixels.eval_view``), and
-    ``mixed_size`` does the same only when the images differ in size (a folder of photos; callers pass the
-    model's input side). ``crop_pct`` defaults to the dataset's (0.875 for ImageNet's layouts, else 1);
-    ``interpolation`` is the views' resampling (bilinear, or bicubic as most pretrained timm models name).
-    ``options`` go to the synthetic generator (``num_images``, ``image_size``, ``num_classes``, ``seed``).
+    Images keep their own pixels, except:
+
+    - ``view=model`` (or a ``vitscope.data.pixels.View``): every image as that model takes it, its own transform
+      at its input side (``vitscope.data.pixels.model_view``: timm's eval transform, a transformers image
+      processor's, OpenCLIP's preprocess), normalised later with the model's mean and std (the dataset's
+      ``mean``, ``std``): the pixels ``vitscope analyze`` and the other commands feed the model;
+    - ``image_size`` gives every image the view no model named at that side (shorter side resized to
+      ``image_size / crop_pct`` with ``interpolation``, centre crop; ``vitscope.data.pixels.eval_view``);
+    - ``mixed_size`` (a side, or a model's ``View``) views images only when they differ in size (a folder of
+      photos), or share the view's side; the commands pass the model's view and feed other images through it.
+
+    ``crop_pct`` defaults to the dataset's (0.875 for ImageNet's layouts, else 1); ``interpolation`` is the views'
+    resampling (bilinear, or bicubic as most pretrained timm models name). The returned set's ``view`` is the view
+    its images already are. ``download`` fetches CIFAR into ``root`` when it is missing (and is otherwise ignored:
+    the CLI's --download also fetches model weights). ``options`` go to the synthetic generator (``num_images``,
+    ``image_size``, ``num_classes``, ``seed``).
     """
     split = canonical_split(split)
-    if download and name not in ("cifar10", "cifar100"):
-        raise ValueError(f"--download supports cifar10 and cifar100, not {name}; put {name} in --data-dir yourself")
+    missing = root is None or not Path(root).expanduser().exists()  # (generated scenes need nothing fetched)
+    if download and missing and name not in ("cifar10", "cifar100", "synthetic"):
+        raise ValueError(f"--download fetches cifar10 and cifar100, not {name}; put {name} in --data-dir yourself")
+    if view is not None:
+        given = [k for k, v in (("image_size", image_size), ("crop_pct", crop_pct), ("mixed_size", mixed_size),
+                                ("interpolation", interpolation if interpolation != DEFAULT_INTERPOLATION else None))
+                 if v is not None]
+        if given:
+            raise ValueError(f"view= sets the size, crop and interpolation of the images; drop {', '.join(given)}")
+        if name == "synthetic":
+            raise ValueError("view= applies to image files; synthetic scenes are drawn at image_size=S (their boxes "
+                             "and masks in those pixels), and a model views them when fed "
+                             "(vitscope.analyze.inputs.model_batches)")
     if name == "synthetic":
         if image_size is not None:
             options["image_size"] = image_size
@@ -235,20 +265,24 @@ def load_dataset(name: str, root: str | Path | None = None, split: str = "train"
     if root is None:
         raise ValueError(f"dataset {name} needs a data directory; pass --data-dir PATH (a folder or archive)")
     root = Path(root).expanduser()
-    if download:
+    if download and name in ("cifar10", "cifar100"):
         _download(name, root)
-    if not root.exists():
-        raise FileNotFoundError(
-            f"data directory {root} does not exist; pass --data-dir with the {name} folder or archive"
-        )
+    check_root(root, f"the {name} folder or archive")
     crop_pct = check_crop_pct(default_crop_pct(name) if crop_pct is None else crop_pct)
     check_interpolation(interpolation)
-    if name in ("imagenet", "shards"):
-        listing = open_streamed(name, root, split, image_size=image_size, stats=dataset_stats(name),
-                                crop_pct=crop_pct, interpolation=interpolation)
-        return listing.materialize(image_size, mixed_size=mixed_size)
-    view = {"size": image_size, "crop_pct": crop_pct, "mixed_size": mixed_size, "interpolation": interpolation}
-    tensors, classes = _cached_decode(name, root, split, view)
     mean, std = _STATS.get(name, _IMAGENET_STATS)
+    if view is not None:
+        sized = view if isinstance(view, View) else model_view(view, name)
+        mean, std = (mean, std) if isinstance(view, View) else model_normalization(view, mean, std)
+    else:
+        sized = None if image_size is None else View(image_size, crop_pct, interpolation)
+    mixed = mixed_size if mixed_size is None or isinstance(mixed_size, View) else View(mixed_size, crop_pct,
+                                                                                       interpolation)
+    if name in ("imagenet", "shards"):
+        listing = open_streamed(name, root, split, image_size=image_size, stats=(mean, std), crop_pct=crop_pct,
+                                interpolation=interpolation)
+        return listing.materialize(sized, mixed_size=mixed)
+    tensors, classes, viewed = _cached_decode(name, root, split, {"size": sized, "mixed_size": mixed})
     extras = {k: v for k, v in tensors.items() if k not in ("images", "labels")}
-    return ImageDataset(name, split, tensors["images"], tensors["labels"], classes, mean, std, str(root), extras)
+    return ImageDataset(name, split, tensors["images"], tensors["labels"], classes, mean, std, str(root), extras,
+                        view=sized or (mixed if viewed else None))

@@ -19,14 +19,15 @@ import torch
 from torch import Tensor
 
 from vitscope.data.dataset import ImageDataset, stratified_indices
+from vitscope.data.image_decode import decode_rgb, image_header_size
+from vitscope.data.image_trees import mixed_sizes
 from vitscope.data.pixels import (
     DEFAULT_CROP_PCT,
     DEFAULT_INTERPOLATION,
+    View,
     check_crop_pct,
     check_interpolation,
-    decode_rgb,
     eval_view,
-    image_header_size,
     view_boxes,
 )
 
@@ -101,6 +102,11 @@ class StreamedDataset:
         return len(self.labels)
 
     @property
+    def view(self) -> View:
+        """The view ``images_at`` gives: ``image_size``, ``crop_pct`` and ``interpolation`` (``eval_view``)."""
+        return View(self.image_size, self.crop_pct, self.interpolation)
+
+    @property
     def num_classes(self) -> int:
         return len(self.classes)
 
@@ -116,8 +122,7 @@ class StreamedDataset:
         """Evaluation views uint8 (B, 3, image_size, image_size) of images ``rows`` (decoded in threads)."""
         index = torch.arange(len(self))[rows] if isinstance(rows, slice) else rows
         with ThreadPoolExecutor(max_workers=4) as pool:
-            views = list(pool.map(lambda i: eval_view(self.decode(int(i)), self.image_size, self.crop_pct,
-                                                      self.interpolation), index.tolist()))
+            views = list(pool.map(lambda i: self.view(self.decode(int(i))), index.tolist()))
         return torch.stack(views) if views else torch.zeros(0, 3, self.image_size, self.image_size,
                                                             dtype=torch.uint8)
 
@@ -144,11 +149,11 @@ class StreamedDataset:
         pixels = [math.prod(image_header_size(*self.read(int(i)))) for i in picks]
         return int(len(self) * 3 * sum(pixels) / max(len(pixels), 1))
 
-    def materialize(self, size: int | None, *, mixed_size: int | None = None) -> ImageDataset:
+    def materialize(self, size: int | View | None, *, mixed_size: int | View | None = None) -> ImageDataset:
         """The whole set decoded into memory (an ``ImageDataset``): with ``size`` every image is its evaluation view
-        (``eval_view(image, size, crop_pct, interpolation)``, the pixels ``images_at`` gives) and its boxes follow
-        it; without it images keep their pixels when they share one size, are viewed at ``mixed_size`` when they
-        differ, and are refused without one."""
+        (a ``View``, or the side of ``eval_view(image, size, crop_pct, interpolation)``, the pixels ``images_at``
+        gives) and its boxes follow it; without it images keep their pixels when they share one size, are viewed at
+        ``mixed_size`` (a side or a ``View``) when they differ, and are refused without one."""
         decoded = [None] * len(self)
 
         def load(i: int) -> None:
@@ -159,16 +164,15 @@ class StreamedDataset:
         originals = [(int(im.shape[-2]), int(im.shape[-1])) for im in decoded]
         side = size if size is not None else (mixed_size if len(set(originals)) > 1 else None)
         if side is None and len(set(originals)) > 1:
-            shown = ", ".join(f"{h}x{w}" for h, w in sorted(set(originals))[:3])
-            raise ValueError(f"{self.name} images have different sizes ({shown}, ...); pass an image size S to view "
-                             "them at S x S (shorter side resized, centre crop): --img-size S, or "
-                             "dataset_options.image_size in a training config")
-        images = decoded if side is None else [eval_view(im, side, self.crop_pct, self.interpolation)
-                                               for im in decoded]
+            raise mixed_sizes(f"{self.name} images", sorted(set(originals)))
+        view = None if side is None else side if isinstance(side, View) else View(int(side), self.crop_pct,
+                                                                                  self.interpolation)
+        images = decoded if view is None else [view(im) for im in decoded]
         extras = dict(self.extras)
-        if "boxes" in extras and side is not None:
-            extras["boxes"] = torch.stack([view_boxes(b, hw, side, self.crop_pct)
+        if "boxes" in extras and view is not None:
+            extras["boxes"] = torch.stack([view_boxes(b, hw, view)
                                            for b, hw in zip(extras["boxes"], originals, strict=True)])
-        stacked = torch.stack(images) if images else torch.zeros(0, 3, side or 0, side or 0, dtype=torch.uint8)
+        edge = view.size if view is not None else 0
+        stacked = torch.stack(images) if images else torch.zeros(0, 3, edge, edge, dtype=torch.uint8)
         return ImageDataset(self.name, self.split, stacked, self.labels, self.classes, self.mean, self.std,
-                            self.root, extras, self.selection)
+                            self.root, extras, self.selection, view)

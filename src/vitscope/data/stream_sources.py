@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from vitscope.data.folder_layout import list_image_folder
-from vitscope.data.image_trees import FileTree, is_archive
+from vitscope.data.image_trees import FileTree, check_root, is_archive
 from vitscope.data.imagenet import imagenet_listing
 from vitscope.data.pixels import DEFAULT_INTERPOLATION, check_crop_pct, default_crop_pct
 from vitscope.data.shards import shard_listing
@@ -45,8 +45,7 @@ def open_streamed(name: str, root: str | Path | None, split: str, *, image_size:
     if root is None:
         raise ValueError(f"dataset {name} needs a data directory; pass --data-dir PATH (an unpacked folder)")
     root = Path(root).expanduser()
-    if not root.exists():
-        raise FileNotFoundError(f"data directory {root} does not exist; pass --data-dir with the {name} folder")
+    check_root(root, f"the {name} folder")
     if is_archive(root) or not root.is_dir():
         raise ValueError(f"{root} is not a folder; streaming reads unpacked folders (or shards), so unpack it "
                          "(tar xf / unzip) and pass the folder, or use stream: false to decode the archive into "

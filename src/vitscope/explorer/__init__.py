@@ -6,9 +6,9 @@
 
 ``images`` are the pictures as they look: uint8 (images, 3, H, W) or floats in [0, 1], or an ``ImageDataset``
 (then the model's input size and the dataset's normalisation are used, as ``vitscope analyze`` does). Each model
-sees the evaluation view of the pictures at its input side (``vitscope.data.pixels.eval_view``: shorter side
-resized, centre crop); when that view cuts part of a picture (not square, or the model's ``crop_pct`` < 1), the
-page shows the first model's view, so the maps lie over what the model saw.
+sees the evaluation view of the pictures at its input side (``vitscope.data.pixels.model_view``: its own library's
+transform); when that view cuts part of a picture (not square, or the model's ``crop_pct`` < 1), the page shows
+the first model's view, so the maps lie over what the model saw.
 """
 
 from __future__ import annotations
@@ -21,14 +21,15 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from vitscope.analyze.inputs import model_crop_pct, model_input, model_interpolation
+from vitscope.analyze.inputs import model_input
 from vitscope.atomic_io import atomic_write_bytes
 from vitscope.data import ImageDataset, normalize
-from vitscope.data.pixels import eval_view
+from vitscope.data.pixels import model_view
 from vitscope.explorer.budget import check_page_size
 from vitscope.explorer.measure import ModelRecord, matched_layers, record_model
 from vitscope.explorer.page import render_page, static_bytes
 from vitscope.explorer.payload import build_payload, picture_urls
+from vitscope.lazy_import import submodule_getattr
 from vitscope.models import attention_sites
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -81,7 +82,7 @@ def _pictures(images: Tensor) -> Tensor:
 def model_inputs(model: nn.Module, pictures: Tensor, dataset: ImageDataset | None = None,
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> Tensor:
     """Normalised inputs (images, 3, S, S) of ``model`` from uint8 ``pictures``: their evaluation view at the model's
-    input side S (``eval_view`` with the model's ``crop_pct`` and interpolation, as ``vitscope analyze`` feeds it),
+    input side S (``vitscope.data.pixels.model_view``, the model's own transform, as ``vitscope analyze`` feeds it),
     normalised with ``mean``/``std``, else the dataset's, else the model's pretrained ones, else ImageNet's."""
     pretrained = getattr(model, "pretrained_cfg", None) or {}
     stats = dataset if dataset is not None else SimpleNamespace(
@@ -89,8 +90,8 @@ def model_inputs(model: nn.Module, pictures: Tensor, dataset: ImageDataset | Non
         std=tuple(std or pretrained.get("std", IMAGENET_STD)), image_size=pictures.shape[-1])
     side, m, s = model_input(model, stats)
     m, s = (tuple(mean), tuple(std)) if mean is not None and std is not None else (m, s)
-    crop = model_crop_pct(model, getattr(dataset, "name", None))
-    return normalize(eval_view(pictures, side, crop, model_interpolation(model)), m, s)
+    view = model_view(model, getattr(dataset, "name", None), side)
+    return normalize(pictures if getattr(dataset, "view", None) == view else view(pictures), m, s)
 
 
 def shown_pictures(model: nn.Module, pictures: Tensor, dataset: ImageDataset | None = None) -> Tensor:
@@ -98,11 +99,19 @@ def shown_pictures(model: nn.Module, pictures: Tensor, dataset: ImageDataset | N
     pictures at crop_pct 1, or already at its side), else its view (the part of each picture it sees)."""
     stats = dataset if dataset is not None else SimpleNamespace(image_size=pictures.shape[-1], mean=(0,), std=(1,))
     side = model_input(model, stats)[0]
-    crop = model_crop_pct(model, getattr(dataset, "name", None))
+    view = model_view(model, getattr(dataset, "name", None), side)
     height, width = pictures.shape[-2:]
-    if height == width and (crop == 1 or height == side):
+    if getattr(dataset, "view", None) == view or height == width and (
+            view.scale_size == side or (height == side and view.keep_square)):
         return pictures
-    return eval_view(pictures, side, crop, model_interpolation(model))
+    return view(pictures)
+
+
+def dataset_captions(dataset: ImageDataset) -> list[str]:
+    """A caption per image: its number, and its class where the set has more than one (a folder of photos is one
+    class named after the folder, which says nothing about the photo)."""
+    named = len(set(dataset.labels.tolist())) > 1 and bool(dataset.classes)
+    return [f"image {i + 1}" + (f": {dataset.classes[int(y)]}" if named else "") for i, y in enumerate(dataset.labels)]
 
 
 def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDataset, *,
@@ -128,9 +137,9 @@ def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDatas
     dataset = images if isinstance(images, ImageDataset) else None
     pictures = _pictures(dataset.images if dataset is not None else images)
     if dataset is not None and captions is None:
-        captions = [dataset.classes[int(y)] if dataset.classes else str(int(y)) for y in dataset.labels]
+        captions = dataset_captions(dataset)
     captions = list(captions) if captions is not None else [f"image {i + 1}" for i in range(len(pictures))]
-    pictures = shown_pictures(models[0], pictures, dataset)
+    originals, pictures = pictures, shown_pictures(models[0], pictures, dataset)
     sites = attention_sites(models[0])
     reference_depth = len(sites)
     if layers is not None and not all(-reference_depth <= int(i) < reference_depth for i in layers):
@@ -142,7 +151,8 @@ def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDatas
                          f"use 0..{most_heads - 1}")
     reference = list(range(reference_depth)) if layers is None else sorted({int(i) % reference_depth for i in layers})
     wanted = [matched_layers(reference, reference_depth, len(attention_sites(model))) for model in models]
-    inputs = [model_inputs(model, pictures, dataset, mean, std) for model in models]
+    # each model views the pictures themselves (a view of the shown view would crop twice where a model crops)
+    inputs = [model_inputs(model, originals, dataset, mean, std) for model in models]
     text = static_bytes(title)
     check_page_size(models, [sorted(set(w)) for w in wanted], [int(x.shape[-1]) for x in inputs], len(pictures),
                     heads, rows, max_bytes, fixed=sum(map(len, picture_urls(pictures))) + text)
@@ -160,3 +170,5 @@ def explore(models: nn.Module | Sequence[nn.Module], images: Tensor | ImageDatas
 
 
 __all__ = ["Explorer", "explore", "model_inputs"]
+
+__getattr__ = submodule_getattr(__name__)  # sub-modules on first use (PEP 562)

@@ -18,7 +18,7 @@ from torch import nn
 
 from vitscope.explorer.rows import QK_COMPRESSED, maps_bytes, qk_bytes, stored_form
 from vitscope.models import AttentionSite, attention_sites, token_layout
-from vitscope.models.hierarchical import PvtReducedKeys, SwinWindows
+from vitscope.models.capture.hierarchical import PvtReducedKeys, SwinWindows
 
 MAPS_SQUEEZED = 0.05
 JSON_BYTES = {"qk": 200, "maps": 50}

@@ -1,5 +1,6 @@
 """Pure metric functions of tensors and streaming accumulators; they know nothing of models."""
 
+from vitscope.lazy_import import submodule_getattr
 from vitscope.metrics.attention_stats import AttentionStats
 from vitscope.metrics.layers import early_layers
 from vitscope.metrics.locality import (
@@ -23,3 +24,5 @@ __all__ = [
     "StreamingMetric", "SupportAccumulator", "attention_entropy", "early_layers", "grid_distances",
     "mean_attention_distance", "uniform_mad",
 ]
+
+__getattr__ = submodule_getattr(__name__)  # sub-modules on first use (PEP 562)

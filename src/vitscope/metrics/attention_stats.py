@@ -19,6 +19,8 @@ class AttentionStats:
     ``mad`` and ``entropy`` are (layers, heads); ``images`` counts the images seen per layer and
     ``skipped`` (layers, heads) the (image, head) entries left out because no query row had patch mass.
     ``layers`` holds the 0-based indices of the recorded layers; ``options`` the metric options used.
+    ``mad_raw`` (layers, heads), when kept, is the MAD of the raw patch mass whatever ``options`` say
+    (``renormalize=False``: each row's mass on prefix tokens counted at distance 0, rows not renormalised).
     Models whose layers differ in head count (Swin, PVT) are padded with NaN; ``heads`` has the counts.
     """
 
@@ -29,10 +31,11 @@ class AttentionStats:
     skipped: Tensor
     options: dict[str, Any] = field(default_factory=dict)
     heads: list[int] = field(default_factory=list)
+    mad_raw: Tensor | None = None
 
     @classmethod
     def stack(cls, layers: list[int], *, mad: list[Tensor], entropy: list[Tensor], images: list[int],
-              skipped: list[Tensor], options: dict[str, Any]) -> AttentionStats:
+              skipped: list[Tensor], options: dict[str, Any], mad_raw: list[Tensor] | None = None) -> AttentionStats:
         """From per-layer (heads,) vectors of possibly different lengths, padded to the widest."""
         width = max(len(v) for v in mad)
 
@@ -41,7 +44,7 @@ class AttentionStats:
 
         return cls(layers=list(layers), mad=padded(mad, torch.nan), entropy=padded(entropy, torch.nan),
                    images=torch.tensor(images), skipped=padded(skipped, 0), options=options,
-                   heads=[len(v) for v in mad])
+                   heads=[len(v) for v in mad], mad_raw=None if mad_raw is None else padded(mad_raw, torch.nan))
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per (layer, head), both numbered from 1 as in files and reports."""

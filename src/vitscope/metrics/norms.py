@@ -3,12 +3,14 @@
 A token's norm is the L2 norm of a block's output token (default: the last block, before the final norm).
 A token is high-norm when its norm exceeds a threshold chosen by a spec:
 
-* ``percentile:Q``: the Q-th percentile of the patch-token norms of the data (the registers reassessment
-  uses 98);
+* ``percentile:Q``: the Q-th percentile of the patch-token norms of the data (vitscope's choice of Q = 98 in the
+  registers study; the reassessment's threshold is not in its seed);
 * ``absolute:T``: a fixed value (Darcet et al. use 150 for DINOv2 ViT-g);
-* ``auto``: the largest gap of a two-component split of the log norms: the split point that maximises the
-  between-class variance (Otsu's criterion) of the sorted log norms; the threshold is the geometric
-  midpoint between the two tokens on either side of the split.
+* ``auto``: the split at the largest gap in the upper tail of the log norms (``largest_gap_split``): among the
+  splits that leave between ``max(MIN_COUNT, MIN_FRACTION n)`` and ``MAX_FRACTION n`` of the n tokens above, the
+  one with the widest empty interval between the sorted log norms on either side; the threshold is the geometric
+  midpoint of that interval. Whether the tokens above it form a population of their own (a separate high-norm
+  mode) or the tail of one distribution is ``vitscope.metrics.high_norm.separate_mode``'s test of that gap.
 """
 
 from __future__ import annotations
@@ -52,19 +54,46 @@ def parse_threshold(spec: str) -> tuple[str, float | None]:
     return kind, value
 
 
-def otsu_split(values: Tensor) -> float:
-    """The threshold between the two classes of a 1-D sample that maximises between-class variance."""
-    x = values.flatten().double().sort().values
-    n = x.numel()
+MAX_FRACTION = 0.10  # a split leaves at most this share of the tokens above it ...
+MIN_FRACTION = 0.001  # ... and at least this share ...
+MIN_COUNT = 5  # ... and at least this many tokens (fewer is a handful of extremes, not a mode)
+
+
+@dataclass(frozen=True)
+class GapSplit:
+    """The largest-gap split of one sample of norms: ``threshold`` (a norm, the geometric midpoint of the gap),
+    ``above`` tokens of ``n`` above it, the ``gap`` (width of the empty interval, natural log units), ``iqr`` (the
+    interquartile range of the log norms, the bulk's spread) and the ``median`` norm."""
+
+    threshold: float
+    above: int
+    n: int
+    gap: float
+    iqr: float
+    median: float
+
+
+def largest_gap_split(norms: Tensor | np.ndarray) -> GapSplit:
+    """The split at the largest gap in the upper tail of the log norms (module docstring), numpy only: sort the log
+    norms, and among the splits with k tokens above, ``max(MIN_COUNT, ceil(MIN_FRACTION n)) <= k <= MAX_FRACTION n``
+    (at least one token above when n is small), take the widest gap between the k-th and (k+1)-th largest."""
+    values = np.asarray(norms.detach().cpu() if isinstance(norms, Tensor) else norms, dtype=np.float64).ravel()
+    if values.size == 0:
+        raise ValueError("no norms to split; record at least one image")
+    logs = np.sort(np.log(np.clip(values, 1e-12, None)))
+    n = logs.size
+    q1, q3 = np.percentile(logs, [25, 75])
+    median = float(np.median(values))
     if n < 2:
-        return float(x.max()) if n else math.inf
-    prefix = x.cumsum(0)
-    k = torch.arange(1, n, dtype=torch.float64)
-    mean_low = prefix[:-1] / k
-    mean_high = (prefix[-1] - prefix[:-1]) / (n - k)
-    between = k * (n - k) * (mean_high - mean_low) ** 2
-    split = int(between.argmax())
-    return float((x[split] + x[split + 1]) / 2)
+        return GapSplit(float(values.max()), 0, n, 0.0, float(q3 - q1), median)
+    most = min(max(1, int(MAX_FRACTION * n)), n - 1)
+    fewest = min(max(MIN_COUNT, math.ceil(MIN_FRACTION * n)), most)
+    above = np.arange(fewest, most + 1)
+    gaps = logs[n - above] - logs[n - above - 1]
+    best = int(np.argmax(gaps))
+    k = int(above[best])
+    threshold = float(np.exp((logs[n - k] + logs[n - k - 1]) / 2))
+    return GapSplit(threshold, int((values > threshold).sum()), n, float(gaps[best]), float(q3 - q1), median)
 
 
 def high_norm_threshold(patch_norms: Tensor, spec: str = "percentile:98") -> Threshold:
@@ -77,7 +106,7 @@ def high_norm_threshold(patch_norms: Tensor, spec: str = "percentile:98") -> Thr
         raise ValueError("no patch-token norms to set a threshold from; record at least one image")
     if kind == "percentile":
         return Threshold(spec, float(torch.quantile(norms.double(), value / 100.0)))
-    return Threshold(spec, math.exp(otsu_split(norms.clamp(min=1e-12).log())))
+    return Threshold(spec, largest_gap_split(norms).threshold)
 
 
 def log_histograms(norms: dict[str, list[Tensor]], layers: list[int], bins: int = 48) -> dict[str, Any]:

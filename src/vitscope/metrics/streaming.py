@@ -130,8 +130,10 @@ class PerHeadMeans:
 
 class LocalityAccumulator:
     """Per-head mean attention distance and normalised entropy (definitions in ``vitscope.metrics.locality``),
-    streamed. An unmasked softmax layer is measured from its queries and keys without keeping probabilities
-    (the native kernel on the CPU, a compiled one elsewhere, each only where ``fast_paths`` allows it)."""
+    streamed; beside the MAD of ``renormalize``, the raw patch mass's (``mad_raw``: prefix keys counted at
+    distance 0) from the same sums. An unmasked softmax layer is measured from its queries and keys without keeping
+    probabilities (the native kernel on the CPU, a compiled one elsewhere, each only where ``fast_paths`` allows
+    it)."""
 
     def __init__(self, renormalize: bool = True, unit: str = "normalized"):
         if unit not in UNITS:
@@ -156,7 +158,8 @@ class LocalityAccumulator:
                 num_keys = block.shape[-1]
             mad, ent = locality_from_map_sums(sums, num_keys=num_keys, scale=self._scale(batch),
                                               renormalize=self.options["renormalize"])
-            self.means.add(layer, {"mad": mad, "entropy": ent})
+            raw = sums[..., 2] / sums[..., 0] * self._scale(batch)  # renormalize=False: prefix keys at distance 0
+            self.means.add(layer, {"mad": mad, "entropy": ent, "mad_raw": raw})
 
     def stats(self, layers: list[int]) -> AttentionStats:
         """The statistics of ``layers`` (0-based, in recording order), padded with NaN to the widest layer."""
@@ -165,6 +168,7 @@ class LocalityAccumulator:
         m = self.means
         return AttentionStats.stack(layers, mad=[m.mean("mad", i) for i in layers],
                                     entropy=[m.mean("entropy", i) for i in layers],
+                                    mad_raw=[m.mean("mad_raw", i) for i in layers],
                                     images=[m.images[i] for i in layers],
                                     skipped=[m.skipped("mad", i) for i in layers], options=dict(self.options))
 

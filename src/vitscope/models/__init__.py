@@ -11,6 +11,7 @@ Sub-packages, one job each (docs/code-layout.md):
 
 from __future__ import annotations
 
+from vitscope.lazy_import import submodule_getattr
 from vitscope.models.capture.layout import TokenLayout
 from vitscope.models.capture.sites import AttentionSite, attention_sites, token_layout
 from vitscope.models.loading import has_random_weights, load
@@ -26,3 +27,5 @@ __all__ = [
     "preset_config", "resize_input", "save_model",
     "token_layout",
 ]
+
+__getattr__ = submodule_getattr(__name__)  # sub-modules on first use (PEP 562)

@@ -10,7 +10,7 @@
    to the built grid as its own repository fits it (``pos_interp``), so positions are resampled once, from the
    file's grid straight to the model's.
 5. **The view** the model is evaluated with travels on the model (``pretrained_cfg``: mean, std, interpolation,
-   crop_pct), where the data pipelines read it (``vitscope.data.pixels.eval_view``).
+   crop_pct, crop_mode), where the data pipelines read it (``vitscope.data.pixels.model_view``).
 
 ``hf:`` folders and ``open_clip:`` towers bring config, weights and view together; their adapters take the same
 steps in the same order (``adapters.hf.load_hf``, ``adapters.open_clip.load_open_clip``).

@@ -6,6 +6,7 @@ settings object: ``ImageProbeSettings``, ``DenseProbeSettings``) returning a ``P
 rows follow the shared results schema and include a randomly initialised backbone and the chance level.
 """
 
+from vitscope.lazy_import import submodule_getattr
 from vitscope.probes.dense.probe import dense_probe
 from vitscope.probes.dense.settings import DenseProbeSettings
 from vitscope.probes.features import LayerFeatures, extract_features, parse_layers
@@ -22,3 +23,5 @@ __all__ = [
     "ProbeSettings", "dense_probe", "extract_features", "fit_classifier", "fit_regressor", "knn_probe", "linear_probe",
     "parse_layers", "pca_maps", "pib_probe", "probe_tokens",
 ]
+
+__getattr__ = submodule_getattr(__name__)  # sub-modules on first use (PEP 562)

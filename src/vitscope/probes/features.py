@@ -29,11 +29,10 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from vitscope.analyze.inputs import model_batches, model_crop_pct, model_input, model_interpolation
+from vitscope.analyze.inputs import dataset_view, model_batches, model_input
 from vitscope.atomic_io import remove_stale_temporaries
 from vitscope.cache_dir import cache_root
 from vitscope.data import ImageDataset
-from vitscope.data.pixels import DEFAULT_INTERPOLATION
 from vitscope.models import token_layout
 from vitscope.record import record_tokens
 from vitscope.run_folder import writer_lock
@@ -220,10 +219,8 @@ def extract_features(model: nn.Module, dataset: ImageDataset, layers: str | Sequ
     layout = token_layout(model)
     side, mean, std = model_input(model, dataset, img_size)
     # how the images became inputs: a change of preprocessing is a new cache entry, never a stale one
-    geometry = [side, list(mean), list(std), "eval-view", model_crop_pct(model, getattr(dataset, "name", None))]
-    resampling = model_interpolation(model)
-    if resampling != DEFAULT_INTERPOLATION:  # bilinear views keep their cache keys from before
-        geometry.append(resampling)
+    # (crop_pct, then only what differs from a bilinear centre crop: views named so keep their keys from before)
+    geometry = [side, list(mean), list(std), "eval-view", *dataset_view(model, dataset, img_size).key()[1:]]
     folder = None if cache is False or cache is None else (cache_root() / "features" if cache is True
                                                             else Path(cache))
     files: dict[int, Path] = {}

@@ -226,6 +226,10 @@ def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence
     fit, held = stratified_split(dataset.labels, held_fraction, seed)
     if class_balanced:
         fit, held = balanced(fit, dataset.labels, seed), balanced(held, dataset.labels, seed + 1)
+    not_measured = _one_class(dataset, fit, held, probes)
+    if not_measured:
+        probes = tuple(p for p in probes if p != "class")
+        settings = replace(settings, probes=probes)
     models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, seed))] if settings.baseline else [])
     rows: list[dict[str, Any]] = []
     pixels: dict[tuple[tuple[int, int], int], Tensor | None] = {}  # (grid, patch) -> targets, shared by models
@@ -247,7 +251,25 @@ def probe_tokens(model: nn.Module, dataset: ImageDataset, layers: str | Sequence
                  "held_fraction": held_fraction, "class_balanced": class_balanced, "norm": norm, "seed": seed,
                  "fit_images": len(fit), "held_images": len(held), "fit_options": dict(fit_options),
                  "groups": sorted({r["group"] for r in rows})}
+    if not_measured:
+        described["not_measured"] = not_measured
     return ProbeResult("tokens", rows, described)
+
+
+def _one_class(dataset: ImageDataset, fit: Tensor, held: Tensor, probes: Sequence[str]) -> dict[str, str]:
+    """``{"class": why}`` when the class probe cannot tell a model from chance: the fitted or the held-out images
+    hold one class, so the majority guess (and any probe, trained or random) scores 1.0. A ValueError naming the
+    fix when ``class`` is the only probe asked for; {} when it can discriminate or was not asked for."""
+    if "class" not in probes:
+        return {}
+    counts = {side: len(dataset.labels[images].unique()) for side, images in (("fit", fit), ("held-out", held))}
+    if min(counts.values()) >= 2:
+        return {}
+    why = (f"the class probe needs images of two or more classes to fit and to hold out; {dataset.name!r} gives "
+           f"{counts['fit']} and {counts['held-out']}, so every predictor, chance included, would score top-1 1.0")
+    if set(probes) == {"class"}:
+        raise ValueError(f"{why}; give a dataset with two or more class folders, or probe position,pixels")
+    return {"class": why + "; not measured"}
 
 
 def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_groups: Mapping[str, PatchMask],

@@ -56,14 +56,52 @@ def cell(value: Any) -> str:
 
 
 def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    """An HTML table of flat rows (columns: the first row's keys unless given), in a box that scrolls
-    sideways when the table is wider than the page (class "wide"), so that no column is squeezed."""
+    """An HTML table of flat rows (columns: the first row's keys unless given) that fits the report's page: when
+    its columns cannot all fit side by side (``min_width_ems`` over ``PAGE_EMS``), the prose columns but the
+    first (power lines, methods) leave the header and go into a full-width line under each row, named, so that no
+    column (the verdict) is pushed past the right edge. The box scrolls sideways (class "wide") only on windows
+    narrower than the page."""
     if not rows:
         return "<p>(none)</p>"
     columns = columns or list(rows[0])
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(cell(r.get(c)) for c in columns) + "</tr>" for r in rows)
-    return f'<div class="wide"><table><tr>{head}</tr>{body}</table></div>'
+    texts = [{c: fmt(r.get(c)) for c in columns} for r in rows]
+    below = prose_columns(texts, columns)
+    shown = [c for c in columns if c not in below]
+    stacked = ' class="stacked"' if below else ""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in shown)
+    body = []
+    for r, text in zip(rows, texts, strict=True):
+        body.append("<tr>" + "".join(cell(r.get(c)) for c in shown) + "</tr>")
+        lines = "".join(f"<div><b>{html.escape(c)}</b>: {text[c]}</div>" for c in below if r.get(c) is not None)
+        if lines:
+            body.append(f'<tr class="prose"><td colspan="{len(shown)}">{lines}</td></tr>')
+    return f'<div class="wide"><table{stacked}><tr>{head}</tr>{"".join(body)}</table></div>'
+
+
+PAGE_EMS = 88  # the report's page (body max-width 1150 px in report.css) in the tables' 13 px ems
+CHAR_EMS = 0.6  # one character of a cell or (bold) header, in ems (measured: 7.8 px at 13 px)
+CELL_EMS = 1.3  # a cell's padding and border
+LONG_EMS = 22  # a prose cell's min-width (td.long in report.css)
+
+
+def min_width_ems(texts: list[dict[str, str]], columns: list[str]) -> float:
+    """The narrowest the table's columns can be side by side, in ems: each column as wide as its longest word
+    (header included; prose cells at ``LONG_EMS``), padding added."""
+    def widest(text: str) -> float:
+        if len(text) >= LONG_CELL:
+            return LONG_EMS + CELL_EMS
+        return max((len(word) for word in text.split()), default=0) * CHAR_EMS + CELL_EMS
+
+    return sum(max(widest(html.escape(c)), *(widest(t[c]) for t in texts)) for c in columns)
+
+
+def prose_columns(texts: list[dict[str, str]], columns: list[str]) -> list[str]:
+    """The columns to write under each row: none when the table fits ``PAGE_EMS``; else every column but the
+    first (the row's name, whose prose cells then keep 14em: ``.stacked td.long`` in report.css) with a prose
+    cell."""
+    if min_width_ems(texts, columns) <= PAGE_EMS:
+        return []
+    return [c for c in columns[1:] if any(len(t[c]) >= LONG_CELL for t in texts)]
 
 
 def image(path: Path, alt: str) -> str:

@@ -17,7 +17,6 @@ from typing import Any
 from vitscope.claims import Judgement
 from vitscope.studies.locality.presets import PAPER_SCALE as LOCALITY_SCALE
 from vitscope.studies.models import loads_random_weights
-from vitscope.studies.registers.findings import model_groups
 from vitscope.studies.registers.presets import PAPER_SCALE as REGISTERS_SCALE
 from vitscope.studies.sparse.presets import PAPER_SCALE as SPARSE_SCALE
 
@@ -74,22 +73,24 @@ def rows(study: str, claims: list[Judgement | dict[str, Any]]) -> list[dict[str,
             for j in judged]
 
 
-def locality_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    from vitscope.studies.locality.results import judged_claims
+def locality_claims(results: dict[str, Any]) -> list[Judgement]:
+    """The locality study's judged registry claims (a file written before the registry is judged again from its
+    runs)."""
+    from vitscope.studies.locality.results import read_results
 
-    return [c for c in judged_claims(results) if c.get("paper") is not None]
-
-
-def sparse_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(results.get("claims", []))
+    return read_results(results).claims
 
 
-def registers_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    from vitscope.studies.registers.findings import PUBLISHED, findings
+def sparse_claims(results: dict[str, Any]) -> list[Judgement]:
+    from vitscope.studies.sparse.results_file import SparseResults
 
-    found = findings(results["rows"], results["models"])
-    return [{**f, "published": f.get("published") or PUBLISHED.get(f.get("finding"), f.get("finding"))}
-            for f in found]
+    return SparseResults.coerce(results).claims
+
+
+def registers_claims(results: dict[str, Any]) -> list[Judgement]:
+    from vitscope.studies.registers.results import RegistersResults
+
+    return RegistersResults.from_json(results).claims
 
 
 CLAIMS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
@@ -144,22 +145,38 @@ def _seeds(results: dict[str, Any]) -> int:
 
 
 def locality_opening(results: dict[str, Any]) -> str:
-    runs = results["runs"]
-    config = runs[0]["train_config"]
+    """The locality report's opening: what this run's model, schedule and data can test, and what they cannot."""
+    from vitscope.studies.locality.results import read_results
+    from vitscope.studies.locality.scope import DATASETS, PAPER_MODEL
+
+    typed = read_results(results)
+    seeds = _seeds({"runs": [r.to_json() for r in typed.runs]})
+    config = typed.runs[0].train_config
+    model, dataset = str(config["model"]), typed.dataset
     epochs = f"{config['epochs']} epoch{'s' if config['epochs'] != 1 else ''}"
-    scale = (f"This run trains <code>{html.escape(str(config['model']))}</code> for {epochs} on "
-             f"{html.escape(str(results['provenance']['dataset']))} with {_seeds(results)} seed(s) per condition. "
+    scale = (f"This run trains <code>{html.escape(model)}</code> for {epochs} on "
+             f"{html.escape(DATASETS.get(dataset, dataset))} with {seeds} seed(s) per condition. "
              "At this scale it can test whether the training protocol moves the early layers' attention distance "
              "and entropy in a small ViT, with a verdict from seeds;")
-    cannot = ("it cannot test the paper's CIFAR-100 effect sizes or its accuracy ranking, which need vit-compact "
-              "trained for 200 epochs.")
+    if model == PAPER_MODEL and dataset == "cifar100":
+        cannot = ("it runs the paper's model and data, but with vitscope's own schedule (the seed states no "
+                  "epochs, optimiser or batch size) and several seeds where the paper ran one.")
+    else:
+        cannot = ("it cannot test the paper's CIFAR-100 effect sizes or its accuracy gains, which need the paper's "
+                  "compact ViT on CIFAR-100 (vitscope's paper preset: vit-compact, with its own 200-epoch schedule, "
+                  "since the seed states none).")
     return opening("locality", results, scale, cannot)
 
 
-def sparse_opening(results: dict[str, Any]) -> str:
-    settings = results["settings"]
-    trained = [r["source"]["trained"] for r in results["runs"] if "trained" in r.get("source", {})]
-    given = {r["condition"]: r["source"]["given"] for r in results["runs"] if "given" in r.get("source", {})}
+def sparse_opening(results: Any) -> str:
+    """The sparse report's opening: what was compared, at what scale, what that can test; the paper's effect
+    sizes from the registry."""
+    from vitscope.claims import claim
+    from vitscope.studies.sparse.results_file import SparseResults
+
+    results = SparseResults.coerce(results)
+    trained = [r["source"]["trained"] for r in results.runs if "trained" in r.get("source", {})]
+    given = {r["condition"]: r["source"]["given"] for r in results.runs if "given" in r.get("source", {})}
     named = ", ".join(f"{label} ({'random weights' if loads_random_weights(entry) else 'the weights given'})"
                       for label, entry in given.items())
     what = f"the given models {html.escape(named)}"
@@ -168,34 +185,23 @@ def sparse_opening(results: dict[str, Any]) -> str:
         what = (f"<code>{html.escape(str(trained[0]['model']))}</code> pretrained with DINO for {epochs} "
                 f"epoch{'s' if epochs != 1 else ''} on {html.escape(str(trained[0]['dataset']))}"
                 + (f", beside the given models {html.escape(named)}" if given else ""))
-    scale = (f"This run ({html.escape(str(settings.get('preset')))} preset) compares {what}, differing only in "
-             f"the attention normaliser, with {_seeds(results)} seed(s) per condition. At this scale it can test "
-             "whether entmax-1.5 gives attention exact zeros and whether that changes the probes and semantic "
-             "diffusion in a small backbone;")
-    cannot = ("it cannot test the paper's ImageNet effect sizes (+0.56 linear top-1, +6 mIoU on VOC), which need "
-              "ViT-S/16 pretrained for 200 epochs.")
-    return opening("sparse", results, scale, cannot)
+    conditions = html.escape(", ".join(results.conditions()))
+    scale = (f"This run ({html.escape(str(results.settings.get('preset')))} preset) compares {what}, differing "
+             f"only in the attention normaliser, registers or CLS/patch Specialization ({conditions}), with "
+             f"{results.seeds_per_condition()} seed(s) per condition. At this scale it can test whether "
+             "entmax-1.5 gives attention exact zeros and in which direction it moves the probes of a small "
+             "backbone;")
+    linear, voc = claim("S4"), claim("S5")
+    cannot = (f"it cannot test the paper's ImageNet effect sizes ({100 * linear.test.effect:+.2f} points of linear "
+              f"top-1, {voc.test.effect:+.2f} mIoU on VOC), which need {linear.paper.model} with "
+              f"{linear.paper.scale}: each verdict below says how its effect compares in size.")
+    return opening("sparse", results.to_json(), scale, cannot)
 
 
 def registers_opening(results: dict[str, Any]) -> str:
     """The registers report's opening: which models were measured (pretrained as given, trained here, random or
-    planted) and what that lets this run test."""
-    models = results["models"]
-    groups = model_groups(models)
-    given, trained, random = groups["given"], groups["trained"], groups["random"]
-    kinds = [f"{', '.join(given)} with the weights given" if given else "",
-             f"{', '.join(trained)} trained here for minutes" if trained else "",
-             f"{', '.join(random)} with random weights (they show that the census runs on each architecture, not "
-             "findings)" if random else "",
-             "a model with planted outliers whose answer is known" if groups["planted"] else ""]
-    count = f"{len(models)} model" + ("s" if len(models) != 1 else "")
-    scale = (f"This run measures {count} on {html.escape(str(results['provenance']['dataset']))}: "
-             + html.escape("; ".join(k for k in kinds if k)) + ". At this scale it can test the detector, the census "
-             "and the probes" + (", and whether the given models grow artifacts" if given else "")
-             + (", and whether small, briefly trained models grow them (the paper says they do not)" if trained else "")
-             + ";")
-    cannot = ("it cannot test whether large, long-trained models (DINOv2, OpenCLIP, DeiT-III) grow them, which "
-              "needs their pretrained weights." if not given else
-              "its verdicts rest on the models given alone, not on the paper's whole set (DINOv2, OpenCLIP, "
-              "DeiT-III and others, at every size).")
-    return opening("registers", results, scale, cannot)
+    planted) and what that lets this run test (``vitscope.report.registers.claims.scale_sentences``)."""
+    from vitscope.report.registers.claims import scale_sentences
+    from vitscope.studies.registers.results import RegistersResults
+
+    return opening("registers", results, *scale_sentences(RegistersResults.from_json(results)))

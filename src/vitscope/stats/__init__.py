@@ -41,6 +41,7 @@ at which it detects the paper's effect (twice the threshold). ``power_sentence``
 says what N seeds can say, in one sentence for a report.
 """
 
+from vitscope.lazy_import import submodule_getattr
 from vitscope.stats.compare import (
     LEVEL,
     NOT_TESTABLE,
@@ -71,3 +72,5 @@ __all__ = ["LEVEL", "MAX_SEEDS", "MIN_PER_SIDE", "NOT_TESTABLE", "POWER", "VERDI
            "Estimate", "Precondition", "cluster_robust_se", "compare", "detect_sentence", "equivalence", "estimate",
            "judge", "min_detectable", "pooled_power", "power_sentence", "seeds_needed", "t_power", "t_quantile",
            "t_quantiles", "t_sf", "verdict", "welch_power", "wilson_interval"]
+
+__getattr__ = submodule_getattr(__name__)  # sub-modules on first use (PEP 562)

@@ -101,9 +101,8 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
     optimizer = create_optimizer_v2(model, opt="adamw", lr=base_lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = len(train_set) // cfg.batch_size
     total_steps = cfg.epochs * steps_per_epoch
-    for note in (warmup_note(cfg), epoch_note(len(train_set), cfg.batch_size)):
-        if ctx.is_main and note:
-            print(note, file=sys.stderr)
+    # said after the first step: a run refused before it (data, resume state, a first batch) prints one line
+    notes = [n for n in (warmup_note(cfg), epoch_note(len(train_set), cfg.batch_size)) if n and ctx.is_main]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg, steps_per_epoch))
     for group in optimizer.param_groups:  # kept in the optimizer's state, so it survives load_state_dict
         group["scheduled_decay"] = group["weight_decay"] > 0
@@ -168,6 +167,9 @@ def run(cfg: TrainConfig, objective: Objective, ctx: DistContext, *, resume: boo
                 objective.after_optimizer_step(global_step, total_steps)
                 window.add(loss)
                 global_step += 1
+                for note in notes:
+                    bar.write(note, file=sys.stderr)
+                notes = []
                 cores.tick()  # fewer intra-op threads while other processes hold cores (vitscope.threads)
                 bar.update(cfg.batch_size)
                 end_of_epoch = step_in_epoch == steps_per_epoch - 1

@@ -20,7 +20,8 @@ def add_parser(studies) -> None:
     loc.add_argument("--epochs", type=int, default=None,
                      help="training epochs per run (default: the preset's, paper 200, demo 10)")
     loc.add_argument("--preset", default="demo", choices=["paper", "demo"],
-                     help="paper: the paper's recipe (GPU); demo: small, minutes on a CPU")
+                     help="paper: the paper's model and data with vitscope's own schedule (200 epochs; the seed states "
+                          "none), for a GPU; demo: small, minutes on a CPU")
     loc.add_argument("--train-images", type=int, default=None,
                      help="train on a seeded class-stratified sample of N training images (default: all)")
     loc.add_argument("--eval-images", type=int, default=None,

@@ -35,7 +35,7 @@ def add_parser(studies) -> None:
     reg.add_argument("--weights-dir", default=None, help="folder of <timm name>.safetensors for --preset paper "
                                                                     "(default: none)")
     reg.add_argument("--registers", default=None, help="register counts to train, e.g. 0,1,4,16 (none: ''; "
-                                                                  "default: the preset's)")
+                                                                  "default: the preset's; --preset none: none)")
     reg.add_argument("--train-model", default=None, metavar="PRESET",
                      help="the vitscope preset trained with registers (default: vit-micro for demo, else vit-compact)")
     reg.add_argument("--objectives", default=None, metavar="LIST",
@@ -51,8 +51,9 @@ def add_parser(studies) -> None:
                                                                            "(default: the preset's)")
     reg.add_argument("--eval-images", type=int, default=None, help="measure on a sample of N evaluation images "
                                                                           "(default: the preset's)")
-    reg.add_argument("--thresholds", default="percentile:98,absolute:150,auto",
-                     help="high-norm threshold modes; the first drives location, attention and probes")
+    reg.add_argument("--thresholds", default="auto,percentile:98,absolute:150",
+                     help="high-norm threshold modes; the first drives location, attention and probes (auto: the "
+                          "separate-mode test's split at the largest gap)")
     reg.add_argument("--detect-layer", default="last", help="token layer whose patch tokens set the thresholds")
     reg.add_argument("--probe-layers", default=None, help="token layers to probe, e.g. 0,4,last (default: preset's)")
     reg.add_argument("--no-probes", action="store_true", help="skip the token probes")

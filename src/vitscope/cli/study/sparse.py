@@ -14,14 +14,19 @@ def add_parser(studies) -> None:
     """Add the ``sparse`` study to ``vitscope study``'s subcommands."""
     sp = studies.add_parser("sparse", help="sparse attention vs semantic diffusion, DINO-pretrained (arXiv 2605.23868)",
                             description="Pretrains DINO backbones that differ only in their attention normaliser "
-                                        "(or registers) and measures each: linear and kNN probes, attention "
-                                        "sparsity, MAD and entropy, semantic diffusion; writes report.html.")
+                                        "(or registers, or CLS/patch Specialization) and measures each: linear "
+                                        "and kNN probes, dense probes, attention sparsity, MAD and entropy, "
+                                        "semantic diffusion; judges the paper's claims; writes report.html.")
     sp.add_argument("--preset", default="demo", choices=["demo", "compact", "paper"],
                     help="demo: synthetic scenes, vit-micro, minutes on a CPU; compact: CIFAR-100 / Tiny-ImageNet, "
                          "vit-compact (GPU hours); paper: ImageNet-1k, ViT-S/16, 200 epochs (many GPUs)")
     sp.add_argument("--conditions", default=None,
-                    help="comma-separated <normaliser>[+reg<R>], e.g. softmax,entmax15,softmax+reg4 (default by "
-                         "preset; '' trains nothing and measures only --model)")
+                    help="comma-separated <normaliser>[+reg<R>][+spec], e.g. softmax,entmax15,softmax+reg4,"
+                         "specialization (default by preset; '' trains nothing and measures only --model). "
+                         "'specialization' (softmax+spec) is CLS/patch Specialization as vitscope reads it (the seed "
+                         "names it without describing it): the CLS token's own parameters in every LayerNorm and in "
+                         "the qkv projections of the first third of the blocks, after arXiv 2602.08626 "
+                         "(docs/sparse-study.md)")
     sp.add_argument("--seeds", default=None,
                     help="comma-separated seeds, e.g. 0,1,2 (default 0; --seed N is --seeds N)")
     sp.add_argument("--model", dest="models", action="append", default=[], metavar="LABEL=SPEC[@WEIGHTS]",

@@ -122,7 +122,7 @@ async function start() {
 }
 // normalize({kind, alpha}, logits): the page's normaliser on one row of logits (for tests and scripts)
 const normalize = (spec, logits) => Array.from(normalizeRow(spec, Float64Array.from(logits), 0));
-const api = {select, current, figure, normalize, meta: META, colormap: LUT, zeroColour: ZERO, size: SIZE};
+const api = {select, current, figure, normalize, patchShare, meta: META, colormap: LUT, zeroColour: ZERO, size: SIZE};
 api.ready = start().catch((err) => {
   document.body.prepend(el('p', {class: 'vs-error'}, 'vitscope explorer could not start: ' + err));
   document.body.dataset.ready = 'error';

@@ -75,7 +75,7 @@ function renderPanel(p, m, mi) {
     p.lo.textContent = '0'; p.hi.textContent = fmt(vmax, 3);
     p.zero.style.display = p.zeroText.style.display = '';
     const zeros = sel.values.filter((v) => v === 0).length;
-    const g = layer.geometry, patchMass = g.kind === 'plain' ? sel.drawn.cells.reduce((a, b) => a + b, 0) : 1;
+    const g = layer.geometry, patchMass = g.kind === 'plain' ? patchShare(sel.drawn.cells) : 1;
     p.panel.querySelector('.vs-norm-list').textContent = `${zeros} of ${sel.values.length} keys exactly 0` +
       (g.prefix ? ` · patch mass ${fmt(100 * patchMass, 1)}%` : '') +
       (g.kind === 'window' ? ` · window ${g.window.join('x')}, shift ${g.shift.join(',')}` : '') +
@@ -84,6 +84,11 @@ function renderPanel(p, m, mi) {
   p.panel.querySelector('.vs-sub').textContent = sub;
   drawOverlay(overlay, m, layer, sel, SIZE);
   prefixCells(p, m, layer, sel);
+}
+// The patch keys' share of a drawn row (cells: the row's patch values): the rounding of stored 8-bit maps can sum a
+// hair past 1 (100.2 % was shown); the share is at most the whole row.
+function patchShare(cells) {
+  return Math.min(1, cells.reduce((a, b) => a + b, 0));
 }
 function renderMultiples() {
   const host = $('vs-multiples-body');

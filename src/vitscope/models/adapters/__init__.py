@@ -1,1 +1,5 @@
 """Models of other libraries (timm, Hugging Face transformers, OpenCLIP) given vitscope's model contract."""
+
+from vitscope.lazy_import import submodule_getattr
+
+__getattr__ = submodule_getattr(__name__)  # sub-modules on first use (PEP 562)

@@ -13,6 +13,9 @@ Covered: ViTModel, DeiTModel (CLS and distillation token), Dinov2Model, Dinov2Wi
 as its processor does, one full grid per image; or its processor's padded output, a dict, is passed as it is, each
 image's layout from its ``spatial_shapes`` and padding left out of every metric).
 
+View. A folder's image processor sets the view its images are fed with and the model's input side
+(``models.adapters.hf_processor``): what ``transformers.AutoImageProcessor`` makes of an image, reproduced.
+
 Capture. The model is run with ``attn_implementation="vitscope_sdpa"``: transformers' own SDPA attention function,
 called unchanged, which first hands the queries and keys it receives (after any rotary embedding), the mask and the
 scale to an observer when one is attached. So the fast path stays on, outputs are those of ``"sdpa"``, and the
@@ -23,7 +26,6 @@ probabilities are recomputed (softmax of scale q k^T plus the mask) only when as
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -36,6 +38,7 @@ from torch import Tensor, nn
 
 from vitscope.attention import AttentionEvent, make_normalizer
 from vitscope.models.adapters import hf_attention
+from vitscope.models.adapters.hf_processor import ProcessorView, processor_view
 from vitscope.models.capture.layout import TokenLayout
 from vitscope.models.capture.padded import Group, PaddedLayouts, row_major_coords
 from vitscope.models.weights import hub
@@ -98,14 +101,16 @@ def load_hf(name: str, img_size: int | None = None, download: bool = False, **ov
     folder, source = _find_folder(name, download)
     if folder is None:
         model, family = _build_architecture(transformers, name, overrides)
-        dropped, view, origin = [], {}, f"hf {family.cls} (random weights)"
+        dropped, view, origin = [], ProcessorView({}), f"hf {family.cls} (random weights)"
     else:
         model, family, dropped = _read_folder(transformers, name, folder, overrides)
-        view, origin = _preprocessor(folder), f"hf {family.cls}"
+        view, origin = processor_view(transformers, folder), f"hf {family.cls}"
     adapter = HFVisionTransformer(model.eval(), family, view, img_size)
     line = f"vitscope: loaded hf:{name}: origin {origin}, {sum(1 for _ in model.state_dict())} keys matched"
     if dropped:
         line += f"; dropped {len(dropped)} keys of the folder not in {family.cls} (e.g. {dropped[0]})"
+    if view.cfg or view.unreproduced:
+        line += f"; {view.describe()}"
     adapter.vitscope_load = {"file": str(source.file) if source else name, "origin": origin, "dropped": dropped[:20],
                              "pos_interp": None, "source": source.to_dict() if source else None}
     if source is not None:
@@ -189,26 +194,6 @@ def _weights_error(name: str, err: Exception) -> str:
             "the model again with save_pretrained")
 
 
-_PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}  # the image processors' ``resample`` codes (PIL's) vitscope's views take
-
-
-def _preprocessor(folder: Path) -> dict[str, Any]:
-    """The evaluation view the folder's preprocessor_config.json describes, in timm's ``pretrained_cfg`` terms:
-    ``mean`` and ``std``; ``interpolation`` from ``resample``; ``crop_pct`` = crop side / shortest edge where it
-    resizes the shortest edge and centre-crops (DINOv2's processor: 224 of 256, 0.875). Empty without the file."""
-    path = folder / "preprocessor_config.json"
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text())
-    out: dict[str, Any] = {k: tuple(data[f"image_{k}"]) for k in ("mean", "std") if f"image_{k}" in data}
-    if data.get("resample") in _PIL_RESAMPLE:
-        out["interpolation"] = _PIL_RESAMPLE[data["resample"]]
-    size, crop = data.get("size") or {}, data.get("crop_size") or {}
-    if data.get("do_center_crop") and isinstance(size, dict) and size.get("shortest_edge") and crop.get("height"):
-        out["crop_pct"] = min(1.0, crop["height"] / size["shortest_edge"])
-    return out
-
-
 class HFVisionTransformer(nn.Module):
     """A transformers vision model with vitscope's contract (``forward_features`` dict, ``forward_intermediates``,
     ``num_prefix_tokens``, ``grid_size``, ``patch_size``; ``blocks`` and ``norm`` as in timm).
@@ -217,7 +202,8 @@ class HFVisionTransformer(nn.Module):
     output; ``patches`` are after the model's final norm (for CLIP, whose ``last_hidden_state`` is before it,
     ``post_layernorm`` is applied to every token, as timm's CLIP ViTs do)."""
 
-    def __init__(self, hf_model: nn.Module, family: Family, stats: dict[str, Any], img_size: int | None = None):
+    def __init__(self, hf_model: nn.Module, family: Family, view: ProcessorView | None = None,
+                 img_size: int | None = None):
         super().__init__()
         self.hf = hf_model
         self.family = family
@@ -225,7 +211,8 @@ class HFVisionTransformer(nn.Module):
         self.patch_size = int(config.patch_size)
         side = getattr(config, "image_size", None) or int(round(getattr(config, "num_patches", 256) ** 0.5)) * \
             self.patch_size
-        side = img_size or side
+        view = view or ProcessorView({})
+        side = img_size or view.side or side  # the image processor's output side, as transformers feeds the model
         if side % self.patch_size:
             raise ValueError(f"img_size={side} is not a multiple of the patch size {self.patch_size}")
         self.native_side = int(getattr(config, "image_size", side) or side)
@@ -233,7 +220,7 @@ class HFVisionTransformer(nn.Module):
         self.num_registers = int(getattr(config, "num_register_tokens", 0) or 0)
         self.num_prefix_tokens = family.leading + self.num_registers
         self.embed_dim = self.num_features = int(config.hidden_size)
-        self.pretrained_cfg = {"input_size": (3, side, side), **stats}
+        self.pretrained_cfg = {"input_size": (3, side, side), **view.at(side)}
         self._grid = self.grid_size
         self._groups: list[Group] | None = None  # the latest input's layout groups, when it was a padded batch
         self._padded: PaddedLayouts | None = None

@@ -10,6 +10,9 @@ Towers built on a timm trunk (the SigLIP configs) are that timm model, which vit
 ``VisionTransformer`` (CLS first, then patches; ``ln_post`` its final norm) uses ``nn.MultiheadAttention``: its
 input is read by a hook and the queries and keys recomputed from ``in_proj_weight`` / ``in_proj_bias`` exactly as
 PyTorch's attention forms them, so the module keeps its fused path and its output.
+
+View. A tower is fed what OpenCLIP's own eval transform makes of an image (``view_cfg``): its preprocess config (the
+tag's registry entry over OpenCLIP's defaults), ``resize_mode`` shortest or squash, no further crop.
 """
 
 from __future__ import annotations
@@ -47,11 +50,14 @@ def load_open_clip(spec: str, img_size: int | None = None, download: bool = Fals
     if at and not file.strip():
         raise ValueError(f"open_clip:{spec} names no file after '@'; give open_clip:{arch}@FILE (a local checkpoint) "
                          f"or open_clip:{arch} for random weights")
-    arch, _, tag = arch.partition("/")
+    arch, slash, tag = arch.partition("/")
+    if slash and not tag.strip():
+        raise ValueError(f"open_clip:{spec} names no tag after '/'; give open_clip:{arch}/TAG (one of "
+                         f"open_clip.list_pretrained_tags_by_model('{arch}')) or open_clip:{arch} for random weights")
     config = open_clip.get_model_config(arch)
     if config is None:
         raise ValueError(f"open_clip:{arch} is not an OpenCLIP architecture; see open_clip.list_models()")
-    source, notes = None, ""
+    source, notes, tag_cfg = None, "", {}
     if tag:
         from vitscope.models.weights.hub import open_clip_pretrained
 
@@ -68,14 +74,20 @@ def load_open_clip(spec: str, img_size: int | None = None, download: bool = Fals
     visual = _build_vision_tower(config["embed_dim"], vision_cfg, quick_gelu=config.get("quick_gelu", False))
     origin, matched = "open_clip (random weights)", 0
     if file:
-        matched = _load_visual(visual, Path(file).expanduser(), arch)
+        matched = _load_visual(visual, Path(file).expanduser(), arch, img_size)
         origin = "open_clip"
     trunk = getattr(visual, "trunk", None)
     if trunk is None and not isinstance(getattr(visual, "transformer", None), nn.Module):
         raise ValueError(f"open_clip:{arch}'s tower ({type(visual).__name__}) is not a Vision Transformer (vitscope "
                          "reads ViTs only); pick a ViT architecture such as open_clip:ViT-B-32")
+    preprocess = preprocess_cfg(visual, tag_cfg)
+    visual.preprocess_cfg = preprocess  # as open_clip.create_model sets it (set_model_preprocess_cfg)
     model = trunk if trunk is not None else OpenCLIPVisionTransformer(visual)
+    view, view_note = view_cfg(preprocess)
+    own = getattr(model, "pretrained_cfg", None) or {}  # a timm trunk's own view is not the tower's
+    model.pretrained_cfg = {**{k: v for k, v in own.items() if k not in ("crop_pct", "crop_mode")}, **view}
     note = "; the tower's timm trunk is used (projection head dropped)" if trunk is not None else ""
+    notes += view_note
     model.vitscope_load = {"file": file or None, "origin": origin, "matched": matched, "pos_interp": None,
                            "source": source.to_dict() if source else None}
     cached = f"; {source.note()}" if source else ""
@@ -84,14 +96,50 @@ def load_open_clip(spec: str, img_size: int | None = None, download: bool = Fals
     return model.eval()
 
 
-def _load_visual(visual: nn.Module, file: Path, arch: str) -> int:
-    """Load the tower's tensors from ``file`` strictly; refuses a missing or unexpected key in one line."""
+def preprocess_cfg(visual: nn.Module, tag_cfg: dict[str, Any]) -> dict[str, Any]:
+    """OpenCLIP's preprocess for this tower, as ``open_clip.create_model_and_transforms`` builds it: its
+    ``PreprocessCfg`` defaults, the pretrained tag's entries (mean, std, interpolation, resize_mode) over them, the
+    size the tower was built at."""
+    from dataclasses import asdict
+
+    from open_clip.transform import PreprocessCfg, merge_preprocess_dict
+
+    merged = merge_preprocess_dict(asdict(PreprocessCfg()), tag_cfg)
+    return {**merged, "size": visual.image_size}
+
+
+def view_cfg(preprocess: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """OpenCLIP's eval transform (``image_transform_v2``) in the ``pretrained_cfg`` keys vitscope's views read
+    (``vitscope.data.pixels.model_view``): ``resize_mode`` shortest (the shorter side to the size, centre crop)
+    or squash (both sides to it), never a further crop (``crop_pct`` 1), with its interpolation, mean and std; and
+    a note for the load line when it is not reproduced (``longest``: padded)."""
+    view = {"mean": tuple(preprocess["mean"]), "std": tuple(preprocess["std"]),
+            "interpolation": preprocess["interpolation"]}
+    modes = {"shortest": "center", "squash": "squash"}
+    mode, size = preprocess.get("resize_mode", "shortest"), preprocess["size"]
+    square = not isinstance(size, tuple | list) or len(set(size)) == 1
+    if mode not in modes or not square:
+        what = f"resize_mode {mode!r} pads the image" if mode not in modes else f"its size {tuple(size)} is not square"
+        return view, f"; its preprocess is not reproduced ({what}): images are viewed as by a model that names none"
+    return {**view, "crop_pct": 1.0, "crop_mode": modes[mode]}, ""
+
+
+def _load_visual(visual: nn.Module, file: Path, arch: str, img_size: int | None = None) -> int:
+    """Load the tower's tensors from ``file`` strictly; refuses a missing or unexpected key in one line, and a
+    position table of another length at ``img_size`` as the size it is (not another architecture)."""
     from vitscope.models.weights.checkpoint import read_state_dict
 
     state = read_state_dict(file)
     state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
     if any(k.startswith("visual.") for k in state):
         state = {k[len("visual."):]: v for k, v in state.items() if k.startswith("visual.")}
+    table, built = state.get("positional_embedding"), getattr(visual, "positional_embedding", None)
+    if img_size is not None and table is not None and built is not None and table.shape != built.shape:
+        patch = int(visual.patch_size[0])
+        side = round((table.shape[0] - 1) ** 0.5) * patch  # CLS + a square grid of patches
+        raise ValueError(f"{file}: its position table holds {table.shape[0] - 1} patches ({side} px at patch {patch}) "
+                         f"and --img-size {img_size} asks for {built.shape[0] - 1}; open_clip: towers load at their "
+                         f"own input size: drop --img-size (or use --img-size {side})")
     try:
         result = visual.load_state_dict(state, strict=False)
     except RuntimeError as err:
@@ -115,12 +163,8 @@ class OpenCLIPVisionTransformer(nn.Module):
         self.grid_size = tuple(visual.grid_size)
         self.num_prefix_tokens, self.num_registers = 1, 0
         self.embed_dim = self.num_features = int(visual.conv1.out_channels)
-        preprocess = getattr(visual, "preprocess_cfg", None) or {}
         side = visual.image_size[0]
-        self.pretrained_cfg = {"input_size": (3, side, side),
-                               **{k: tuple(preprocess[k]) for k in ("mean", "std") if k in preprocess},
-                               **({"interpolation": preprocess["interpolation"]} if "interpolation" in preprocess
-                                  else {})}
+        self.pretrained_cfg = {"input_size": (3, side, side)}  # and the view, set by load_open_clip
         resblocks = list(visual.transformer.resblocks)
         for i, block in enumerate(resblocks):
             if not isinstance(getattr(block, "attn", None), nn.MultiheadAttention):

@@ -19,6 +19,7 @@ their scale, or nothing is written. A classifier head is not exported (``Dinov2M
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,9 @@ def _source_parts(model: nn.Module) -> tuple[dict[str, Tensor], int, int, nn.Mod
         state["pos_embed"] = model.pos_embed.detach()  # a sincos table is a buffer outside the state dict
         if model.cls_token is None:
             raise _refuse("the model has no CLS token", "export models with a class token")
+        if model.cfg.cls_specialization:
+            raise _refuse("its CLS token has its own norms and projections (cls_specialization), which Dinov2Model "
+                          "has not", "load it with vitscope (models.load of the run folder or file)")
         return state, model.patch_size, model.num_registers, model.blocks[0], model.norm
     name = type(model).__name__
     if name != "VisionTransformer" or not type(model).__module__.startswith("timm."):
@@ -170,9 +174,37 @@ def build_twin(model: nn.Module, seed: int = 0) -> nn.Module:
     return twin
 
 
+def processor_config(cfg: dict[str, Any], side: int) -> dict[str, Any] | None:
+    """The ``preprocessor_config.json`` (a ``BitImageProcessor``) that gives, at input side ``side``, the view a
+    model's pretrained config names (timm's keys: ``crop_pct``, ``crop_mode``, ``interpolation``, ``mean``,
+    ``std``; ``resize_size`` where an adapter wrote one): the shortest edge (``center``) or both sides
+    (``squash``) resized to ``floor(side / crop_pct)`` as timm computes it, then the centre ``side`` x ``side``.
+    None for a model that names no mean and std (vitscope's own: its dataset's). transformers cuts the centre at
+    ``excess // 2`` where timm's torchvision CenterCrop rounds half to even: where the excess is 3, 7, 11, ... pixels
+    (3 modulo 4) the exported view sits one pixel higher (or further left)."""
+    if "mean" not in cfg or "std" not in cfg:
+        return None
+    crop_pct = float(cfg.get("crop_pct") or 1.0)
+    native = (cfg.get("input_size") or (None, None, side))[-1]
+    scale = cfg.get("resize_size") if native == side else None
+    scale = max(side, int(scale or math.floor(side / crop_pct)))
+    mode = cfg.get("crop_mode") or "center"
+    if mode not in ("center", "squash"):
+        raise _refuse(f"its view's crop_mode {mode!r} pads the image, which a transformers image processor does not "
+                      "do", "export a model whose pretrained config views by centre crop or squash")
+    return {"image_processor_type": "BitImageProcessor", "do_resize": True,
+            "size": {"shortest_edge": scale} if mode == "center" else {"height": scale, "width": scale},
+            # PIL's code for the view's resampling: bicubic where the model names it, else bilinear
+            "resample": 3 if cfg.get("interpolation") == "bicubic" else 2,
+            "do_center_crop": True, "crop_size": {"height": side, "width": side},
+            "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+            "image_mean": list(cfg["mean"]), "image_std": list(cfg["std"]), "do_convert_rgb": True}
+
+
 def export_hf(model: nn.Module, folder: str | Path) -> dict[str, Any]:
-    """Write ``folder`` (config.json, model.safetensors, preprocessor_config.json when the model knows its mean
-    and std) atomically: built beside it, then renamed. Returns what was written (class, image size)."""
+    """Write ``folder`` (config.json, model.safetensors, and, when the model knows its mean and std, a
+    preprocessor_config.json giving its view: ``processor_config``) atomically: built beside it, then renamed.
+    Returns what was written (class, image size)."""
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise ValueError(f"--out {folder} exists and is not an empty folder; name a new folder for the export")
@@ -184,16 +216,9 @@ def export_hf(model: nn.Module, folder: str | Path) -> dict[str, Any]:
     logs.disable_progress_bar()  # its shard-writing bar: the CLI says in one line what it wrote
     try:
         twin.save_pretrained(tmp)
-        stats = getattr(model, "pretrained_cfg", None) or {}
-        if "mean" in stats and "std" in stats:
-            side = twin.config.image_size
-            (tmp / "preprocessor_config.json").write_text(json.dumps({
-                "image_processor_type": "BitImageProcessor", "do_resize": True,
-                "size": {"height": side, "width": side}, "do_center_crop": False,
-                # PIL's code for the view vitscope gives this model: bicubic where it names it, else bilinear
-                "resample": 3 if stats.get("interpolation") == "bicubic" else 2,
-                "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-                "image_mean": list(stats["mean"]), "image_std": list(stats["std"])}, indent=2))
+        processor = processor_config(getattr(model, "pretrained_cfg", None) or {}, twin.config.image_size)
+        if processor is not None:
+            (tmp / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
         if folder.exists():
             folder.rmdir()
         tmp.rename(folder)

@@ -49,6 +49,10 @@ def export_timm(model: VisionTransformer, path: str | Path) -> dict[str, Any]:
     if not isinstance(model, VisionTransformer):
         raise ValueError(f"export takes a vitscope model (a preset, run folder or vitscope weights file), "
                          f"not {type(model).__name__}")
+    if model.cfg.cls_specialization:
+        raise ValueError("export --format timm: this model's CLS token has its own norms and projections "
+                         "(cls_specialization), which timm's VisionTransformer has not; load it with vitscope "
+                         "(models.load of the run folder or file)")
     path = Path(path)
     if path.suffix != ".safetensors":
         raise ValueError(f"export writes safetensors; name the output with a .safetensors suffix, not {path.name}")

@@ -34,6 +34,7 @@ class ViTConfig:
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
+    cls_specialization: bool = False  # CLS/patch Specialization (vitscope.models.own.specialization)
 
     def __post_init__(self) -> None:
         for name in ("img_size", "patch_size", "in_chans", "depth", "embed_dim", "num_heads"):
@@ -60,6 +61,9 @@ class ViTConfig:
             raise ValueError(f"pool={self.pool!r} is unknown; use 'cls' or 'gap'")
         if self.pool == "cls" and not self.class_token:
             raise ValueError("pool='cls' needs class_token=True; set pool='gap' for a model without CLS")
+        if self.cls_specialization and not self.class_token:
+            raise ValueError("cls_specialization=True gives the CLS token its own parameters and needs "
+                             "class_token=True")
         parse_normalizer(self.attention)  # raises a ValueError naming the valid choices
         for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:

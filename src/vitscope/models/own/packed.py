@@ -34,6 +34,9 @@ def check_packable(models: Sequence[VisionTransformer]) -> None:
         if model.cfg != cfg:
             raise ValueError(f"pack member {k} has config {model.cfg}, member 0 has {cfg}; "
                              "only models of one architecture pack")
+    if cfg.cls_specialization:
+        raise ValueError("cls_specialization=True: packed models have no CLS path; train these runs unpacked "
+                         "(--pack 1)")
     for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
         if getattr(cfg, name) > 0:
             raise ValueError(f"{name}={getattr(cfg, name)}: packed models have no per-member dropout streams; "

@@ -1,7 +1,8 @@
 """A Vision Transformer with pluggable attention normalisers and register tokens.
 
 Parameter names match timm's ``VisionTransformer`` (patch_embed.proj, cls_token, reg_token, pos_embed,
-blocks.i.{norm1,attn,norm2,mlp}, norm, head), so weights move between the two.
+blocks.i.{norm1,attn,norm2,mlp}, norm, head), so weights move between the two; a model with CLS/patch
+Specialization (``cls_specialization``) adds ``cls_weight``/``cls_bias`` to its norms and early qkv projections.
 """
 
 from __future__ import annotations
@@ -14,15 +15,23 @@ from torch import Tensor, nn
 
 from vitscope.attention import Attention
 from vitscope.models.own.config import ViTConfig
+from vitscope.models.own.specialization import (
+    SpecializedLayerNorm,
+    SpecializedLinear,
+    copy_shared_to_cls,
+    specialized_qkv_blocks,
+)
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block on tokens (B, T, D)."""
+    """Pre-norm transformer block on tokens (B, T, D). ``specialized_qkv``: the CLS token has its own qkv
+    projection (CLS/patch Specialization, ``cfg.cls_specialization``, which also gives both norms a CLS pair)."""
 
-    def __init__(self, cfg: ViTConfig, drop_path: float):
+    def __init__(self, cfg: ViTConfig, drop_path: float, specialized_qkv: bool = False):
         super().__init__()
         dim = cfg.embed_dim
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        norm = SpecializedLayerNorm if cfg.cls_specialization else nn.LayerNorm
+        self.norm1 = norm(dim, eps=1e-6)
         self.attn = Attention(
             dim,
             cfg.num_heads,
@@ -31,8 +40,10 @@ class Block(nn.Module):
             attn_drop=cfg.attn_drop_rate,
             proj_drop=cfg.drop_rate,
         )
+        if specialized_qkv:
+            self.attn.qkv = SpecializedLinear.like(self.attn.qkv)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.norm2 = norm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * cfg.mlp_ratio), act_layer=nn.GELU, drop=cfg.drop_rate)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
@@ -82,8 +93,9 @@ class VisionTransformer(nn.Module):
             self.register_buffer("pos_embed", table[None], persistent=False)
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         rates = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()
-        self.blocks = nn.ModuleList(Block(cfg, rate) for rate in rates)
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        specialized = specialized_qkv_blocks(cfg.depth) if cfg.cls_specialization else 0
+        self.blocks = nn.ModuleList(Block(cfg, rate, i < specialized) for i, rate in enumerate(rates))
+        self.norm = (SpecializedLayerNorm if cfg.cls_specialization else nn.LayerNorm)(dim, eps=1e-6)
         self.head = nn.Linear(dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self._init_weights()
 
@@ -98,6 +110,7 @@ class VisionTransformer(nn.Module):
                 trunc_normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        copy_shared_to_cls(self)  # a specialized model starts as its plain twin
 
     def embed(self, images: Tensor) -> Tensor:
         """Images (B, C, H, W) -> input tokens (B, T, D) with positional embedding and prefix tokens.

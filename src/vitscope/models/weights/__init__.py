@@ -1,1 +1,5 @@
 """Finding and reading weights: the local hub caches, checkpoint files and their origins, position-table resizing."""
+
+from vitscope.lazy_import import submodule_getattr
+
+__getattr__ = submodule_getattr(__name__)  # sub-modules on first use (PEP 562)

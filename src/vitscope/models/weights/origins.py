@@ -4,7 +4,8 @@ Origins, detected from the keys:
 - ``hf``: Hugging Face ``transformers`` names (``embeddings.``, ``encoder.layer.``, ``vision_model.``); refused here,
   loaded with ``hf:FOLDER``;
 - ``dinov3``: the DINOv3 repository (``storage_tokens``, ``rope_embed``); rotary positions, nothing to interpolate;
-- ``dinov2``: the DINOv2 repository (``mask_token``, ``register_tokens``);
+- ``dinov2``: the DINOv2 repository (``mask_token``, ``register_tokens``), or a DINOv2 backbone in timm's key names
+  (as timm's ``vit_*_patch14_dinov2`` files: the DINO layout below with LayerScale and 14-pixel patches);
 - ``dino``: timm's key names without a classifier head and without registers, the layout of the DINO repository's
   released backbones (``backbone.`` / ``module.`` prefixes of its training checkpoints are stripped);
 - ``timm``: anything else with timm's names.
@@ -58,7 +59,8 @@ class LoadReport:
 
     def line(self) -> str:
         dropped = "; dropped " + ", ".join(self.dropped) if self.dropped else ""
-        interp = (f"; positions interpolated as {self.pos_interp} does" if self.pos_interp else "")
+        interp = f"; positions interpolated as {interpolated_by(self.origin, self.pos_interp)} does" \
+            if self.pos_interp else ""
         notes = "".join(f"; {note}" for note in self.notes)
         return (f"vitscope: loaded {self.file.name}: origin {self.origin}, {self.matched} keys matched{dropped}{interp}"
                 f"{notes}")
@@ -66,6 +68,14 @@ class LoadReport:
     def to_dict(self) -> dict:
         return {"file": str(self.file), "origin": self.origin, "matched": self.matched, "dropped": self.dropped,
                 "pos_interp": self.pos_interp, "notes": self.notes, "source": self.source}
+
+
+REPOSITORIES = {"dino": "the DINO repository", "dinov2": "the DINOv2 repository"}  # whose code 'original' names
+
+
+def interpolated_by(origin: str, pos_interp: str) -> str:
+    """Whose code resampled the position table: timm, or the repository that wrote the file (``original``)."""
+    return REPOSITORIES.get(origin, "the file's repository") if pos_interp == "original" else "timm"
 
 
 def strip_training_prefixes(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -88,7 +98,9 @@ def detect_origin(state: dict[str, Tensor]) -> str:
         return "dinov2"
     if "cls_token" in keys and "reg_token" not in keys and _has_cls_entry(state.get("pos_embed")) and not any(
             k.startswith(HEAD_PREFIXES) for k in keys):
-        return "dino"
+        kernel = state.get("patch_embed.proj.weight")
+        dinov2 = "blocks.0.ls1.gamma" in keys and isinstance(kernel, Tensor) and kernel.shape[-1] == 14
+        return "dinov2" if dinov2 else "dino"  # DINOv2 backbones in timm's names: LayerScale, 14-pixel patches
     return "timm"
 
 

@@ -52,7 +52,8 @@ def norm_figures(result: NormsResult, model: nn.Module, dataset: ImageDataset, o
     else:
         patches, prefix = [n.numpy().ravel() for n in result.norms], {}
     files = {"histograms": norm_histograms(patches, layers, result.threshold.value, result.threshold.spec,
-                                           out / "norm_histograms.png", model=label, prefix=prefix)}
+                                           out / "norm_histograms.png", model=label, prefix=prefix,
+                                           threshold_layer=layers[result.detect_layer])}
     if result.tokens["kind"] == "plain":
         shown, maps = norm_map_inputs(result, model, dataset, img_size)
         files["maps"] = high_norm_maps(shown, maps, result.threshold.value, out / "high_norm_maps.png",

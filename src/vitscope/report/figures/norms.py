@@ -5,55 +5,82 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-import matplotlib.ticker
 import numpy as np
 
 from vitscope.report.figures.common import plt, readable_log_ticks, save_figure
 from vitscope.report.registers.figures import GROUP_COLOURS
 
+THRESHOLD_STYLE = {"color": "black", "ls": "--", "lw": 1}  # apart from the CLS token's red
+NEAR_THRESHOLD = 1.5  # a threshold within this factor of a panel's data widens that panel to show it
+
 
 def norm_histograms(norms: list[np.ndarray], names: list[str], threshold: float, spec: str,
                     path: str | Path, model: str | None = None,
-                    prefix: Mapping[str, list[np.ndarray]] | None = None) -> Path:
-    """One log-log histogram of token norms per layer (``names``: token layers), the high-norm threshold drawn in
-    red. ``norms`` holds each layer's patch-token norms (the threshold's candidates); ``prefix`` the other tokens
-    by group (``{"cls": [...], "register": [...]}``, one array per layer), drawn in their own colours so that
-    the CLS token's own bump is not read as a high-norm mode of the patches. x ticks are labelled with values
-    however narrow the range (log axes otherwise label decades only); ``model`` names the model in the heading."""
+                    prefix: Mapping[str, list[np.ndarray]] | None = None, threshold_layer: str | None = None) -> Path:
+    """One log-log histogram of token norms per layer (``names``: token layers), each panel on its own x range
+    (its tokens, and the threshold when within ``NEAR_THRESHOLD`` of them) with plain-number ticks. The high-norm
+    threshold (set at ``threshold_layer``) is a dashed line where it falls inside a panel, and named with an arrow
+    in the x label where it lies beyond. ``norms`` holds each layer's patch-token norms (the threshold's
+    candidates); ``prefix`` the other tokens by group (``{"cls": [...], "register": [...]}``, one array per layer),
+    drawn in their own colours so that the CLS token's own bump is not read as a high-norm mode of the patches.
+    The legend sits below the panels; ``model`` names the model in the heading."""
     groups = {"patch": norms, **{k: v for k, v in (prefix or {}).items() if v}}
     cols = min(4, len(norms))
     rows = math.ceil(len(norms) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.7 * rows), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.7 * rows + 0.4), squeeze=False, layout="constrained")
+    shown_threshold = bool(np.isfinite(threshold) and threshold > 0)
     for i, (ax, name) in enumerate(zip(axes.ravel(), names, strict=False)):
         layer = {group: values[i][values[i] > 0] for group, values in groups.items() if values[i].size}
-        shown = np.concatenate(list(layer.values()))
-        low, high = float(shown.min()) / 1.05, float(shown.max()) * 1.05
-        if np.isfinite(threshold) and threshold > 0:
+        drawn = np.concatenate(list(layer.values()))
+        low, high = float(drawn.min()) / 1.05, float(drawn.max()) * 1.05
+        if shown_threshold and low / NEAR_THRESHOLD <= threshold <= high * NEAR_THRESHOLD:
             low, high = min(low, threshold / 1.05), max(high, threshold * 1.05)
         bins = np.geomspace(low, high, 41)
         for group, values in layer.items():
             ax.hist(values, bins=bins, histtype="step" if group != "patch" else "stepfilled",
                     color=GROUP_COLOURS.get(group, "C1"), alpha=1.0 if group != "patch" else 0.6,
-                    label=f"{group} ({values.size})")
-        ax.axvline(threshold, color="red", lw=1, label="threshold")
+                    label=_group_label(group, groups[group]))
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(low, high)
-        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(np.geomspace(low * 1.02, high / 1.02, 4)))
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
-        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_xlabel(_x_label(threshold, low, high) if shown_threshold else "token norm", fontsize=7)
+        if shown_threshold and low <= threshold <= high:
+            ax.axvline(threshold, **THRESHOLD_STYLE, label=f"threshold {spec} = {threshold:.3g}")
+        readable_log_ticks(ax, "x")
         readable_log_ticks(ax, "y")  # counts: plain numbers, as many as fit
         ax.tick_params(which="both", labelsize=7)
         ax.set_title(name, fontsize=8)
-        ax.set_xlabel("token norm", fontsize=7)
-        if i == 0:
-            ax.legend(fontsize=6, loc="upper right")
+        if i % cols == 0:
+            ax.set_ylabel("tokens", fontsize=7)
     for ax in axes.ravel()[len(norms):]:
         ax.axis("off")
-    heading = f"token norms per token layer (count of tokens); red: threshold {spec} = {threshold:.3g}"
+    handles: dict[str, Any] = {}
+    for ax in axes.ravel():
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    fig.legend(list(handles.values()), list(handles), fontsize=7, loc="outside lower center", ncols=len(handles))
+    where = f", set at {threshold_layer}" if threshold_layer else ""
+    heading = f"token norms per token layer; dashed: threshold {spec} = {threshold:.3g}{where}"
     fig.suptitle(f"{model}: {heading}" if model else heading, fontsize=9)
     return save_figure(fig, path)
+
+
+def _group_label(group: str, per_layer: list[np.ndarray]) -> str:
+    """The legend's name of a token group, with its count when every layer has the same ("patch (6144 per
+    layer)")."""
+    counts = {int(np.size(values)) for values in per_layer}
+    return f"{group} ({counts.pop()} per layer)" if len(counts) == 1 else group
+
+
+def _x_label(threshold: float, low: float, high: float) -> str:
+    """"token norm", with the threshold and an arrow toward it when it lies beyond the panel's range."""
+    if threshold > high:
+        return f"token norm (threshold {threshold:.3g} \u2192)"
+    if threshold < low:
+        return f"(\u2190 threshold {threshold:.3g}) token norm"
+    return "token norm"
 
 
 def high_norm_maps(images: np.ndarray, norm_maps: np.ndarray, threshold: float, path: str | Path,

@@ -6,14 +6,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib.ticker
 import numpy as np
 
-from vitscope.report.figures.common import plt, save_figure
+from vitscope.report.figures.common import layer_axis, plt, save_figure
+
+CHANCE_STYLE = {"ls": "--", "color": "grey"}
+ONE_POINT_CHANCE = {"marker": "_", "ms": 14, "mew": 1.5}  # a line through one point draws nothing: a dash does
 
 
 def score_by_layer(rows: Sequence[dict[str, Any]], metric: str, path: str | Path, title: str = "") -> Path:
-    """``metric`` against token layer for every (model, group, with_cls) in ``rows``; chance dashed."""
+    """``metric`` against token layer for every (model, group, with_cls) in ``rows``; chance dashed (a dash mark
+    where it has one layer). Layers on whole-number ticks (one layer included); the legend outside the axes."""
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     lines: dict[tuple, list[tuple[int, float]]] = {}
     for r in rows:
@@ -23,14 +26,17 @@ def score_by_layer(rows: Sequence[dict[str, Any]], metric: str, path: str | Path
     for (model, group, with_cls), points in sorted(lines.items(), key=lambda item: str(item[0])):
         points.sort()
         label = " / ".join(str(p) for p in (model, group, "with CLS" if with_cls else None) if p)
-        style = {"ls": "--", "color": "grey"} if model == "chance" else {"marker": "o", "ms": 3}
+        style = {"marker": "o", "ms": 3}
+        if model == "chance":
+            style = CHANCE_STYLE | (ONE_POINT_CHANCE if len(points) == 1 else {})
         ax.plot([p[0] for p in points], [p[1] for p in points], label=label, **style)
     ax.set_xlabel("token layer (0 = embedding)")
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    layer_axis(ax, [p[0] for points in lines.values() for p in points])
     ax.set_ylabel(metric)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if lines:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # off the lines
     return save_figure(fig, path)
 
 

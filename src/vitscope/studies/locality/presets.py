@@ -6,5 +6,6 @@ from __future__ import annotations
 # from the measured step time (docs/locality-study.md); each names its machine.
 PAPER_SCALE = ("vitscope study locality --preset paper --dataset cifar100 --data-dir DATA/cifar100_jpg.tar.gz "
                "--conditions ablation --seeds 0,1,2 --pack auto --out locality-paper",
-               "about 4 hours for the 24 runs (8 conditions x 3 seeds) on one H200 GPU, about 10 minutes per run; "
+               "with vitscope's 200-epoch schedule (the seed states none): about 4 hours for the 24 runs (8 "
+               "conditions x 3 seeds) on one H200 GPU, about 10 minutes per run; "
                "on this project's 2-core CPU machine about 26 hours per run; estimates")

@@ -1,56 +1,53 @@
-"""Summaries and claim checks of a locality study, from per-run records (pure numpy).
+"""A locality study's results as a typed object (``LocalityResults``, its ``results.json``) and the per-condition
+summary (pure numpy).
 
-A record is one trained run: its condition, seed, accuracy and (layers, heads) MAD and entropy.
+``LocalityResults`` is what the study writes and what the report, the index page and the benchmarks read by
+attribute: ``runs`` (``LocalityRun``), ``summary`` (one row per condition), ``rows`` (one per condition, seed,
+layer and head), ``claims`` (the registry's claims as ``Judgement``s), ``settings`` and ``provenance``. Files
+written before the claims registry (schema 1: claims as per-component comparisons, no ``settings``) are read too:
+their claims are judged again from their runs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
-from vitscope.metrics import early_layers as metrics_early_layers
-from vitscope.metrics import uniform_mad
-from vitscope.studies.locality.verdicts import distinct, judge, locality_precondition
-from vitscope.train.protocols import COMPONENTS, parse_protocol, protocol_name
-
-PAPER = {  # arXiv 2605.16390, CIFAR-100, vit-compact
-    "cutmix_min_early_mad": "every condition with CutMix <= 0.024, every one without >= 0.210 "
-                            "(Baseline 0.316 vs Modern 0.008)",
-    "accuracy": "CutMix and AutoAugment each add about 6-7 accuracy points",
-}
+from vitscope.studies.locality import readings as rd
+from vitscope.studies.locality.records import LocalityRun, as_runs
+from vitscope.studies.locality.verdicts import judge_runs
+from vitscope.studies.study_results import StudyResults
 
 
-def early_heads(record: dict[str, Any], early_layers: list[int] | None) -> np.ndarray:
-    """The MAD of every head in the early layers of one run, flattened (NaN heads dropped)."""
-    mad = np.asarray(record["mad"], dtype=float)
-    values = mad[metrics_early_layers(len(mad), early_layers)].ravel()
-    return values[~np.isnan(values)]
-
-
-def min_early_mad(record: dict[str, Any], early_layers: list[int] | None = None) -> float:
-    values = early_heads(record, early_layers)
-    return float(values.min()) if values.size else float("nan")
-
-
-def _mean_std(values: list[float]) -> tuple[float, float]:
+def _mean_std(values: list[float | None]) -> tuple[float, float]:
     arr = np.asarray([v for v in values if v is not None], dtype=float)
     if arr.size == 0:
         return float("nan"), float("nan")
     return float(np.nanmean(arr)), float(np.nanstd(arr, ddof=1)) if arr.size > 1 else 0.0
 
 
-def summarize(records: list[dict[str, Any]], early_layers: list[int] | None = None) -> list[dict[str, Any]]:
-    """One row per condition: accuracy, minimum early-layer MAD, per-layer mean MAD and entropy; mean and
-    standard deviation over seeds (std 0 for a single seed)."""
+def summarize(runs: list[LocalityRun] | list[dict], early_layers: list[int] | None = None) -> list[dict[str, Any]]:
+    """One row per condition: accuracy, minimum early-layer MAD (the stated reading, and with CLS counted at
+    distance 0 where recorded), mean early-layer entropy, per-layer mean MAD and entropy; mean and standard
+    deviation over seeds (std 0 for a single seed)."""
+    runs = as_runs(runs)
+    with_cls0 = bool(runs) and all(r.mad_cls_at_zero for r in runs)  # one set of columns for every row
     rows = []
-    for condition in dict.fromkeys(r["condition"] for r in records):
-        runs = [r for r in records if r["condition"] == condition]
-        row: dict[str, Any] = {"condition": condition, "seeds": len(runs)}
-        row["accuracy_mean"], row["accuracy_std"] = _mean_std([r["accuracy"] for r in runs])
-        row["min_early_mad_mean"], row["min_early_mad_std"] = _mean_std([min_early_mad(r, early_layers) for r in runs])
+    for condition in dict.fromkeys(r.condition for r in runs):
+        mine = [r for r in runs if r.condition == condition]
+        main = rd.stated(mine[0].num_layers, early_layers)
+        row: dict[str, Any] = {"condition": condition, "seeds": len(mine)}
+        row["accuracy_mean"], row["accuracy_std"] = _mean_std([r.accuracy for r in mine])
+        row["min_early_mad_mean"], row["min_early_mad_std"] = _mean_std([rd.min_early_mad(r, main) for r in mine])
+        if with_cls0:
+            cls0 = rd.Reading("mad_cls_at_zero", main.early, main.early_words)
+            row["min_early_mad_cls_at_zero_mean"], row["min_early_mad_cls_at_zero_std"] = _mean_std(
+                [rd.min_early_mad(r, cls0) for r in mine])
+        row["early_entropy_mean"], row["early_entropy_std"] = _mean_std([rd.early_entropy(r, main) for r in mine])
         for metric in ("mad", "entropy"):
-            per_run = np.asarray([np.nanmean(np.asarray(r[metric], dtype=float), axis=1) for r in runs])
+            per_run = np.asarray([np.nanmean(np.asarray(r.measure(metric), dtype=float), axis=1) for r in mine])
             for layer in range(per_run.shape[1]):
                 row[f"{metric}_layer{layer + 1}_mean"], row[f"{metric}_layer{layer + 1}_std"] = _mean_std(
                     per_run[:, layer].tolist())
@@ -58,65 +55,67 @@ def summarize(records: list[dict[str, Any]], early_layers: list[int] | None = No
     return rows
 
 
-def precondition(records: list[dict[str, Any]], early_layers: list[int] | None = None) -> dict[str, Any] | None:
-    """Whether these runs can show a locality effect (``verdicts.locality_precondition``, on each condition's mean
-    minimum early-layer MAD over seeds) as {"met", "reason", "uniform"}; None without the runs' grid size."""
-    grids = {tuple(r["grid_size"]) for r in records if r.get("grid_size")}
-    if len(grids) != 1 or any(not r.get("grid_size") for r in records):
-        return None
-    uniform = uniform_mad(grids.pop())
-    minima = {c: float(np.nanmean([min_early_mad(r, early_layers) for r in records if r["condition"] == c]))
-              for c in dict.fromkeys(r["condition"] for r in records)}
-    found = locality_precondition(minima, uniform)
-    return {"met": found.met, "reason": found.reason, "uniform": uniform}
+def head_rows(runs: list[LocalityRun]) -> list[dict[str, Any]]:
+    """One row per (condition, seed, layer, head), layers and heads numbered from 1."""
+    with_cls0 = bool(runs) and all(r.mad_cls_at_zero for r in runs)  # one set of columns for every row
+    rows = []
+    for r in runs:
+        for li, layer in enumerate(r.layers):
+            for head in range(len(r.mad[li])):
+                row = {"condition": r.condition, "seed": r.seed, "layer": layer + 1, "head": head + 1,
+                       "mad": r.mad[li][head]}
+                if with_cls0:
+                    row["mad_cls_at_zero"] = r.mad_cls_at_zero[li][head]
+                rows.append(row | {"entropy": r.entropy[li][head], "accuracy": r.accuracy})
+    return rows
 
 
-def _compare(name: str, measure: str, with_runs, without_runs, early_layers,
-             needs: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """One comparison, with - without, judged on one value per seed (each run's own accuracy or minimum
-    early-layer MAD) by ``verdicts.judge``; a MAD comparison carries the runs' precondition ``needs``."""
-    if not with_runs or not without_runs:
-        return None
-    if measure == "accuracy" and any(r["accuracy"] is None for r in with_runs + without_runs):
-        return None
-    if measure == "min_early_mad":
-        values_with = [min_early_mad(r, early_layers) for r in with_runs]
-        values_without = [min_early_mad(r, early_layers) for r in without_runs]
-    else:
-        values_with = [float(r["accuracy"]) for r in with_runs]
-        values_without = [float(r["accuracy"]) for r in without_runs]
-    return judge({"claim": name, "measure": measure, "with": float(np.nanmean(values_with)),
-                  "without": float(np.nanmean(values_without)), "values_with": values_with,
-                  "values_without": values_without,
-                  "conditions_with": sorted({r["condition"] for r in with_runs}),
-                  "conditions_without": sorted({r["condition"] for r in without_runs})}
-                 | ({"precondition": needs} if needs is not None and measure == "min_early_mad" else {}))
+@dataclass
+class LocalityResults(StudyResults):
+    """A locality study's results (``StudyResults`` plus ``runs`` and ``summary``)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 2  # 2: claims as registry Judgements, settings, MAD with CLS at distance 0
+    KIND: ClassVar[str] = "locality-study"
+
+    study: str = "locality"
+    runs: list[LocalityRun] = field(default_factory=list)
+    summary: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.runs = as_runs(self.runs)
+
+    @property
+    def dataset(self) -> str:
+        return str(self.provenance.get("dataset") or self.settings.get("dataset") or "")
+
+    @property
+    def early_layers(self) -> list[int] | None:
+        """The early layers the study named (0-based), None for the first quarter."""
+        return self.settings.get("early_layers")
+
+    def to_json(self) -> dict[str, Any]:
+        return super().to_json() | {"runs": [r.to_json() for r in self.runs]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LocalityResults:
+        """Results from their file's dict; a file written before the registry gets its claims judged again from its
+        runs, and its settings from its provenance. A file without runs is refused in one line."""
+        data = dict(data)
+        if not data.get("runs"):
+            raise ValueError("these locality results hold no runs; a study writes results.json after measuring its "
+                             "runs (vitscope study locality)")
+        legacy = any("claim_id" not in c for c in data.get("claims") or [])
+        if legacy:
+            data["claims"] = []
+        if not data.get("settings"):
+            data["settings"] = dict((data.get("provenance") or {}).get("config") or {})
+        results = super().from_json(data)
+        if legacy or not results.claims:
+            results.claims = judge_runs(results.runs, dataset=results.dataset, early_layers=results.early_layers)
+        return results
 
 
-def claims(records: list[dict[str, Any]], early_layers: list[int] | None = None) -> list[dict[str, Any]]:
-    """Checks of the paper's claims that the conditions present allow, each over seeds with its 95% interval and
-    verdict (``vitscope.stats.compare``, through ``verdicts.judge``); MAD claims are ``not testable`` when no
-    condition attends measurably below uniform (``precondition``)."""
-    needs = precondition(records, early_layers)
-    comps = {r["condition"]: parse_protocol(r["condition"]) for r in records}
-    out = []
-    for component in COMPONENTS:
-        has = [r for r in records if component in comps[r["condition"]]]
-        lacks = [r for r in records if component not in comps[r["condition"]]]
-        alone = [r for r in records if r["condition"] == protocol_name(frozenset({component}))]
-        base = [r for r in records if r["condition"] == "baseline"]
-        for measure in ("min_early_mad", "accuracy"):
-            out.append(_compare(f"conditions with {component} vs without", measure, has, lacks, early_layers, needs))
-            out.append(_compare(f"baseline+{component} vs baseline ({component} alone)", measure, alone, base,
-                                early_layers, needs))
-    return [c for c in out if c is not None]
-
-
-def judged_claims(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each distinct comparison of a study's ``results`` judged again; a MAD claim from a file written before the
-    precondition was stored gets it from the file's runs (so an old file's uniform runs read not testable too)."""
-    runs = results.get("runs") or []
-    early = (results.get("provenance", {}).get("config") or {}).get("early_layers")
-    needs = precondition(runs, early) if runs and all("mad" in r for r in runs) else None
-    return [judge(c if "precondition" in c or needs is None or c["measure"] != "min_early_mad"
-                  else c | {"precondition": needs}) for c in distinct(results["claims"])]
+def read_results(source: dict[str, Any] | LocalityResults) -> LocalityResults:
+    """``LocalityResults`` from a results file's dict (or as given)."""
+    return source if isinstance(source, LocalityResults) else LocalityResults.from_json(source)

@@ -27,15 +27,17 @@ from vitscope.models import load as load_model
 from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.record import record_attention
 from vitscope.run_folder import writer_lock
-from vitscope.studies.locality.results import claims, summarize
+from vitscope.studies.locality.records import LocalityRun, as_runs
+from vitscope.studies.locality.results import LocalityResults, head_rows, summarize
+from vitscope.studies.locality.verdicts import judge_runs
 from vitscope.studies.packs import check_pack, train_in_packs
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, devices, run_all
 from vitscope.train import TrainConfig, expand_conditions, train
 from vitscope.train.same_run import check_same_run
 from vitscope.train.schedules import fitted_warmup
 
-# Our optimisation settings for the paper preset (the paper's are not public): AdamW, batch 128,
-# lr 1e-3 with 10 warmup epochs and cosine decay to 1e-5, weight decay 0.05, gradient clipping at 1.
+# Our optimisation settings for the paper preset (the seed states no epochs, optimiser or batch size): AdamW, batch
+# 128, 200 epochs, lr 1e-3 with 10 warmup epochs and cosine decay to 1e-5, weight decay 0.05, gradient clipping at 1.
 PAPER_TRAINING = {"epochs": 200, "batch_size": 128, "lr": 1e-3, "min_lr": 1e-5, "warmup_epochs": 10,
                   "weight_decay": 0.05, "grad_clip": 1.0}
 DEMO_TRAINING = {"epochs": 10, "batch_size": 128, "lr": 2e-3, "min_lr": 1e-5, "warmup_epochs": 2,
@@ -137,16 +139,17 @@ def _train_and_measure(study: LocalityStudy, spec: RunSpec, device: str) -> dict
     eval_set = load_dataset(cfg.dataset, cfg.data_dir, "eval", **cfg.dataset_options).subset(cfg.eval_images)
     dev = resolve_device(device)
     result = measure_locality(model, eval_set, batch_size=cfg.batch_size, device=dev, progress=study.progress)
-    record = {"condition": condition, "seed": seed, "accuracy": result.accuracy,
-              "train_top1_eval": summary["eval"]["top1"], "train_images": summary.get("train_images"),
-              "train_images_per_epoch": summary.get("train_images_per_epoch"), "layers": result.stats.layers,
-              "mad": result.stats.mad.tolist(), "entropy": result.stats.entropy.tolist(),
-              "skipped": result.stats.skipped.tolist(), "num_images": result.num_images,
-              "eval_subset": eval_set.selection,
-              "num_prefix_tokens": model.num_prefix_tokens, "grid_size": list(model.grid_size),
-              "patch_size": model.patch_size, "train_config": cfg.to_dict(), "schema_version": SCHEMA_VERSION}
+    stats = result.stats
+    record = LocalityRun(condition, seed, accuracy=result.accuracy, layers=stats.layers, mad=stats.mad.tolist(),
+                         entropy=stats.entropy.tolist(), mad_cls_at_zero=stats.mad_raw.tolist(),
+                         skipped=stats.skipped.tolist(), num_images=result.num_images,
+                         eval_subset=eval_set.selection, num_prefix_tokens=model.num_prefix_tokens,
+                         grid_size=list(model.grid_size), patch_size=model.patch_size,
+                         train_top1_eval=summary["eval"]["top1"], train_images=summary.get("train_images"),
+                         train_images_per_epoch=summary.get("train_images_per_epoch"), train_config=cfg.to_dict(),
+                         schema_version=SCHEMA_VERSION)
     _save_examples(model, eval_set, run_dir / "attention_examples.safetensors", study.example_images, dev)
-    return record
+    return record.to_json()
 
 
 @torch.no_grad()
@@ -160,14 +163,14 @@ def _save_examples(model, dataset, path: Path, count: int, device: torch.device)
                "images": sample.images.contiguous()}, str(path))
 
 
-def run(study: LocalityStudy) -> dict[str, Any]:
+def run(study: LocalityStudy) -> LocalityResults:
     """Train and measure every (condition, seed) with the study runner (resumable, side by side on several
     GPUs, or as submitit jobs); write results.json, results.csv and summary.csv.
 
     With ``pack`` other than 1, the runs are first trained in packs (``vitscope.studies.packs``); each
     member's run folder is that of a solo run, so the runner then only measures them.
 
-    Returns the results payload; ``payload["rows"]`` is the table (one row per condition, seed, layer, head).
+    Returns the results (``LocalityResults``); its ``rows`` are the table (one row per condition, seed, layer, head).
     """
     started = dt.datetime.now(dt.UTC)
     if study.schedule_note():
@@ -184,21 +187,21 @@ def run(study: LocalityStudy) -> dict[str, Any]:
         return write_results(study, records, started)
 
 
-def write_results(study: LocalityStudy, records: list[dict[str, Any]], started: dt.datetime) -> dict[str, Any]:
+def write_results(study: LocalityStudy, records: list[dict[str, Any]] | list[LocalityRun],
+                  started: dt.datetime) -> LocalityResults:
+    """Judge the registry's claims on ``records`` and write results.json, results.csv and summary.csv."""
     out = Path(study.out)
-    rows = [
-        {"condition": r["condition"], "seed": r["seed"], "layer": layer + 1, "head": head + 1,
-         "mad": r["mad"][li][head], "entropy": r["entropy"][li][head], "accuracy": r["accuracy"]}
-        for r in records for li, layer in enumerate(r["layers"]) for head in range(len(r["mad"][li]))
-    ]
-    summary = summarize(records, study.early_layers)
+    runs = as_runs(records)
+    rows = head_rows(runs)
+    summary = summarize(runs, study.early_layers)
     meta = provenance(config=study.to_dict() | {"training": study.train_config(study.conditions[0], 0, "auto")
                                                  .to_dict() | {"protocol": "(per condition)", "seed": "(per run)"}},
                       seed=None, dataset=study.dataset, dataset_root=study.data_dir,
                       device=resolve_device(devices(study.device)[0]), started=started)
-    payload = {"schema_version": SCHEMA_VERSION, "study": "locality", "runs": records, "rows": rows,
-               "summary": summary, "claims": claims(records, study.early_layers), "provenance": meta}
-    write_json(out / "results.json", payload)
+    results = LocalityResults(settings=study.to_dict(), rows=rows, runs=runs, summary=summary,
+                              claims=judge_runs(runs, dataset=study.dataset, early_layers=study.early_layers),
+                              provenance=meta)
+    write_json(out / "results.json", results.to_json())
     write_csv(out / "results.csv", rows)
     write_csv(out / "summary.csv", summary)
-    return payload
+    return results

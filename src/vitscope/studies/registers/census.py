@@ -6,6 +6,9 @@ Per token layer (0 = input of block 1, l = output of block l, before the final n
 * the high-norm fraction of patch tokens under each threshold mode, the threshold fixed on the detection
   layer (default: the last) and applied to every layer, so that the first layer with high-norm tokens means
   something; prefix tokens (CLS, registers) are never candidates and never enter a threshold;
+* whether each layer's own patch-token norms have a separate high-norm mode (``metrics.high_norm.separate_mode``
+  on that layer alone: a ``separate_mode`` row, 1 or 0, with the split, its share and gap, and per image the
+  patches in the mode where there is one);
 * where they sit, under the first threshold mode: their share on background patches against the share of
   all patches (when the data has masks or boxes), and the mean intensity and local variance of their patches
   against normal patches (``vitscope.metrics.high_norm``);
@@ -35,10 +38,12 @@ from vitscope.data import ImageDataset
 from vitscope.metrics.high_norm import (
     high_norm_mask,
     mass_on_high_norm,
+    mode_units,
     patch_in_boxes,
     patch_object_fraction,
     patch_statistics,
     region_share,
+    separate_mode,
 )
 from vitscope.metrics.norms import Threshold, high_norm_threshold, log_histograms, parse_threshold
 from vitscope.metrics.units import per_image_picked
@@ -57,7 +62,7 @@ class CensusSettings:
     (0..L) or ``"last"``; ``attention_images``: images whose attention maps are recorded; ``example_images``:
     images kept for artifact maps."""
 
-    thresholds: list[str] = field(default_factory=lambda: ["percentile:98", "absolute:150", "auto"])
+    thresholds: list[str] = field(default_factory=lambda: ["auto", "percentile:98", "absolute:150"])
     detect_layer: int | str = "last"
     attention_images: int = 32
     example_images: int = 8
@@ -91,6 +96,15 @@ def _row(model: str, layer: int, group: str, metric: str, value: float | Tensor,
     """A shared-schema row (``probes.results.row``) with the census's extra fields (threshold, stage, units)."""
     return row(model=model, layer=layer, layer_kind=layer_kind, group=group, metric=metric, value=float(value),
                n=int(n)) | extra
+
+
+def _mode_row(label: str, layer: int, patches: Tensor, **extra: Any) -> dict[str, Any]:
+    """Whether token layer ``layer``'s own patch-token norms (images, patches) have a separate high-norm mode."""
+    check = separate_mode(patches)
+    gap = check.gap_iqr if math.isfinite(check.gap_iqr) else None
+    return _row(label, layer, "patch", "separate_mode", float(check.separate), patches.numel(), threshold="largest-gap",
+                threshold_value=check.threshold, mode_fraction=check.fraction, mode_ratio=check.ratio,
+                mode_gap_iqr=gap, **extra) | ({"units": mode_units(patches, check)} if check.separate else {})
 
 
 def _detect_index(settings: CensusSettings, layers: list[int]) -> int:
@@ -276,6 +290,7 @@ def _plain_census(r: _Recorded) -> Census:
             if values.numel():
                 rows.append(_row(label, layer, group, "norm_mean", values.mean(), values.numel()))
                 rows.append(_row(label, layer, group, "norm_median", values.median(), values.numel()))
+        rows.append(_mode_row(label, layer, n[:, prefix:]))
         for t in thresholds:
             high = high_norm_mask(n, t.value, prefix)
             rows.append(_row(label, layer, "patch", "high_norm_fraction", high.float().mean(), high.numel(),
@@ -324,6 +339,7 @@ def _hierarchical_census(r: _Recorded) -> Census:
             high_norm[i + 1] = n > stage_thresholds[0].value
             rows.append(_row(label, i + 1, "patch", "norm_mean", n.mean(), n.numel(), **extra))
             rows.append(_row(label, i + 1, "patch", "norm_median", n.median(), n.numel(), **extra))
+            rows.append(_mode_row(label, i + 1, n, **extra))
             for t in stage_thresholds:
                 high = n > t.value
                 rows.append(_row(label, i + 1, "patch", "high_norm_fraction", high.float().mean(), high.numel(),

@@ -6,7 +6,8 @@ with fewer than ``min_group`` high-norm patches is probed without these two grou
 Probes: position, pixels and pixels through a small MLP (patch groups only) and image class, with the randomly
 initialised backbone and chance rows (``vitscope.probes.tokens``). Hierarchical models (Swin, PVT-v2) are probed
 per stage, at each stage's last block (where its threshold is fixed), on that stage's grid and stride; the
-``layers`` setting applies to plain ViTs only.
+``layers`` setting applies to plain ViTs only. Plain ViTs with CLS also get the image classifier on CLS alone and on
+CLS with the mean high-norm token (``vitscope.probes.cls_with_tokens``; ``cls_probe``), at the same layers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.data import ImageDataset
-from vitscope.probes.features import depth_of, parse_layers
+from vitscope.probes.cls_with_tokens import cls_with_tokens
+from vitscope.probes.features import depth_of, extract_features, parse_layers
 from vitscope.probes.results import CHANCE
 from vitscope.probes.stage_features import is_hierarchical, stage_last_layers
 from vitscope.probes.tokens import PROBES, probe_tokens
@@ -36,6 +38,7 @@ class ProbeSettings:
     min_group: int = 16
     fit_options: dict[str, Any] | None = None
     batch_size: int = 64
+    cls_probe: bool = True  # CLS alone against CLS + the mean high-norm token, per image (claims R7, R9)
 
 
 def high_norm_groups(high: Tensor, min_group: int) -> dict[str, Tensor]:
@@ -61,6 +64,13 @@ def probe_model(model: nn.Module, dataset: ImageDataset, label: str, high_norm: 
                           batch_size=settings.batch_size, device=device, img_size=img_size, cache=False,
                           progress=progress, fit_options=settings.fit_options)  # one backbone pass for every layer
     # chance levels depend on the model's grid and stride: each names the model it belongs to
-    return [row | {"layer_kind": "token"} | ({"chance_for": label} if row["model"] == CHANCE else {})
+    rows = [row | {"layer_kind": "token"} | ({"chance_for": label} if row["model"] == CHANCE else {})
             for row in result.rows]
+    if settings.cls_probe and not is_hierarchical(model):
+        features = extract_features(model, dataset, layers, batch_size=settings.batch_size, device=device,
+                                    img_size=img_size, cache=False, progress=progress)
+        for layer in layers:
+            rows += cls_with_tokens(features[layer], dataset.labels, {"high-norm": groups["high-norm"][layer]},
+                                    label=label, fit_options=settings.fit_options)
+    return rows
 

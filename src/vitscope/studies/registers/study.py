@@ -13,8 +13,8 @@ Each model gets the census (``census``) on the evaluation split; one model may a
 with planted outliers (``vitscope.models.own.planted``). Every model's measurement is cached in
 ``models/<label>/`` (written atomically) under a key of everything that determines it (``measurement_key``),
 so a rerun after a kill measures only what is missing, and a label reused for another model is measured again.
-The results go to ``results.json`` (``{schema_version, kind, settings, rows, provenance}``) and ``results.csv``;
-``vitscope.report.registers.page`` turns them into ``report.html``.
+The results go to ``results.json`` (``RegistersResults``: settings, models, rows, the judged claims of seed 004 and
+provenance) and ``results.csv``; ``vitscope.report.registers.page`` turns them into ``report.html``.
 """
 
 from __future__ import annotations
@@ -52,20 +52,20 @@ from vitscope.studies.registers.presets import (
     preset_models,
 )
 from vitscope.studies.registers.probes import ProbeSettings, probe_model
+from vitscope.studies.registers.results import RegistersResults
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, run_all
 from vitscope.studies.sparse.presets import merge
 from vitscope.train import TrainConfig, train
 from vitscope.train.config import read_config_file
 from vitscope.train.same_run import check_same_run
 
-KIND = "registers-study"
-
 
 @dataclass
 class RegistersStudy:
     """What to train and measure. ``preset`` (demo, paper, none) fills the defaults; explicit fields win.
 
-    ``registers``: register counts to train (None: the preset's; [] trains nothing); ``objectives``: training
+    ``registers``: register counts to train (None: the preset's, none for ``paper`` and ``none``; [] trains
+    nothing); ``objectives``: training
     objectives, each trains every register count (None: the preset's); ``models``: given models;
     ``plant``: ``{"model": LABEL, "layer": BLOCK (0-based), "count": K, "scale": S}`` measures that model again
     with planted outliers, as ``LABEL+planted`` (``"preset"``: the demo plants in reg0); ``census`` and
@@ -106,9 +106,8 @@ class RegistersStudy:
         unknown = [o for o in self.objectives if o not in OBJECTIVES]
         if unknown or not self.objectives or len(set(self.objectives)) != len(self.objectives):
             raise ValueError(f"objectives {self.objectives} must be distinct names from {', '.join(OBJECTIVES)}")
-        if self.registers is None:
-            self.registers = [0, 4] if self.preset.startswith("demo") else ([] if self.preset == "paper"
-                                                                            else [0, 1, 4, 16])
+        if self.registers is None:  # 'none' trains only the register counts asked for
+            self.registers = [0, 4] if self.preset.startswith("demo") else []
         if any(r < 0 for r in self.registers):
             raise ValueError(f"register counts {self.registers} must be >= 0")
         if not self.seeds:
@@ -273,13 +272,13 @@ def load_census_tensors(out: str | Path, label: str) -> dict[str, torch.Tensor]:
     return load_file(str(Path(out) / "models" / label / "census.safetensors"))
 
 
-def run(study: RegistersStudy) -> dict[str, Any]:
-    """Train what is missing, measure every model, and write results.json and results.csv; returns the payload."""
+def run(study: RegistersStudy) -> RegistersResults:
+    """Train what is missing, measure every model, judge the claims, and write results.json and results.csv."""
     with writer_lock(study.out, what="study folder"):  # one writer from the first check to results.json
         return _run(study)
 
 
-def _run(study: RegistersStudy) -> dict[str, Any]:
+def _run(study: RegistersStudy) -> RegistersResults:
     started = dt.datetime.now(dt.UTC)
     out = Path(study.out)
     device = resolve_device(study.device)
@@ -307,7 +306,7 @@ def _run(study: RegistersStudy) -> dict[str, Any]:
 
 
 def write_results(study: RegistersStudy, records: list[dict[str, Any]], started: dt.datetime,
-                  device: torch.device) -> dict[str, Any]:
+                  device: torch.device) -> RegistersResults:
     rows = [row for record in records for row in record["rows"]]
     for record in records:
         for metric in ("top1", "knn_top1"):
@@ -319,10 +318,9 @@ def write_results(study: RegistersStudy, records: list[dict[str, Any]], started:
                       dataset_root=study.data_dir, device=device, started=started)
     models = [{k: r[k] for k in ("label", "entry", "planted", "training", "tokens", "thresholds", "num_images",
                                  "parameters")} for r in records]
-    payload = {"schema_version": SCHEMA_VERSION, "kind": KIND, "settings": study.to_dict(), "models": models,
-               "rows": rows, "provenance": meta}
-    write_json(Path(study.out) / "results.json", payload)
+    results = RegistersResults.judged_from(rows, models, settings=study.to_dict(), provenance=meta)
+    write_json(Path(study.out) / "results.json", results.to_json())
     columns = ["model", "layer", "layer_kind", "stage", "group", "metric", "value", "n", "threshold",
                "threshold_value"]
     write_csv(Path(study.out) / "results.csv", [{c: r.get(c) for c in columns} for r in rows])
-    return payload
+    return results

@@ -3,8 +3,10 @@
 For one model (a trained run's teacher backbone, or a given ``--model``), on a probe-training split and an
 evaluation split:
 
-* image: linear-probe top-1 (logistic regression on the last layer's CLS) and weighted kNN top-1 (k = 20,
-  temperature 0.07), with the per-image correctness kept in the run's record;
+* image: linear-probe top-1 (logistic regression) under ``MeasureSettings.linear_protocol``: DINO's for ViT-S
+  (``dino-last4``, the default: the last four blocks' CLS tokens concatenated) or the last layer's CLS alone
+  (``last-cls``), with the other protocol's top-1 beside it; weighted kNN top-1 (k = 20, temperature 0.07) on the
+  last layer's CLS; the per-image correctness kept in the run's record;
 * attention, per layer and head (patch queries and keys): fraction of exact zeros, mean support size, mean
   attention distance (normalized) and normalised entropy;
 * semantic diffusion per token layer (``vitscope.probes.diffusion``), with per-image cosines at the last layer
@@ -36,6 +38,7 @@ from vitscope.probes.dense.probe import dense_probe
 from vitscope.probes.dense.settings import DenseProbeSettings
 from vitscope.probes.diffusion import dataset_background, diffusion_scores, semantic_diffusion
 from vitscope.probes.features import depth_of, extract_features
+from vitscope.probes.image import dino_last4_cls, dino_last4_layers
 from vitscope.probes.linear import fit_classifier
 from vitscope.probes.pib import pib_probe
 from vitscope.record import record_attention
@@ -44,9 +47,11 @@ from vitscope.record import record_attention
 @dataclass
 class MeasureSettings:
     """How each backbone is measured. ``layers``: token layers for semantic diffusion (``all``, ``last``,
-    ``0,4,last``); ``fit_options``: the logistic probes' sweep (``fit_classifier`` keywords)."""
+    ``0,4,last``); ``fit_options``: the logistic probes' sweep (``fit_classifier`` keywords); ``linear_protocol``:
+    the linear probe's feature, ``dino-last4`` (DINO's ViT-S protocol) or ``last-cls``."""
 
     layers: str = "all"
+    linear_protocol: str = "dino-last4"
     knn_k: int = 20
     knn_temperature: float = 0.07
     diffusion_tokens: int = 4096
@@ -58,6 +63,14 @@ class MeasureSettings:
     dense_epochs: int = 20
     dense_images: dict[str, int | None] = field(default_factory=lambda: {"train": None, "eval": None})
     pib: bool = True
+
+    def __post_init__(self) -> None:
+        if self.linear_protocol not in LINEAR_PROTOCOLS:
+            raise ValueError(f"linear_protocol={self.linear_protocol!r} is unknown; use "
+                             f"{' or '.join(LINEAR_PROTOCOLS)}")
+
+
+LINEAR_PROTOCOLS = ("dino-last4", "last-cls")
 
 
 @dataclass
@@ -90,20 +103,31 @@ def attention_statistics(model: nn.Module, dataset: ImageDataset, batch_size: in
 
 def image_probes(model: nn.Module, train: ImageDataset, eval_set: ImageDataset, settings: MeasureSettings,
                  device: torch.device, cache: Path | bool, progress: bool) -> dict[str, Any]:
-    """Linear and kNN top-1 on the last layer's CLS, and each eval image's correctness (lists of 0/1)."""
+    """Linear top-1 under ``settings.linear_protocol`` (``linear_top1``) and under the other protocol
+    (``linear_top1_<protocol>``), kNN top-1 on the last layer's CLS, and each eval image's correctness (lists of
+    0/1) for the study's protocol and kNN."""
     last = depth_of(model)
     options = {"batch_size": settings.batch_size, "device": device, "cache": cache, "progress": progress}
-    x_train = extract_features(model, train, [last], **options)[last].pooled("cls")
-    x_eval = extract_features(model, eval_set, [last], **options)[last].pooled("cls")
+    layers = sorted(set(dino_last4_layers(last)) | {last})
+    x_train, x_eval = (extract_features(model, data, layers, **options) for data in (train, eval_set))
+    features = {"dino-last4": (dino_last4_cls(x_train, last), dino_last4_cls(x_eval, last)),
+                "last-cls": (x_train[last].pooled("cls"), x_eval[last].pooled("cls"))}
     classes = train.num_classes
-    clf = fit_classifier(x_train, train.labels, classes, device=device, **settings.fit_options)
-    linear_ok = (clf.predict(x_eval).cpu() == eval_set.labels).int()
-    knn = knn_predict(x_train.to(device), train.labels.to(device), x_eval.to(device), classes, k=settings.knn_k,
+    top1, correct, fits = {}, {}, {}
+    for protocol, (a, b) in features.items():
+        clf = fit_classifier(a, train.labels, classes, device=device, **settings.fit_options)
+        correct[protocol] = (clf.predict(b).cpu() == eval_set.labels).int()
+        top1[protocol] = float(correct[protocol].float().mean())
+        fits[protocol] = {k: v for k, v in clf.settings.items() if k != "sweep"}
+    chosen = settings.linear_protocol
+    other = next(p for p in LINEAR_PROTOCOLS if p != chosen)
+    cls_train, cls_eval = features["last-cls"]
+    knn = knn_predict(cls_train.to(device), train.labels.to(device), cls_eval.to(device), classes, k=settings.knn_k,
                       temperature=settings.knn_temperature).cpu()
     knn_ok = (knn == eval_set.labels).int()
-    return {"linear_top1": float(linear_ok.float().mean()), "knn_top1": float(knn_ok.float().mean()),
-            "linear_correct": linear_ok.tolist(), "knn_correct": knn_ok.tolist(),
-            "linear_fit": {k: v for k, v in clf.settings.items() if k != "sweep"}}
+    return {"linear_top1": top1[chosen], "linear_protocol": chosen, f"linear_top1_{other}": top1[other],
+            "knn_top1": float(knn_ok.float().mean()), "linear_correct": correct[chosen].tolist(),
+            "knn_correct": knn_ok.tolist(), "linear_fit": fits[chosen]}
 
 
 def diffusion(model: nn.Module, label: str, dataset: ImageDataset, settings: MeasureSettings,

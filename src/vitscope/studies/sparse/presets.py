@@ -1,4 +1,5 @@
-"""Presets of the sparse-attention study, the paper's own numbers, and the command lines for large runs.
+"""Presets of the sparse-attention study and the command lines for large runs (the paper's claims and numbers are
+in the claims registry, ``vitscope.claims.sparse``).
 
 * ``demo``: synthetic scenes, vit-micro with the small DINO head (the shipped ``dino-demo`` recipe, shortened),
   softmax vs entmax-1.5, two seeds each in ``vitscope demo``; minutes on a CPU. A model this small on scenes
@@ -13,8 +14,11 @@ from typing import Any
 
 # Shipped training configs (vitscope.train) by preset; the study overrides only what it must.
 TRAIN_CONFIGS = {"demo": "dino-demo", "compact": "dino-compact", "paper": "dino-vit-s16"}
-DEFAULT_CONDITIONS = {"demo": ["softmax", "entmax15"], "compact": ["softmax", "entmax15", "softmax+reg4"],
-                      "paper": ["softmax", "entmax15", "softmax+reg4"]}
+# The paper's baselines beside entmax-1.5: the CLS model (softmax), Register-4 and CLS/patch Specialization; the
+# demo trains the first two only, to stay within its minutes.
+DEFAULT_CONDITIONS = {"demo": ["softmax", "entmax15"],
+                      "compact": ["softmax", "entmax15", "softmax+reg4", "specialization"],
+                      "paper": ["softmax", "entmax15", "softmax+reg4", "specialization"]}
 # What the demo changes in dino-demo so that its runs (2 conditions x 2 seeds), probes and report fit in a few
 # minutes on 2 CPU cores: 3 epochs on 1024 scenes at 20x dino-demo's learning rate with a teacher that follows
 # faster (momentum 0.7). At dino-demo's rate 3 epochs leave the attention logits nearly flat and entmax-1.5 has
@@ -46,39 +50,10 @@ MEASURE: dict[str, dict[str, Any]] = {
 PROBE_IMAGES = {"demo": {"train": 768, "eval": 384}, "compact": {"train": 10_000, "eval": 10_000},
                 "paper": {"train": 50_000, "eval": 10_000}}  # paper: 50 per class, decoded in memory (our choice)
 
-# arXiv 2605.23868, Table 1-style numbers as the paper reports them (ImageNet-1k, ViT-S/16, DINO, 200 epochs).
-PAPER_SETTING = "paper: ImageNet-1k, ViT-S/16, DINO 200 epochs (arXiv 2605.23868)"
-PAPER_NUMBERS = {
-    "softmax": {"linear_top1": 69.50, "seg:voc": 42.80, "seg:ade20k": 19.85, "seg:cityscapes": 36.79},
-    "entmax15": {"linear_top1": 70.06, "seg:voc": 48.78, "seg:ade20k": 21.97, "seg:cityscapes": 37.87},
-}
-
-# The effect each claim is judged against (sparse minus softmax, as a magnitude in the measure's units; the
-# direction is in results.CLAIMS), stated once, with where it comes from. The verdict's threshold is half of
-# it (vitscope.stats). seg: mIoU points (the dense probes report percent); depth: RMSE in the set's units (metres).
-_OURS = "ours: the paper reports no number for this measure"
-_LINEAR = round((PAPER_NUMBERS["entmax15"]["linear_top1"] - PAPER_NUMBERS["softmax"]["linear_top1"]) / 100, 6)
-CLAIM_EFFECTS: dict[str, tuple[float, str]] = {
-    "linear_top1": (_LINEAR, "paper: ImageNet linear probe 69.50 -> 70.06"),
-    "knn_top1": (_LINEAR, "the paper's linear-probe effect (it reports no kNN number)"),
-    **{m: (round(PAPER_NUMBERS["entmax15"][m] - PAPER_NUMBERS["softmax"][m], 6),
-           f"paper: {m[4:]} mIoU {PAPER_NUMBERS['softmax'][m]:.2f} -> {PAPER_NUMBERS['entmax15'][m]:.2f}")
-       for m in PAPER_NUMBERS["softmax"] if m.startswith("seg:")},
-    "diffusion_top1": (0.04, _OURS), "diffusion_cosine": (0.04, _OURS), "attention_zeros": (0.10, _OURS),
-    "seg": (2.0, "ours: the paper's ADE20K effect, rounded, for sets it does not report"),
-    "depth": (0.10, _OURS + " (metres)"),
-}
-
-
-def claim_effect(measure: str) -> tuple[float, str]:
-    """(effect, source) of a claim measure: its own entry, else its kind's (``seg:NAME`` -> ``seg``)."""
-    return CLAIM_EFFECTS.get(measure) or CLAIM_EFFECTS[measure.split(":")[0]]
-
-
 # Our estimate, not a measurement: DINO reports about 1.75 days on 16 V100 for ViT-S/16 at 100 epochs of
 # multi-crop training (~670 V100 GPU-hours); 200 epochs doubles it; an A100 is about 2-3x a V100.
-PAPER_GPU_HOURS = {"per_run_v100": 1350, "per_run_a100": 550, "runs_default": 3}
-COMPACT_GPU_HOURS = {"per_run_a100": 6, "runs_default": 3}
+PAPER_GPU_HOURS = {"per_run_v100": 1350, "per_run_a100": 550, "runs_default": 4}
+COMPACT_GPU_HOURS = {"per_run_a100": 6, "runs_default": 4}
 
 COMMAND_LINES = {
     "demo": "vitscope study sparse --preset demo --out sparse-demo",
@@ -101,8 +76,8 @@ COMMAND_LINES = {
 
 # The paper-scale command and our estimate of its cost (read by the report's opening)
 PAPER_SCALE = (COMMAND_LINES["torchrun"].replace(" --gpus-per-run 8", ""),
-               f"about {PAPER_GPU_HOURS['per_run_a100']} A100 GPU-hours per run, {PAPER_GPU_HOURS['runs_default']} "
-               "runs per condition (an estimate; weeks on one A100 GPU)")
+               f"about {PAPER_GPU_HOURS['per_run_a100']} A100 GPU-hours per run, one run per condition and seed "
+               f"({PAPER_GPU_HOURS['runs_default']} conditions by default; an estimate: weeks on one A100 GPU)")
 
 
 def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

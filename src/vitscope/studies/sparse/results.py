@@ -1,13 +1,8 @@
-"""Rows, summaries and claim verdicts of a sparse-attention study, from per-run records (pure numpy).
+"""Rows and summaries of a sparse-attention study, and its results files (pure numpy).
 
-A record is one measured backbone (``vitscope.studies.sparse.measure``) with its condition and seed. Claims
-compare each condition with ``softmax`` on one value per seed, every seed of both sides used: the difference
-(condition - softmax), its 95 % interval and the verdict of the one rule (``vitscope.stats.compare``: Welch's
-t-interval over seeds; reproduced when it excludes zero in the paper's direction and the difference reaches half
-the claim's effect, not reproduced when it lies wholly below half the effect, inconclusive otherwise and always
-with fewer than 2 seeds per side; not testable when a side has no measured value: ``measured``, the claim's
-precondition through ``vitscope.stats.verdict``). Each claim's effect is stated once, in
-``presets.CLAIM_EFFECTS``.
+A record is one measured backbone (``vitscope.studies.sparse.measure``) with its condition and seed. The claims of
+the paper are judged by ``vitscope.studies.sparse.judging`` (the registry's, each once); every condition's other
+differences from softmax are shown without a verdict (``results_file.measured_differences``).
 """
 
 from __future__ import annotations
@@ -18,48 +13,11 @@ from typing import Any
 import numpy as np
 
 from vitscope.atomic_io import write_csv, write_json
-from vitscope.stats import Precondition, compare, verdict
-from vitscope.studies.sparse.presets import claim_effect
+from vitscope.studies.sparse import values as V
+from vitscope.studies.sparse.judging import judge_claims, run_scope
+from vitscope.studies.sparse.results_file import SparseResults, measured_differences
 
-BASELINE = "softmax"
-# measure -> (what it is, predicted sign for a sparse normaliser against softmax: +1 higher, -1 lower)
-CLAIMS = {
-    "linear_top1": ("image linear-probe top-1 (last layer CLS)", +1),
-    "knn_top1": ("image kNN top-1 (last layer CLS)", +1),
-    "diffusion_top1": ("semantic diffusion: class top-1 from one background token (last layer)", -1),
-    "diffusion_cosine": ("semantic diffusion: background-patch/CLS cosine (last layer)", -1),
-    "attention_zeros": ("fraction of exact zeros in attention (mean over layers and heads)", +1),
-}
-
-
-def dense_value(record: dict[str, Any], measure: str) -> float:
-    """``seg:NAME`` (mIoU) or ``depth:NAME`` (RMSE) at the last layer without CLS; NaN when not measured."""
-    metric = "miou" if measure.startswith("seg:") else "rmse"
-    found = [r["value"] for r in record.get("dense", []) if r["group"] == measure and r["metric"] == metric
-             and r.get("with_cls") is False and r["layer"] == record["depth"]]
-    return float(found[0]) if found else float("nan")
-
-
-def dense_claims(records: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
-    """Claim measures for the dense sets present: higher mIoU and lower RMSE predicted for sparse attention."""
-    groups = sorted({r["group"] for rec in records for r in rec.get("dense", [])})
-    return {g: (f"{'segmentation mIoU' if g.startswith('seg:') else 'depth RMSE'} on {g.split(':', 1)[1]} "
-                "(last layer, patches only)", +1 if g.startswith("seg:") else -1) for g in groups}
-
-
-def run_value(record: dict[str, Any], measure: str) -> float:
-    """One run's value of a claim's measure (NaN when missing)."""
-    if measure.startswith(("seg:", "depth:")):
-        return dense_value(record, measure)
-    if measure in ("linear_top1", "knn_top1"):
-        return float(record["image"][measure])
-    if measure == "diffusion_top1":
-        value = record["diffusion"]["last_layer"].get("top1")
-    elif measure == "diffusion_cosine":
-        value = record["diffusion"]["last_layer"].get("cosine")
-    else:
-        value = float(np.nanmean(np.asarray(record["attention"]["zeros"], dtype=float)))
-    return float("nan") if value is None else float(value)
+LINEAR_GROUPS = {"dino-last4": "dino-last4", "last-cls": "cls"}  # the rows' group of each linear protocol
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -71,75 +29,19 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else 0.0
 
 
-def measured(condition: str, values: list[float], baseline_values: list[float], measure: str) -> Precondition:
-    """A claim's precondition here: both sides have at least one measured (finite) value of ``measure``."""
-    missing = [name for name, vals in ((condition, values), (BASELINE, baseline_values))
-               if not np.isfinite(np.asarray(vals, dtype=float)).any()]
-    if missing:
-        return Precondition(False, f"{measure} was not measured in the {' and '.join(missing)} runs")
-    return Precondition(True, f"{measure} measured on both sides")
-
-
-def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every condition against softmax on every claim measure, over seeds, with its interval, verdict, power line
-    and a sentence in plain words. Conditions without a sparse normaliser (registers only) are shown with their
-    interval but not judged (verdict 'no claim')."""
-    by_condition = _by_condition(records)
-    if BASELINE not in by_condition:
-        return []
-    base = by_condition[BASELINE]
-    out = []
-    for condition, runs in by_condition.items():
-        if condition == BASELINE:
-            continue
-        sparse = (runs[0].get("normaliser") or condition.split("+")[0]) != BASELINE
-        for measure, (what, predicted) in (CLAIMS | dense_claims(records)).items():
-            effect, source = claim_effect(measure)
-            values, baseline_values = [run_value(r, measure) for r in runs], [run_value(r, measure) for r in base]
-            result = compare(values, baseline_values, sign=predicted, threshold=effect / 2)
-            sign = predicted if sparse else None
-            decided, reason = verdict(result, measured(condition, values, baseline_values, measure))
-            out.append({"condition": condition, "baseline": BASELINE, "measure": measure, "what": what,
-                        "value": mean_std(values)[0], "baseline_value": mean_std(baseline_values)[0],
-                        "values": values, "baseline_values": baseline_values, "difference": result.difference,
-                        "ci95_low": result.low, "ci95_high": result.high, "method": result.method,
-                        "paper_effect": predicted * effect, "effect_source": source, "threshold": effect / 2,
-                        "predicted": {1: "higher", -1: "lower", None: "none"}[sign],
-                        "verdict": decided if sparse else "no claim",
-                        "reason": reason if sparse else "the paper predicts nothing for registers alone",
-                        "power": result.power_line() if sparse else "", "runs": result.n_a,
-                        "baseline_runs": result.n_b, "sentence": _sentence(condition, what, result, sign)})
-    return out
-
-
-def _sentence(condition: str, what: str, result: Any, sign: int | None) -> str:
-    direction = "higher" if result.difference > 0 else "lower"
-    interval = f"95% interval {result.low:+.3g} to {result.high:+.3g}" if result.low == result.low else "no interval"
-    said = f"{condition} vs softmax, {what}: {direction} by {abs(result.difference):.3g} ({interval}; " \
-           f"{result.n_a} vs {result.n_b} seeds, {result.method})"
-    if sign is None:
-        return f"{said}; the paper makes no prediction for registers, so this is shown, not judged."
-    expected = "higher" if sign > 0 else "lower"
-    return f"{said}; the paper's direction is {expected} by {result.paper_effect:.3g}: {result.verdict} " \
-           f"({result.reason}); {result.power_line()}."
-
-
-def _by_condition(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        out.setdefault(record["condition"], []).append(record)
-    return out
-
-
 def result_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Flat rows in the shared schema plus ``seed`` (and ``head`` for attention rows, numbered from 1)."""
     rows = []
     for r in records:
         base = {"model": r["condition"], "seed": r["seed"]}
         depth = r["depth"]
-        for metric in ("linear_top1", "knn_top1"):
-            rows.append(base | {"layer": depth, "layer_kind": "token", "group": "cls", "metric": metric,
-                                "value": r["image"][metric], "n": r["eval_images"]})
+        for protocol, group in LINEAR_GROUPS.items():
+            value = V.linear_top1(r, protocol)
+            if value == value:
+                rows.append(base | {"layer": depth, "layer_kind": "token", "group": group, "metric": "linear_top1",
+                                    "value": value, "n": r["eval_images"]})
+        rows.append(base | {"layer": depth, "layer_kind": "token", "group": "cls", "metric": "knn_top1",
+                            "value": r["image"]["knn_top1"], "n": r["eval_images"]})
         for row in r["diffusion"]["rows"] + r.get("dense", []) + r.get("pib", []):
             model = row["model"].replace(r["label"], r["condition"], 1) if row["model"] != "chance" else "chance"
             rows.append({"model": model, "seed": r["seed"], **{k: v for k, v in row.items() if k != "model"}})
@@ -170,10 +72,10 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def write_results(out: str | Path, kind: str, settings: dict[str, Any], records: list[dict[str, Any]],
-                  meta: dict[str, Any]) -> dict[str, Any]:
-    """results.json ({schema_version, kind, settings, rows, provenance} plus runs, summary and claims),
-    results.csv and summary.csv; returns the payload."""
+def write_results(out: str | Path, settings: dict[str, Any], records: list[dict[str, Any]],
+                  meta: dict[str, Any]) -> SparseResults:
+    """results.json (``SparseResults``: settings, rows, the judged claims, runs, summary, measured differences,
+    scope, provenance), results.csv and summary.csv; returns the results."""
     out = Path(out)
     rows = result_rows(records)
     summary = summarize(rows)
@@ -182,10 +84,11 @@ def write_results(out: str | Path, kind: str, settings: dict[str, Any], records:
                "attention": r["attention"], "diffusion_last_layer": {
                    k: v for k, v in r["diffusion"]["last_layer"].items() if k not in ("hits", "cosines")}}
             for r in records]
-    payload = {"schema_version": meta.get("schema_version", 1), "kind": kind, "settings": settings, "rows": rows,
-               "summary": summary, "claims": claims(records), "runs": runs, "provenance": meta}
-    write_json(out / "results.json", payload)
+    results = SparseResults(settings=settings, rows=rows, claims=judge_claims(records, settings),
+                            provenance=meta, runs=runs, summary=summary, differences=measured_differences(records),
+                            scope=run_scope(records, settings))
+    write_json(out / "results.json", results.to_json())
     columns = ["model", "seed", "layer", "layer_kind", "group", "with_cls", "metric", "value", "n"]
     write_csv(out / "results.csv", [{c: r.get(c, "") for c in columns} for r in rows])
     write_csv(out / "summary.csv", summary)
-    return payload
+    return results

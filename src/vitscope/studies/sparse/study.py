@@ -2,7 +2,8 @@
 
 DINO backbones that differ only in their attention normaliser, or in registers, are pretrained with the same
 recipe, data and seeds, then judged by every measurement of ``vitscope.studies.sparse.measure``. A condition is
-``<normaliser>[+reg<R>]`` (``softmax``, ``entmax15``, ``sparsemax``, ``entmax:1.3+reg4``, ...). Given models
+``<normaliser>[+reg<R>][+spec]`` (``softmax``, ``entmax15``, ``sparsemax``, ``entmax:1.3+reg4``, ``specialization``
+...: ``vitscope.studies.sparse.conditions``). Given models
 (``--model LABEL=SPEC[@WEIGHTS]``) are measured the same way instead of being trained.
 
 Every (condition, seed) goes through the shared study runner: a finished run is reused, a killed one resumes
@@ -18,7 +19,6 @@ import datetime as dt
 import functools
 import json
 import os
-import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from vitscope.atomic_io import write_json
-from vitscope.attention import parse_normalizer
 from vitscope.data import load_dataset
 from vitscope.data.dense_layouts import DEPTH, SEGMENTATION, load_dense
 from vitscope.models import load as load_model
@@ -34,6 +33,7 @@ from vitscope.provenance import SCHEMA_VERSION, provenance, resolve_device
 from vitscope.run_folder import writer_lock
 from vitscope.studies.models import ModelEntry
 from vitscope.studies.runner import Launch, RunSpec, check_launcher, devices, run_all
+from vitscope.studies.sparse.conditions import parse_condition
 from vitscope.studies.sparse.measure import DenseSets, MeasureSettings, measure_backbone
 from vitscope.studies.sparse.presets import (
     DEFAULT_CONDITIONS,
@@ -45,26 +45,13 @@ from vitscope.studies.sparse.presets import (
     merge,
 )
 from vitscope.studies.sparse.results import write_results
+from vitscope.studies.sparse.results_file import SparseResults
 from vitscope.train import TrainConfig, train
 from vitscope.train.config import read_config_file
 from vitscope.train.same_run import check_same_run
 
 KIND = "sparse-study"
 RECORD = "sparse.json"  # each run's measurement, in its run folder
-CONDITION = re.compile(r"^(?P<normaliser>.+?)(?:\+reg(?P<registers>\d+))?$")
-
-
-def parse_condition(text: str) -> tuple[str, int]:
-    """``<normaliser>[+reg<R>]`` -> (normaliser, registers); a bad normaliser names the valid ones."""
-    match = CONDITION.match(text.strip())
-    if not match or not text.strip():
-        raise ValueError(f"condition {text!r} must be <normaliser>[+reg<R>], e.g. entmax15 or softmax+reg4")
-    normaliser, registers = match.group("normaliser"), int(match.group("registers") or 0)
-    try:
-        parse_normalizer(normaliser)
-    except ValueError as err:
-        raise ValueError(f"condition {text!r}: {err}") from None
-    return normaliser, registers
 
 
 @dataclass
@@ -132,8 +119,7 @@ class SparseStudy:
     # --- training -------------------------------------------------------------------------------------------
     def train_config(self, condition: str, seed: int, device: str) -> TrainConfig:
         """The DINO run of one (condition, seed): the preset's shipped config, the study's overrides, the
-        condition's normaliser and registers."""
-        normaliser, registers = parse_condition(condition)
+        condition's normaliser, registers and specialization."""
         values = read_config_file(TRAIN_CONFIGS[self.preset])
         if self.preset == "demo":
             values = merge(values, DEMO_OVERRIDES)
@@ -142,7 +128,7 @@ class SparseStudy:
                 values[key] = getattr(self, key)
         if self.dataset is not None and self.dataset != "synthetic":
             values.pop("dataset_options", None)
-        values = merge(values, {"model_options": {"attention": normaliser, "num_registers": registers}})
+        values = merge(values, {"model_options": parse_condition(condition).model_options()})
         values = merge(values, {"seed": seed, "device": device, "out": str(self.run_dir(condition, seed)),
                                 "progress": self.progress})
         return TrainConfig.from_dict(merge(values, self.training))
@@ -260,9 +246,9 @@ def _check_given_record(entry: ModelEntry, record: Path) -> None:
                          f"this label; give the model another label, or pass another --out")
 
 
-def run(study: SparseStudy) -> dict[str, Any]:
+def run(study: SparseStudy) -> SparseResults:
     """Train and measure every (condition, seed) and given model through the study runner; write
-    results.json, results.csv and summary.csv. Returns the results payload."""
+    results.json, results.csv and summary.csv. Returns the results (``SparseResults``)."""
     started = dt.datetime.now(dt.UTC)
     given = {m.label for m in study.models}
     with writer_lock(study.out, what="study folder"):  # one writer from the first check to results.json
@@ -276,5 +262,5 @@ def run(study: SparseStudy) -> dict[str, Any]:
         meta = provenance(config=study.to_dict(), seed=study.seeds[0], dataset=study.data_name(),
                           dataset_root=study.data_dir, device=resolve_device(devices(study.device)[0]),
                           started=started)
-        return write_results(study.out, KIND, study.to_dict(), records, meta)
+        return write_results(study.out, study.to_dict(), records, meta)
 
