@@ -14,12 +14,13 @@ from vitscope.claims.judge import judge
 from vitscope.data import load_dataset
 from vitscope.data.synthetic import synthetic_scenes
 from vitscope.metrics.high_norm import separate_mode
+from vitscope.probes.cls_with_tokens import cls_with_tokens
 from vitscope.probes.dense.heads import fit_heads
 from vitscope.probes.dense.modules import HeadInputs
 from vitscope.probes.features import extract_features
-from vitscope.probes.linear import fit_regressor, stratified_split
+from vitscope.probes.linear import fit_regressor
 from vitscope.probes.pib import pib_probe
-from vitscope.probes.token_claims import cls_plus_group, group_mean, judge_groups, judge_layers
+from vitscope.probes.token_claims import find_row, judge_groups, judge_layers, paired_units
 from vitscope.probes.tokens import probe_tokens
 
 LAYERS = [0, 3, 6, 9, 12]
@@ -128,18 +129,20 @@ def stage_cifar(ctx: Any) -> dict[str, Any]:
 
 
 def _r9(ctx: Any, backbone: Any, data: Any, top: torch.Tensor, name: str, where: str) -> dict[str, Any]:
-    """CLS alone against CLS + the stand-in group's mean: image classifiers fitted on a seeded half, paired on the
-    other half's images (two one-sided tests with the registry's margin)."""
+    """CLS alone against CLS + the stand-in group's mean (``vitscope.probes.cls_with_tokens``): image classifiers
+    fitted on a seeded class-stratified half, paired on the other half's images (two one-sided tests with the
+    registry's margin)."""
     feats = extract_features(backbone, data, [12], norm=True, batch_size=32, cache=ctx.cache)[12]
-    fit, test = stratified_split(data.labels, 0.5, 0)
-    cls, group = feats.cls.float(), group_mean(feats.patches, top)
-    correct = cls_plus_group(cls[fit], group[fit], data.labels[fit], cls[test], group[test], data.labels[test])
-    judgement = judge(claim("R9"), correct["cls+group"].numpy(), correct["cls"].numpy(), paired=True,
-                      scope=f"{where}; group: {STAND_IN}; {len(fit)} fitting and {len(test)} test images",
+    rows = cls_with_tokens(feats, data.labels, {"top-norm": top}, label=name, held_fraction=0.5, seed=0)
+    alone = find_row(rows, model=name, group="cls (top-norm images)", metric="image_top1")
+    both = find_row(rows, model=name, group="cls+top-norm", metric="image_top1")
+    with_group, cls_only, _ = paired_units(both, alone)
+    tested = len(cls_only)
+    judgement = judge(claim("R9"), with_group, cls_only, paired=True,
+                      scope=f"{where}; group: {STAND_IN}; {len(data) - tested} fitting and {tested} test images",
                       a_label="CLS + mean of the stand-in group", b_label="CLS", layer=12, unit="images")
-    return {"cls_top1": float(correct["cls"].mean()), "cls_group_top1": float(correct["cls+group"].mean()),
-            "test_images": len(test), "disagree": float((correct["cls"] != correct["cls+group"]).double().mean()),
-            "judgement": judgement.to_json()}
+    return {"cls_top1": float(cls_only.mean()), "cls_group_top1": float(with_group.mean()), "test_images": tested,
+            "disagree": float((cls_only != with_group).mean()), "judgement": judgement.to_json()}
 
 
 def _without_units(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

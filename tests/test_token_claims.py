@@ -11,7 +11,7 @@ from vitscope.data import synthetic_scenes
 from vitscope.metrics.units import per_image, unit_values
 from vitscope.models import create
 from vitscope.probes.pib import pib_probe
-from vitscope.probes.token_claims import cls_plus_group, group_mean, judge_groups, judge_layers, paired_units
+from vitscope.probes.token_claims import judge_groups, judge_layers, paired_units
 from vitscope.stats import compare
 
 
@@ -63,19 +63,6 @@ def test_groups_are_compared_with_each_side_clustered_by_image():
     (a, ia), (b, ib) = unit_values(rows[0]["units"]), unit_values(rows[1]["units"])
     reference = compare(a, b, sign=1, threshold=None, clusters=(ia, ib))
     assert found.verdict == "reproduced" and found.ci95_low == pytest.approx(reference.low)
-
-
-def test_group_mean_and_the_cls_plus_group_classifiers():
-    patches = torch.arange(2 * 3 * 2, dtype=torch.float32).view(2, 3, 2)
-    mask = torch.tensor([[True, False, True], [False, False, False]])
-    torch.testing.assert_close(group_mean(patches, mask), torch.tensor([[2.0, 3.0], [0.0, 0.0]]))
-    generator = torch.Generator().manual_seed(2)
-    labels = torch.randint(0, 3, (120,), generator=generator)
-    cls = torch.randn(120, 4, generator=generator)  # carries nothing
-    group = torch.nn.functional.one_hot(labels, 3).float() * 3 + torch.randn(120, 3, generator=generator) * 0.1
-    found = cls_plus_group(cls[:80], group[:80], labels[:80], cls[80:], group[80:], labels[80:])
-    assert set(found) == {"cls", "cls+group"} and found["cls"].shape == (40,)
-    assert found["cls+group"].mean() > 0.9 > found["cls"].mean()  # the group carries the class, CLS does not
 
 
 def test_judge_estimate_applies_the_one_rule_with_the_claims_direction_or_a_given_sign():

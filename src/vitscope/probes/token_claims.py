@@ -3,9 +3,9 @@
 - ``judge_layers``: one measure at two token layers of the same held-out tokens (S2: shallow against deep layers,
   e.g. position top-1, class from one patch token, Point-in-Box hits), paired by image;
 - ``judge_groups``: one measure on two token groups of the same images at one layer (R8: the highest-norm tokens
-  against the rest), unpaired, each side clustered by image;
-- ``cls_plus_group``: R9's comparison, an image classifier on CLS against one on CLS concatenated with the mean of
-  a token group, scored on the same test images (paired).
+  against the rest), unpaired, each side clustered by image.
+
+R9 (CLS against CLS plus a token group) is ``vitscope.probes.cls_with_tokens``; its rows judge with ``paired_units``.
 
 Rows are ``vitscope.probes.tokens`` (and ``vitscope.probes.pib``) rows whose ``units`` hold per-image sums and
 counts; the verdict is ``vitscope.claims.judge``'s (``vitscope.stats``: the cluster-robust interval over images,
@@ -18,13 +18,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from vitscope.claims import Claim, Judgement
 from vitscope.claims.judge import judge, missing
 from vitscope.metrics.units import unit_values
-from vitscope.probes.linear import fit_classifier
 from vitscope.probes.results import CHANCE, RANDOM_SUFFIX
 
 
@@ -95,24 +92,3 @@ def judge_groups(claim: Claim, rows: Sequence[dict[str, Any]], *, model: str, me
                  b_label=b_label or b_group, rows=_context(rows, model, metric, [layer], [a_group, b_group]),
                  unit="images")
 
-
-def group_mean(patches: Tensor, mask: Tensor) -> Tensor:
-    """(N, D) mean of each image's masked patch tokens (``patches`` (N, P, D), ``mask`` (N, P) bool; zeros for an
-    image with none)."""
-    weights = mask.float()
-    return (patches.float() * weights[..., None]).sum(1) / weights.sum(1, keepdim=True).clamp(min=1)
-
-
-def cls_plus_group(cls_fit: Tensor, group_fit: Tensor, labels_fit: Tensor, cls_test: Tensor, group_test: Tensor,
-                   labels_test: Tensor, *, seed: int = 0, device: torch.device | str = "cpu"
-                   ) -> dict[str, Tensor]:
-    """R9's two classifiers (``vitscope.probes.linear.fit_classifier``, its learning-rate and weight-decay sweep
-    on held-out fitting rows): on CLS (N, D) alone and on CLS concatenated with a group's mean (N, D); per test
-    image whether each is right: {"cls": (M,), "cls+group": (M,)} float 0/1."""
-    classes = int(max(labels_fit.max(), labels_test.max())) + 1
-    alone = fit_classifier(cls_fit.float(), labels_fit, classes, seed=seed, device=device)
-    both = fit_classifier(torch.cat([cls_fit.float(), group_fit.float()], 1), labels_fit, classes, seed=seed,
-                          device=device)
-    return {"cls": (alone.predict(cls_test.float()).cpu() == labels_test).double(),
-            "cls+group": (both.predict(torch.cat([cls_test.float(), group_test.float()], 1)).cpu()
-                          == labels_test).double()}
