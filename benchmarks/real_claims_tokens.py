@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from vitscope.analyze.inputs import model_view_options
 from vitscope.claims import claim
-from vitscope.claims.judge import judge
 from vitscope.data import load_dataset
 from vitscope.data.synthetic import synthetic_scenes
 from vitscope.metrics.high_norm import separate_mode
@@ -20,7 +20,7 @@ from vitscope.probes.dense.modules import HeadInputs
 from vitscope.probes.features import extract_features
 from vitscope.probes.linear import fit_regressor
 from vitscope.probes.pib import pib_probe
-from vitscope.probes.token_claims import find_row, judge_groups, judge_layers, paired_units
+from vitscope.probes.token_claims import find_row, judge_groups, judge_layers, judge_with_group
 from vitscope.probes.tokens import probe_tokens
 
 LAYERS = [0, 3, 6, 9, 12]
@@ -136,13 +136,13 @@ def _r9(ctx: Any, backbone: Any, data: Any, top: torch.Tensor, name: str, where:
     rows = cls_with_tokens(feats, data.labels, {"top-norm": top}, label=name, held_fraction=0.5, seed=0)
     alone = find_row(rows, model=name, group="cls (top-norm images)", metric="image_top1")
     both = find_row(rows, model=name, group="cls+top-norm", metric="image_top1")
-    with_group, cls_only, _ = paired_units(both, alone)
-    tested = len(cls_only)
-    judgement = judge(claim("R9"), with_group, cls_only, paired=True,
-                      scope=f"{where}; group: {STAND_IN}; {len(data) - tested} fitting and {tested} test images",
-                      a_label="CLS + mean of the stand-in group", b_label="CLS", layer=12, unit="images")
-    return {"cls_top1": float(cls_only.mean()), "cls_group_top1": float(with_group.mean()), "test_images": tested,
-            "disagree": float((cls_only != with_group).mean()), "judgement": judgement.to_json()}
+    tested = alone["n"]
+    judgement = judge_with_group(claim("R9"), rows, model=name, group="top-norm",
+                                 scope=f"{where}; group: {STAND_IN}; {len(data) - tested} fitting and {tested} test "
+                                       "images", a_label="CLS + mean of the stand-in group")
+    return {"cls_top1": alone["value"], "cls_group_top1": both["value"], "test_images": tested,
+            "disagree": float(np.mean(np.array(alone["units"]["sums"]) != np.array(both["units"]["sums"]))),
+            "judgement": judgement.to_json()}
 
 
 def _without_units(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,7 +11,9 @@ from vitscope.data import synthetic_scenes
 from vitscope.metrics.units import per_image, unit_values
 from vitscope.models import create
 from vitscope.probes.pib import pib_probe
-from vitscope.probes.token_claims import judge_groups, judge_layers, paired_units
+from vitscope.probes.cls_with_tokens import cls_with_tokens
+from vitscope.probes.features import LayerFeatures
+from vitscope.probes.token_claims import judge_groups, judge_layers, judge_with_group, paired_units
 from vitscope.stats import compare
 
 
@@ -63,6 +65,49 @@ def test_groups_are_compared_with_each_side_clustered_by_image():
     (a, ia), (b, ib) = unit_values(rows[0]["units"]), unit_values(rows[1]["units"])
     reference = compare(a, b, sign=1, threshold=None, clusters=(ia, ib))
     assert found.verdict == "reproduced" and found.ci95_low == pytest.approx(reference.low)
+
+
+def test_r9_judged_on_cls_with_tokens_rows_gives_the_planted_verdict():
+    """CLS is noise and the group names the class (cls_with_tokens fitted on planted features): the gain is far past
+    R9's one-point margin, not reproduced; the interval pairs the same held-out images."""
+    rng = np.random.default_rng(4)
+    n, classes = 240, 4
+    labels = torch.from_numpy(rng.integers(0, classes, n))
+    cls = torch.from_numpy(rng.normal(size=(n, 8))).float() * 0.01
+    patches = torch.from_numpy(rng.normal(size=(n, 4, 8))).float() * 0.01
+    patches[:, 2] = torch.nn.functional.one_hot(labels, 8).float() * 5
+    mask = torch.zeros(n, 4, dtype=torch.bool)
+    mask[:, 2] = True
+    feats = LayerFeatures(12, torch.cat([cls[:, None], patches], 1).half(), 1, 0, (2, 2), 16)
+    rows = cls_with_tokens(feats, labels, {"top-norm": mask}, label="m",
+                           fit_options={"lrs": (0.1,), "weight_decays": (0.0,), "epochs": 60})
+    found = judge_with_group(claim("R9"), rows, model="m", group="top-norm", scope="planted; stand-in group")
+    assert found.verdict == "not reproduced", found.reason
+    assert found.n_a == 120 and found.layer == 12 and "stand-in" in found.scope and found.rows
+    assert found.difference == pytest.approx(0.75, abs=0.15)  # near 1 against chance (1/4)
+    assert judge_with_group(claim("R9"), rows, model="other", group="top-norm", scope="s").verdict == "not testable"
+
+
+def _outcome_row(group: str, right: np.ndarray) -> dict:
+    images = list(range(len(right)))
+    return {"model": "m", "layer": 12, "layer_kind": "token", "group": group, "metric": "image_top1",
+            "value": float(right.mean()), "n": len(right),
+            "units": {"images": images, "sums": right.tolist(), "counts": [1] * len(right)}}
+
+
+@pytest.mark.parametrize("flips, verdict", [(4, "reproduced"), (200, "not reproduced")])
+def test_r9_equivalence_on_planted_outcomes(flips, verdict):
+    """3000 held-out images, CLS right on 80 %; the group's classifier differs on 4 images each way (no change,
+    within one top-1 point: reproduced) or is right on 200 more (+6.7 points: not reproduced)."""
+    alone = np.r_[np.ones(2400), np.zeros(600)]
+    both = alone.copy()
+    both[:4] = 0
+    both[2400:2404] = 1
+    both[2404 : 2400 + flips] = 1
+    rows = [_outcome_row("cls (top-norm images)", alone), _outcome_row("cls+top-norm", both)]
+    found = judge_with_group(claim("R9"), rows, model="m", group="top-norm", scope="planted")
+    assert found.verdict == verdict, found.reason
+    assert found.difference == pytest.approx((both - alone).mean())
 
 
 def test_judge_estimate_applies_the_one_rule_with_the_claims_direction_or_a_given_sign():

@@ -5,7 +5,8 @@
 - ``judge_groups``: one measure on two token groups of the same images at one layer (R8: the highest-norm tokens
   against the rest), unpaired, each side clustered by image.
 
-R9 (CLS against CLS plus a token group) is ``vitscope.probes.cls_with_tokens``; its rows judge with ``paired_units``.
+- ``judge_with_group``: R9 on ``vitscope.probes.cls_with_tokens`` rows, CLS plus a token group's mean against CLS
+  alone on the same held-out images, paired by image.
 
 Rows are ``vitscope.probes.tokens`` (and ``vitscope.probes.pib``) rows whose ``units`` hold per-image sums and
 counts; the verdict is ``vitscope.claims.judge``'s (``vitscope.stats``: the cluster-robust interval over images,
@@ -92,3 +93,18 @@ def judge_groups(claim: Claim, rows: Sequence[dict[str, Any]], *, model: str, me
                  b_label=b_label or b_group, rows=_context(rows, model, metric, [layer], [a_group, b_group]),
                  unit="images")
 
+
+def judge_with_group(claim: Claim, rows: Sequence[dict[str, Any]], *, model: str, group: str, scope: str,
+                     a_label: str | None = None) -> Judgement:
+    """``claim`` (R9) on ``vitscope.probes.cls_with_tokens`` rows of ``model``: ``cls+GROUP`` minus ``cls (GROUP
+    images)``, image top-1 on the same held-out images, paired by image."""
+    both = find_row(rows, model=model, group=f"cls+{group}", metric="image_top1")
+    alone = find_row(rows, model=model, group=f"cls ({group} images)", metric="image_top1")
+    if both is None or alone is None:
+        return missing(claim, f"no cls+{group} and cls ({group} images) rows of {model}", scope=scope)
+    with_group, cls_only, images = paired_units(both, alone)
+    layer = both["layer"]
+    return judge(claim, with_group, cls_only, paired=True, scope=scope, layer=layer,
+                 a_label=a_label or f"CLS + mean of {group}", b_label="CLS",
+                 rows=_context(rows, model, "image_top1", [layer], [f"cls+{group}", f"cls ({group} images)"]),
+                 unit="images")
