@@ -10,9 +10,9 @@ from vitscope.claims.judge import judge_estimate
 from vitscope.data import synthetic_scenes
 from vitscope.metrics.units import per_image, unit_values
 from vitscope.models import create
-from vitscope.probes.pib import pib_probe
 from vitscope.probes.cls_with_tokens import cls_with_tokens
 from vitscope.probes.features import LayerFeatures
+from vitscope.probes.pib import pib_probe
 from vitscope.probes.token_claims import judge_groups, judge_layers, judge_with_group, paired_units
 from vitscope.stats import compare
 
