@@ -122,16 +122,19 @@ def test_judge_estimate_applies_the_one_rule_with_the_claims_direction_or_a_give
         judge_estimate(claim("R9"), 0.0, -0.1, 0.1, method="m", n_a=10)
 
 
-def test_class_evidence_pib_finds_a_planted_class_patch_and_scores_the_held_out_half():
-    """A backbone whose patch tokens on the object carry the image class (planted by a hook) and whose background
-    tokens carry only the random backbone's mixing: the class-evidence map peaks on the object, PiB is 100, and the
-    rows give one unit per held-out image (in percent), half the images."""
+@pytest.mark.parametrize("where, expected", [("object", 100.0), ("background", 0.0)])
+def test_class_evidence_pib_finds_a_planted_class_patch_and_scores_the_held_out_half(where, expected):
+    """A backbone whose patch tokens on the object (or, the other way, only those off it) carry the image class
+    (planted by a hook), the others only the random backbone's mixing: the class-evidence map peaks where the class
+    was planted, PiB is 100 (or 0), and the rows give one unit per held-out image (in percent), half the images."""
     from vitscope.metrics.pib import centres_in_boxes
 
     torch.manual_seed(3)
     scenes = synthetic_scenes("eval", num_images=40, cue="shape")
     model = create("vit-micro").eval()
-    on_object = centres_in_boxes(scenes.extras["boxes"], (8, 8), 4)  # (images, 64)
+    on_object = centres_in_boxes(scenes.extras["boxes"], (8, 8), 4).float()  # (images, 64)
+    if where == "background":
+        on_object = 1 - on_object
     code = torch.nn.functional.one_hot(scenes.labels, 64).float() * 50
 
     def plant(_module, _inputs, output):  # one batch holds every image (batch_size=40), in dataset order
@@ -143,8 +146,8 @@ def test_class_evidence_pib_finds_a_planted_class_patch_and_scores_the_held_out_
     result = pib_probe(model, scenes, "4", score="class", batch_size=40, cache=False, progress=False,
                        baseline=False, norm=False)
     row = next(r for r in result.rows if r["model"] == "model" and r["metric"] == "pib")
-    assert row["value"] == 100.0 and row["n"] == 20 and result.settings["scored_images"] == 20
-    assert set(row["units"]["sums"]) == {100.0} and row["units"]["counts"] == [1] * 20
+    assert row["value"] == expected and row["n"] == 20 and result.settings["scored_images"] == 20
+    assert set(row["units"]["sums"]) == {expected} and row["units"]["counts"] == [1] * 20
     chance = next(r for r in result.rows if r["model"] == "chance" and r["metric"] == "pib")["value"]
     assert 0 < chance < 100
     assert np.isclose(row["value"], np.mean(row["units"]["sums"]))
