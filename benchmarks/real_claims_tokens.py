@@ -30,6 +30,10 @@ POSITION_FIT = {"lrs": (1e-2, 1e-1), "weight_decays": (1e-4,), "epochs": 50}
 STAND_IN = (f"each image's {TOP_K} highest-norm patch tokens at the last layer (top 2 %; a stand-in: this model "
             "has no separate high-norm mode, so these are the tail of one distribution, not artifacts)")
 
+NO_MODE = ("this model's last-layer patch norms have no separate high-norm mode (the registers study's test): no "
+           "high-norm tokens in the claim's sense; the interval is the stand-in group's (details.stand_in: its own "
+           "verdict)")
+
 
 def _names():
     import real_claims as main
@@ -120,9 +124,10 @@ def stage_cifar(ctx: Any) -> dict[str, Any]:
                 found = judge_groups(claim(cid), groups, model=name, metric=metric, layer=12, a_group="top-norm",
                                      b_group="rest", scope=f"{where}; group: {STAND_IN}",
                                      a_label="top-5 norm tokens (stand-in)", b_label="the other patch tokens")
-                out["claims"].append(found.to_json())
+                out["claims"].append(on_stand_in(found.to_json(), mode.separate))
         out["r9"][name] = _r9(ctx, backbone, data, top, name, where)
-    out["claims"].append(out["r9"][model_name].pop("judgement"))
+    separate = out["norms"][model_name]["separate"]
+    out["claims"].append(on_stand_in(out["r9"][model_name].pop("judgement"), separate))
     out["r9"][twin_name].pop("judgement")
     out["rows"] = _without_units(out["rows"])
     return out
@@ -143,6 +148,17 @@ def _r9(ctx: Any, backbone: Any, data: Any, top: torch.Tensor, name: str, where:
     return {"cls_top1": alone["value"], "cls_group_top1": both["value"], "test_images": tested,
             "disagree": float(np.mean(np.array(alone["units"]["sums"]) != np.array(both["units"]["sums"]))),
             "judgement": judgement.to_json()}
+
+
+def on_stand_in(judged: dict[str, Any], separate: bool) -> dict[str, Any]:
+    """An R8/R9 Judgement (JSON) measured on the stand-in group: without a separate high-norm mode the claim, about
+    high-norm (artifact) tokens, is not testable (the registry's precondition, as ``vitscope.stats.verdict`` applies
+    it); the stand-in's own verdict and reason are kept in ``details.stand_in``, its interval in place."""
+    if separate:
+        return judged
+    stand_in = {"verdict": judged["verdict"], "reason": judged["reason"]}
+    return judged | {"verdict": "not testable", "reason": NO_MODE, "details": {**judged.get("details", {}),
+                                                                             "stand_in": stand_in}}
 
 
 def _without_units(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
