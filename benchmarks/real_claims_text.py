@@ -26,7 +26,11 @@ def _claim(claims: list[dict[str, Any]], cid: str, **match: Any) -> dict[str, An
 
 
 def _verdict(c: dict[str, Any] | None) -> str:
-    return f"**{c['verdict']}**" if c else "-"
+    """The verdict in bold; for a claim measured on a stand-in group, the stand-in's own verdict beside it."""
+    if not c:
+        return "-"
+    stand_in = (c.get("details") or {}).get("stand_in")
+    return f"**{c['verdict']}**" + (f" (stand-in group: {stand_in['verdict']})" if stand_in else "")
 
 
 def _digits(c: dict[str, Any]) -> int:
@@ -77,7 +81,8 @@ def outcome(stages: dict[str, Any], claims: list[dict[str, Any]]) -> list[str]:
                    f"; verdicts: {', '.join(sorted(verdicts))} (per layer below). The paper's model and data were "
                    "not at hand.")
     if "cls" in stages:
-        out.append("- **Why +CLS lowered mIoU in the first measurement:** " + cls_reason(stages["cls"]))
+        out.append("- **Why +CLS lowered mIoU in the first measurement:** " + cls_reason(stages["cls"],
+                                                                                       stages.get("camvid")))
     for cid, words in (("S2-alignment", "S2, shallow layers keep spatial alignment"),
                        ("S2-semantics", "S2, deep layers carry more meaning")):
         found = [c for c in claims if c["claim_id"] == cid]
@@ -87,9 +92,11 @@ def outcome(stages: dict[str, Any], claims: list[dict[str, Any]]) -> list[str]:
     r8 = [c for c in claims if c["claim_id"] in ("R8-local", "R8-global", "R9")]
     if r8:
         out.append("- **R8/R9 (what high-norm tokens carry):** this model has no separate high-norm mode, so there "
-                   "are no artifact tokens to test; on a stand-in group (each image's 5 highest-norm patch tokens) "
-                   + "; ".join(f"{c['claim_id']} reads {c['verdict']}" for c in r8)
-                   + ". That is a statement about the top of one distribution, not about artifacts.")
+                   "are no artifact tokens to test: R8-local, R8-global and R9 are **not testable** on it. On a "
+                   "stand-in group (each image's 5 highest-norm patch tokens) "
+                   + "; ".join(f"{c['claim_id']} reads {(c.get('details') or {}).get('stand_in', c)['verdict']} "
+                               f"({_ci(c, 3)})" for c in r8)
+                   + ": a statement about the top of one distribution, not about artifacts.")
     if "locality" in stages:
         loc = stages["locality"]
         small, big = (min(min(r) for r in loc[side]["mad"]) for side in ("224", "518"))
@@ -180,33 +187,110 @@ def _score(scores: dict, layer: int, cls: bool) -> dict[str, Any]:
         {"difference": math.nan, "low": math.nan, "high": math.nan}
 
 
-def cls_reason(stage: dict[str, Any]) -> str:
-    """One paragraph: which explanation of the first measurement's drop the numbers support."""
-    first = _get(stage["first"], 4)
+def _excludes_zero(found: dict[str, Any]) -> bool:
+    return found["high"] < 0 or found["low"] > 0
+
+
+def _within_video(camvid: dict[str, Any] | None) -> dict[int, float]:
+    """Per layer, the best with-CLS minus the best without-CLS held-out mIoU of the sweep: frames of the training
+    video the heads did not fit (no interval: one split, one seed)."""
+    if not camvid:
+        return {}
+    best: dict[tuple[int, bool], float] = {}
+    for s in camvid["settings"].get("sweep", {}).get("scores", []):
+        if s["key"][0] == page.MODEL:
+            key = (s["key"][1], s["with_cls"])
+            best[key] = max(best.get(key, -math.inf), s["miou"])
+    return {layer: best[layer, True] - best[layer, False] for layer, cls in best if cls and (layer, False) in best}
+
+
+def _layers(layers: list[int]) -> str:
+    return ("layer" + ("s " if len(layers) > 1 else " ") + ", ".join(map(str, layers))) if layers else "no layer"
+
+
+def cls_explanations(stage: dict[str, Any], camvid: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """(explanation, what the measurements say about it), each sentence chosen by the numbers it states."""
+    first, steps, scale = _get(stage["first"], 4), stage["steps"], stage["scale"]
     controls = _get(stage["controls"], 4)
-    steps = stage["steps"]
-    longest = _get(steps, max(int(k) for k in steps))
-    shortest = _get(steps, min(int(k) for k in steps))
-    parts = [f"the first protocol (40 steps, one learning rate) gives {page.interval(first)} points at layer 4 "
-             f"over {first['seeds']} head seeds"]
-    parts.append(f"the gap is {page.signed(shortest['difference'])} at {min(int(k) for k in steps)} steps and "
-                 f"{page.signed(longest['difference'])} at {max(int(k) for k in steps)} steps, so "
-                 + ("more training does not close it" if longest["high"] < 0 else "it is not clearly below zero "
-                    "with long training"))
+    out = []
+    out.append(("chance (62 frames, one seed)",
+                (f"**ruled out**: the first protocol repeated with {first['seeds']} head seeds gives "
+                 f"{page.interval(first)} at layer 4, an interval over frames and seeds that excludes zero"
+                 if first["high"] < 0 else
+                 f"**cannot be excluded**: the first protocol repeated with {first['seeds']} head seeds gives "
+                 f"{page.interval(first)} at layer 4")))
+    counts = sorted(int(k) for k in steps)
+    longest = _get(steps, counts[-1])
+    trend = ", ".join(f"{page.signed(_get(steps, n)['difference'])} at {n}" for n in counts)
+    out.append(("under-training (40 optimiser steps)",
+                (f"**part of it, not all**: the gap shrinks with steps ({trend} steps) but at {counts[-1]} steps it "
+                 f"is still {page.interval(longest)}"
+                 if longest["high"] < 0 and abs(longest["difference"]) < abs(_get(steps, counts[0])["difference"])
+                 else f"**{'supported' if longest['high'] >= 0 else 'ruled out'}**: with-minus-without is {trend} "
+                      f"steps ({page.interval(longest)} at {counts[-1]})")))
+    s3 = {c["layer"]: c for c in (camvid or {}).get("claims", []) if c["claim_id"] == "S3"}
+    if s3:
+        below = [layer for layer, c in sorted(s3.items()) if c["ci95_high"] < 0]
+        near = [layer for layer, c in sorted(s3.items()) if c["ci95_low"] <= 0 <= c["ci95_high"]]
+        above = [layer for layer, c in sorted(s3.items()) if c["ci95_low"] > 0]
+        chosen = {(c["key"][1], c["with_cls"]): (c["lr"], c["weight_decay"]) for c in
+                  (camvid or {}).get("settings", {}).get("sweep", {}).get("chosen", []) if c["key"][0] == page.MODEL}
+        differ = [layer for layer in sorted(s3) if chosen.get((layer, True)) != chosen.get((layer, False))]
+        settings = (camvid or {}).get("settings", {})
+        words = (f"each head's learning rate and weight decay chosen on held-out training frames (the wide head's "
+                 f"choice differs from the narrow one's at {_layers(differ)}), {settings.get('steps')} steps, "
+                 f"{settings.get('head_seeds')} head seeds: CLS "
+                 f"lowers mIoU at {_layers(below)}, leaves it within noise at {_layers(near)} and raises it at "
+                 f"{_layers(above)}")
+        out.append(("one learning rate for a head twice as wide",
+                    ("**ruled out as the cause**: " if below and not above else "**partly**: ") + words))
+    raw, times = scale["raw"], scale["cls_times_100"]
+    same = abs(raw["difference"] - times["difference"]) < 2 * max(raw.get("se", 0), times.get("se", 0), 1e-9)
+    out.append(("the CLS token's scale beside the patches'",
+                (f"**ruled out**: the head standardises every input channel, and the CLS token times 100 gives "
+                 f"{page.interval(times)} against {page.interval(raw)} as it is" if same else
+                 f"**matters**: the CLS token times 100 gives {page.interval(times)} against {page.interval(raw)}")))
     cls, shuffled, mean = (controls.get(k) for k in ("CLS", "another frame's CLS", "mean patch token"))
+    content = _get(stage.get("cls_content", {}), 4) or {}
+    within = _within_video(camvid)
+    parts = []
     if cls and shuffled:
-        same = abs(cls["difference"] - shuffled["difference"]) < max(cls["se"], shuffled["se"]) * 2
+        alike = abs(cls["difference"] - shuffled["difference"]) < 2 * max(cls["se"], shuffled["se"])
         parts.append(f"another frame's CLS changes mIoU by {page.signed(shuffled['difference'])} against the frame's "
-                     f"own {page.signed(cls['difference'])}"
-                     + (" (about the same: what hurts is a per-frame vector the head can fit, not the CLS's content)"
-                        if same else ""))
+                     f"own {page.signed(cls['difference'])}" + (" (alike within their spread: the head gains nothing "
+                                                                 "from what the CLS says about its own frame)"
+                                                                 if alike else ""))
     if mean:
-        parts.append(f"the frame's mean patch token in its place gives {page.signed(mean['difference'])}")
-    parts.append(f"the training loss with CLS ends lower than without ({first['train_loss_with']:.3f} against "
-                 f"{first['train_loss_without']:.3f}) while the evaluation mIoU is lower: the wider head fits the 171 "
-                 "training frames of one video better and transfers worse to the other video")
-    said = "; ".join(parts) + "."
-    return said[0].upper() + said[1:]
+        parts.append(f"the frame's mean patch token in the CLS's place gives {page.signed(mean['difference'])}")
+    if content:
+        parts.append(f"a ridge regression from the CLS token to a frame's class fractions scores R² "
+                     f"{content['CLS']:.2f} on the evaluation video (from the mean patch token: "
+                     f"{content['mean patch token']:.2f}), and the evaluation frames' CLS lies "
+                     f"{content['eval_cls_shift_sd']:.1f} training standard deviations from the training frames' "
+                     "(mean over channels)")
+    if within:
+        parts.append("on held-out frames of the training video CLS changes the sweep's best mIoU by "
+                     + ", ".join(f"{page.signed(v)} (layer {layer})" for layer, v in sorted(within.items()))
+                     + ", against the larger drops on the other video")
+    if first["train_loss_with"] < first["train_loss_without"]:
+        parts.append(f"with CLS the training loss ends lower ({first['train_loss_with']:.3f} against "
+                     f"{first['train_loss_without']:.3f}) while the evaluation mIoU is lower")
+    out.append(("the model (what its CLS token carries)",
+                "**supported**: " + "; ".join(parts) + ". This model's CLS token gives the linear head a per-frame "
+                "vector with nothing it can transfer from one video to the other: the extra inputs fit the training "
+                "video's frames and shift with the video. Whether that is the saliency fine-tuning or DINO's CLS "
+                "token in general, one model cannot say"))
+    return out
+
+
+def cls_reason(stage: dict[str, Any], camvid: dict[str, Any] | None = None) -> str:
+    """One paragraph: which explanation of the first measurement's drop the numbers support."""
+    found = dict(cls_explanations(stage, camvid))
+    supported = [name for name, said in found.items() if said.startswith(("**supported", "**part", "**matters",
+                                                                           "**cannot"))]
+    ruled = [name for name, said in found.items() if said.startswith("**ruled")]
+    return (f"supported by the measurements: {'; '.join(supported) or 'none'}; ruled out: {'; '.join(ruled) or 'none'}"
+            " (each with its numbers in 'Why +CLS lowered mIoU' below).")
 
 
 def _get(mapping: dict, key: Any) -> Any:
@@ -270,7 +354,8 @@ def cls_investigation(stage: dict[str, Any], camvid: dict[str, Any] | None) -> l
             "deviations):", "",
             *page.table(["layer", "R² from CLS", "R² from mean patch", "CLS shift, evaluation vs training (sd)"],
                         crows),
-            "**What is true.** " + cls_reason(stage), ""]
+            "**What is true.**", "",
+            *(f"- {name}: {said}." for name, said in cls_explanations(stage, camvid)), ""]
     return out
 
 
@@ -427,7 +512,20 @@ def commands(run: dict[str, Any], stages: dict[str, Any]) -> list[str]:
             ".data/camvid_street --layers 0,3,4,6,9,12 --with-cls both --head-seeds 3 --loss-points 1024 "
             "--out runs/camvid-seg", "```", "",
             *page.table(["stage", "wall time", "CPU time", "load at its end (1 min)"], rows),
-            f"The whole run: {run['seconds'] / 60:.1f} min of wall time and {run['cpu_seconds'] / 60:.1f} min of CPU "
-            f"on {run['cores']} cores ({run['threads']} torch threads), load average {run['load_at_start'][0]:.1f} "
-            f"at the start and {run['load_at_end'][0]:.1f} at the end; features are computed once and cached in "
-            "the work folder, each stage is stored when done (a rerun resumes).", ""]
+            *_totals(run, stages)]
+
+
+def _totals(run: dict[str, Any], stages: dict[str, Any]) -> list[str]:
+    """The whole run's time, its CPU time, and what the CPU time implies on an idle machine of the same cores."""
+    timed = [s["timing"] for s in stages.values() if "timing" in s]
+    wall, cpu = sum(t["seconds"] for t in timed) / 60, sum(t["cpu_seconds"] for t in timed) / 60
+    cores = run["cores"]
+    return [f"All stages: {wall:.1f} min of wall time and {cpu:.1f} min of CPU time (every thread of the one "
+            f"process; {run['threads']} torch threads on {cores} cores). The machine was shared: the load average "
+            f"(1 min) was {run['load_at_start'][0]:.1f} when the last invocation started and "
+            f"{run['load_at_end'][0]:.1f} when it ended, against {cores} cores, so the wall time is mostly waiting "
+            f"for a core. On an idle {cores}-core machine the CPU time bounds the wall time between "
+            f"{cpu / cores:.0f} min (both cores busy throughout) and {cpu:.0f} min (one core at a time), against the "
+            f"60-minute target. The last invocation ran {run['seconds'] / 60:.1f} min and read back the stages "
+            "already stored; features are computed once and cached in the work folder, each stage is stored when "
+            "done (a rerun resumes).", ""]
