@@ -316,7 +316,9 @@ def cls_investigation(stage: dict[str, Any], camvid: dict[str, Any] | None) -> l
     rows = [[str(k), page.num(v["without"]["difference"]), page.num(v["with"]["difference"]), page.interval(v),
              f"{v['change_without']:+.1%} / {v['change_with']:+.1%}"] for k, v in sorted(steps.items(),
                                                                                        key=lambda kv: int(kv[0]))]
-    out += ["**2. Under-training.** Layer 4, learning rate 1e-2, batch 16, 1024 loss points, from 40 to 4000 steps "
+    counts = sorted(int(k) for k in stage["steps"])
+    out += [f"**2. Under-training.** Layer 4, learning rate 1e-2, batch 16, 1024 loss points, from {counts[0]} to "
+            f"{counts[-1]} steps, {_get(stage['steps'], counts[0])['seeds']} head seeds "
             "(the change of the training loss over the second half is the convergence check of `vitscope probe`):",
             "", *page.table(["steps", "mIoU without", "mIoU with", "with - without (95 %)",
                              "loss change, second half (without / with)"], rows)]
@@ -336,14 +338,17 @@ def cls_investigation(stage: dict[str, Any], camvid: dict[str, Any] | None) -> l
             f"multiplying the CLS token by 100 gives {page.interval(scale['cls_times_100'])} against "
             f"{page.interval(scale['raw'])} (one seed, 1000 steps).", ""]
     rows = []
-    for layer in stage["layers"]:
-        for name, found in _get(stage["controls"], layer).items():
+    controls = {k: v for k, v in stage["controls"].items() if k != "steps"}
+    for layer, found_at in sorted(controls.items(), key=lambda kv: int(kv[0])):
+        for name, found in found_at.items():
             rows.append([str(layer), name, page.num(found["without"]["difference"]),
                          page.num(found["with"]["difference"]), page.interval(found)])
     content = stage.get("cls_content", {})
     crows = [[str(layer), f"{_get(content, layer)['CLS']:.2f}", f"{_get(content, layer)['mean patch token']:.2f}",
               f"{_get(content, layer)['eval_cls_shift_sd']:.2f}"] for layer in stage["layers"]]
-    out += ["**5. The model, or what the concatenated vector carries.** 1000 steps, learning rate 1e-2, with the "
+    out += [f"**5. The model, or what the concatenated vector carries.** {stage['controls'].get('steps', 1000)} "
+            f"steps, learning rate 1e-2, {next(iter(next(iter(controls.values())).values()))['seeds']} head seeds, "
+            "with the "
             "frame's CLS, the frame's mean patch token, another frame's CLS (the frame half the split away), or the "
             "CLS under weight decay 1:", "",
             *page.table(["layer", "concatenated", "mIoU without", "mIoU with", "with - without (95 %)"], rows),
