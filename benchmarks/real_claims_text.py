@@ -75,11 +75,14 @@ def outcome(stages: dict[str, Any], claims: list[dict[str, Any]]) -> list[str]:
         best = max(s3, key=lambda c: c["difference"])
         worst = min(s3, key=lambda c: c["difference"])
         out.append(f"- **S3 (CLS helps dense prediction), segmentation:** with the head fitted as DINOv2 fits "
-                   f"it (steps, a learning-rate and weight-decay sweep on held-out training frames, 3 head seeds), "
+                   f"it (steps, a learning-rate and weight-decay sweep on held-out training frames, "
+                   f"{stages['camvid']['settings']['head_seeds']} head seeds), "
                    f"concatenating CLS changes CamVid mIoU by {page.signed(worst['difference'])} to "
                    f"{page.signed(best['difference'])} points across layers {', '.join(str(c['layer']) for c in s3)}"
-                   f"; verdicts: {', '.join(sorted(verdicts))} (per layer below). The paper's model and data were "
-                   "not at hand.")
+                   f"; verdicts: {', '.join(sorted(verdicts))} (per layer below). " + _blocked_words(stages["camvid"])
+                   + (" CLS helps at no layer" if not any(c["ci95_low"] > 0 for c in s3) else
+                      " CLS helps at layers " + ", ".join(str(c["layer"]) for c in s3 if c["ci95_low"] > 0))
+                   + "; the paper's model and data were not at hand.")
     if "cls" in stages:
         out.append("- **Why +CLS lowered mIoU in the first measurement:** " + cls_reason(stages["cls"],
                                                                                        stages.get("camvid")))
@@ -173,12 +176,25 @@ def s3_segmentation(stage: dict[str, Any], figures: dict[str, str], folder: str)
            "keeps the serial correlation of a video inside a group. Chance: the most frequent training class "
            f"everywhere. Best layer: {best.get('layer')} ({'with' if best.get('with_cls') else 'without'} CLS, "
            f"mIoU {page.num(best.get('value'))}).", ""]
+    out += [_blocked_words(stage), ""]
     if notes:
         out += [f"Training note: {notes[0]}", ""]
     if "camvid" in figures:
         out += [f"![CamVid mIoU by layer, with and without CLS, random init and chance]({folder}/{figures['camvid']})",
                 ""]
     return out
+
+
+def _blocked_words(stage: dict[str, Any]) -> str:
+    """What the blocked jackknife (runs of consecutive frames left out) does to the per-layer verdicts."""
+    below, spans = [], []
+    for c in (c for c in stage["claims"] if c["claim_id"] == "S3"):
+        blocked = _get(stage["blocked"], c["layer"])
+        (below if blocked["high"] < 0 else spans if blocked["low"] <= 0 else []).append(c["layer"])
+    return ("The frames of a video are serially correlated, so single frames are not independent. Left out in runs "
+            f"of consecutive frames (the blocked column), the with-minus-without interval stays below zero at "
+            f"{_layers(below)} and reaches zero at {_layers(spans)}: the verdicts that hold under both intervals are "
+            f"the firm ones.")
 
 
 def _score(scores: dict, layer: int, cls: bool) -> dict[str, Any]:
