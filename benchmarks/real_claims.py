@@ -192,8 +192,9 @@ def stage_depth(ctx: Context) -> dict[str, Any]:
     n_train, n_eval = ctx.scale(128, 16), ctx.scale(64, 8)
     train = synthetic_dense("depth", "train", n_train, image_size=224, cue="texture")
     held = synthetic_dense("depth", "eval", n_eval, image_size=224, cue="texture")
-    layers = [6, 12] if not ctx.quick else [12]
-    # a depth head step costs about 15 times a segmentation one (256 bins on the x4 grid): one pair, 300 steps
+    layers = [12]
+    # a depth head step costs about 15 times a segmentation one (256 bins on the x4 grid): one pair, 300 steps, the
+    # last layer only (the page's 60-minute budget on a shared machine)
     settings = dense_settings(ctx, max_depth=float(max(t.max() for t in train.targets)) + 1e-3,
                               steps=ctx.scale(300, 30), head_seeds=2, lrs=(1e-2,), weight_decays=(1e-4,))
     result = dense_probe(ctx.model, train, held, layers, settings)
@@ -224,7 +225,7 @@ def stage_locality(ctx: Context) -> dict[str, Any]:
     out: dict[str, Any] = {}
     runs = [("224", ctx.model, frames, 224), ("224 random init", ctx.twin, frames, 224)]
     big = load(SPEC, weights=WEIGHTS, img_size=518)
-    few = ImageDataset(frames.name, frames.split, frames.images[: ctx.scale(24, 2)], frames.labels[: ctx.scale(24, 2)],
+    few = ImageDataset(frames.name, frames.split, frames.images[: ctx.scale(8, 2)], frames.labels[: ctx.scale(8, 2)],
                        frames.classes, frames.mean, frames.std, frames.root)
     runs.append(("518", big, few, 518))
     cifar = tokens.cifar10(ctx, ctx.scale(200, 10), seed=0)  # real-vit-small.md's 200 images, now seen bicubic

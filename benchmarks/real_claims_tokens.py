@@ -97,7 +97,7 @@ def stage_cifar(ctx: Any) -> dict[str, Any]:
     """S2-semantics (class from one patch token by layer), R8 (pixels and class, the stand-in group against the
     rest) and R9 (CLS against CLS + the group's mean) on CIFAR-10, model and twin."""
     model_name, twin_name, scope = _names()
-    data = cifar10(ctx, ctx.scale(300, 40))
+    data = cifar10(ctx, ctx.scale(200, 40))  # the 200-image sample (seed 0) of the locality stage
     layers = LAYERS if not ctx.quick else [3, 12]
     where = f"{scope}; CIFAR-10 test images ({len(data)}, class-stratified, 32 px shown at 224 px, bicubic)"
     out: dict[str, Any] = {"images": len(data), "claims": [], "rows": [], "norms": {}, "r9": {}}
