@@ -224,79 +224,109 @@ def _layers(layers: list[int]) -> str:
     return ("layer" + ("s " if len(layers) > 1 else " ") + ", ".join(map(str, layers))) if layers else "no layer"
 
 
+def _sweep_words(stage: dict[str, Any], camvid: dict[str, Any] | None) -> tuple[str, str] | None:
+    """The learning-rate explanation, judged at layer 4 (the first measurement's layer) and across layers."""
+    s3 = {c["layer"]: c for c in (camvid or {}).get("claims", []) if c["claim_id"] == "S3"}
+    if 4 not in s3:
+        return None
+    chosen = {(c["key"][1], c["with_cls"]): (c["lr"], c["weight_decay"]) for c in
+              (camvid or {}).get("settings", {}).get("sweep", {}).get("chosen", []) if c["key"][0] == page.MODEL}
+    fixed = _get(stage["steps"], 1000) or _get(stage["steps"], max(int(k) for k in stage["steps"]))
+    swept, below = s3[4], [layer for layer, c in sorted(s3.items()) if c["ci95_high"] < 0]
+    decay = (_get(stage["controls"], 4) or {}).get("CLS, weight decay 1")
+    own = (_get(stage["controls"], 4) or {}).get("CLS")
+    wide, narrow = chosen.get((4, True)), chosen.get((4, False))
+    words = (f"at layer 4 the same 1000 steps with one rate (1e-2, weight decay 1e-4) give {page.interval(fixed)}; "
+             f"with each head's own pair, chosen on held-out training frames (the wide head: learning rate "
+             f"{wide[0]:g}, weight decay {wide[1]:g}; the narrow one: {narrow[0]:g}, {narrow[1]:g}), "
+             f"{page.interval(swept)}" if wide and narrow else f"with each head's own pair: {page.interval(swept)}")
+    if decay and own:
+        words += (f"; weight decay 1 on the one rate takes the drop from {page.signed(own['difference'])} to "
+                  f"{page.signed(decay['difference'])}")
+    closes = swept["ci95_low"] <= 0 <= swept["ci95_high"] and fixed["high"] < 0
+    verdict = "**supported at layer 4**" if closes else "**ruled out as the cause**"
+    rest = (f". With swept heads the drop remains at {_layers(below)}" if below else
+            ". With swept heads no layer keeps a drop")
+    return ("one learning rate for a head twice as wide", f"{verdict}: {words}{rest}")
+
+
 def cls_explanations(stage: dict[str, Any], camvid: dict[str, Any] | None) -> list[tuple[str, str]]:
     """(explanation, what the measurements say about it), each sentence chosen by the numbers it states."""
     first, steps, scale = _get(stage["first"], 4), stage["steps"], stage["scale"]
-    controls = _get(stage["controls"], 4)
-    out = []
-    out.append(("chance (62 frames, one seed)",
-                (f"**ruled out**: the first protocol repeated with {first['seeds']} head seeds gives "
-                 f"{page.interval(first)} at layer 4, an interval over frames and seeds that excludes zero"
-                 if first["high"] < 0 else
-                 f"**cannot be excluded**: the first protocol repeated with {first['seeds']} head seeds gives "
-                 f"{page.interval(first)} at layer 4")))
+    out = [("chance (62 frames, one seed)",
+            (f"**ruled out**: the first protocol repeated with {first['seeds']} head seeds gives "
+             f"{page.num(first['without']['difference'])} -> {page.num(first['with']['difference'])} mIoU at layer "
+             f"4, {page.interval(first)}, an interval over frames and seeds that excludes zero"
+             if first["high"] < 0 else
+             f"**cannot be excluded**: the first protocol repeated with {first['seeds']} head seeds gives "
+             f"{page.interval(first)} at layer 4"))]
     counts = sorted(int(k) for k in steps)
-    longest = _get(steps, counts[-1])
+    longest, shortest = _get(steps, counts[-1]), _get(steps, counts[0])
     trend = ", ".join(f"{page.signed(_get(steps, n)['difference'])} at {n}" for n in counts)
-    out.append(("under-training (40 optimiser steps)",
-                (f"**part of it, not all**: the gap shrinks with steps ({trend} steps) but at {counts[-1]} steps it "
-                 f"is still {page.interval(longest)}"
-                 if longest["high"] < 0 and abs(longest["difference"]) < abs(_get(steps, counts[0])["difference"])
-                 else f"**{'supported' if longest['high'] >= 0 else 'ruled out'}**: with-minus-without is {trend} "
-                      f"steps ({page.interval(longest)} at {counts[-1]})")))
-    s3 = {c["layer"]: c for c in (camvid or {}).get("claims", []) if c["claim_id"] == "S3"}
-    if s3:
-        below = [layer for layer, c in sorted(s3.items()) if c["ci95_high"] < 0]
-        near = [layer for layer, c in sorted(s3.items()) if c["ci95_low"] <= 0 <= c["ci95_high"]]
-        above = [layer for layer, c in sorted(s3.items()) if c["ci95_low"] > 0]
-        chosen = {(c["key"][1], c["with_cls"]): (c["lr"], c["weight_decay"]) for c in
-                  (camvid or {}).get("settings", {}).get("sweep", {}).get("chosen", []) if c["key"][0] == page.MODEL}
-        differ = [layer for layer in sorted(s3) if chosen.get((layer, True)) != chosen.get((layer, False))]
-        settings = (camvid or {}).get("settings", {})
-        words = (f"each head's learning rate and weight decay chosen on held-out training frames (the wide head's "
-                 f"choice differs from the narrow one's at {_layers(differ)}), {settings.get('steps')} steps, "
-                 f"{settings.get('head_seeds')} head seeds: CLS "
-                 f"lowers mIoU at {_layers(below)}, leaves it within noise at {_layers(near)} and raises it at "
-                 f"{_layers(above)}")
-        out.append(("one learning rate for a head twice as wide",
-                    ("**ruled out as the cause**: " if below and not above else "**partly**: ") + words))
+    if longest["high"] < 0 and abs(longest["difference"]) < abs(shortest["difference"]):
+        said = (f"**part of it, not all**: at one learning rate the drop shrinks with steps ({trend} steps) but at "
+                f"{counts[-1]} steps it is still {page.interval(longest)}")
+    else:
+        said = (f"**{'supported' if longest['high'] >= 0 else 'ruled out'}**: with-minus-without is {trend} steps "
+                f"({page.interval(longest)} at {counts[-1]})")
+    out.append(("under-training (40 optimiser steps)", said))
+    sweep = _sweep_words(stage, camvid)
+    if sweep:
+        out.append(sweep)
     raw, times = scale["raw"], scale["cls_times_100"]
     same = abs(raw["difference"] - times["difference"]) < 2 * max(raw.get("se", 0), times.get("se", 0), 1e-9)
     out.append(("the CLS token's scale beside the patches'",
-                (f"**ruled out**: the head standardises every input channel, and the CLS token times 100 gives "
-                 f"{page.interval(times)} against {page.interval(raw)} as it is" if same else
+                (f"**ruled out**: the head standardises every input channel (the CLS token's norm is "
+                 f"{scale['cls_norm_over_patch_norm']:.2f} times the mean patch token's at layer 4), and the CLS "
+                 f"token times 100 gives {page.interval(times)} against {page.interval(raw)} as it is" if same else
                  f"**matters**: the CLS token times 100 gives {page.interval(times)} against {page.interval(raw)}")))
-    cls, shuffled, mean = (controls.get(k) for k in ("CLS", "another frame's CLS", "mean patch token"))
-    content = _get(stage.get("cls_content", {}), 4) or {}
-    within = _within_video(camvid)
+    out.append(("the model (what its CLS token carries)", _model_words(stage, camvid)))
+    return out
+
+
+def _model_words(stage: dict[str, Any], camvid: dict[str, Any] | None) -> str:
+    """The model explanation: where the drop survives every fitting choice, and what the controls say."""
+    s3 = {c["layer"]: c for c in (camvid or {}).get("claims", []) if c["claim_id"] == "S3"}
+    firm = [layer for layer, c in sorted(s3.items())
+            if c["ci95_high"] < 0 and _get((camvid or {}).get("blocked", {}), layer)["high"] < 0]
     parts = []
-    if cls and shuffled:
-        alike = abs(cls["difference"] - shuffled["difference"]) < 2 * max(cls["se"], shuffled["se"])
-        parts.append(f"another frame's CLS changes mIoU by {page.signed(shuffled['difference'])} against the frame's "
-                     f"own {page.signed(cls['difference'])}" + (" (alike within their spread: the head gains nothing "
-                                                                 "from what the CLS says about its own frame)"
-                                                                 if alike else ""))
-    if mean:
-        parts.append(f"the frame's mean patch token in the CLS's place gives {page.signed(mean['difference'])}")
+    if firm:
+        parts.append(f"at {_layers(firm)} the drop survives the sweep, the head seeds and the blocked interval "
+                     "(S3 table)")
+    controls = {k: v for k, v in stage["controls"].items() if k != "steps"}
+    for layer, found in sorted(controls.items(), key=lambda kv: int(kv[0])):
+        cls, mean, other = (found.get(k) for k in ("CLS", "mean patch token", "another frame's CLS"))
+        if cls and mean:
+            parts.append(f"at layer {layer}, one rate, the frame's CLS gives {page.interval(cls)}, the frame's mean "
+                         f"patch token in its place {page.interval(mean)}, another frame's CLS "
+                         f"{page.interval(other)}" if other else "")
+    content = stage.get("cls_content", {})
     if content:
-        parts.append(f"a ridge regression from the CLS token to a frame's class fractions scores R² "
-                     f"{content['CLS']:.2f} on the evaluation video (from the mean patch token: "
-                     f"{content['mean patch token']:.2f}), and the evaluation frames' CLS lies "
-                     f"{content['eval_cls_shift_sd']:.1f} training standard deviations from the training frames' "
-                     "(mean over channels)")
+        parts.append("a ridge regression from the CLS token to a frame's class fractions scores R² "
+                     + ", ".join(f"{_get(content, layer)['CLS']:.2f} at layer {layer}" for layer in stage["layers"])
+                     + " on the evaluation video (from the mean patch token: "
+                     + ", ".join(f"{_get(content, layer)['mean patch token']:.2f}" for layer in stage["layers"])
+                     + "), and the evaluation frames' CLS lies "
+                     + ", ".join(f"{_get(content, layer)['eval_cls_shift_sd']:.1f}" for layer in stage["layers"])
+                     + " training standard deviations from the training frames' (mean over channels)")
+    within = _within_video(camvid)
     if within:
         parts.append("on held-out frames of the training video CLS changes the sweep's best mIoU by "
                      + ", ".join(f"{page.signed(v)} (layer {layer})" for layer, v in sorted(within.items()))
-                     + ", against the larger drops on the other video")
-    if first["train_loss_with"] < first["train_loss_without"]:
-        parts.append(f"with CLS the training loss ends lower ({first['train_loss_with']:.3f} against "
-                     f"{first['train_loss_without']:.3f}) while the evaluation mIoU is lower")
-    out.append(("the model (what its CLS token carries)",
-                "**supported**: " + "; ".join(parts) + ". This model's CLS token gives the linear head a per-frame "
-                "vector with nothing it can transfer from one video to the other: the extra inputs fit the training "
-                "video's frames and shift with the video. Whether that is the saliency fine-tuning or DINO's CLS "
-                "token in general, one model cannot say"))
-    return out
+                     + " (one split, one seed, no interval)")
+    harmless = [int(layer) for layer, found in controls.items() if found.get("CLS") and found.get("mean patch token")
+                and found["CLS"]["high"] < 0 and found["CLS"]["difference"] < found["mean patch token"]["low"] <= 0
+                <= found["mean patch token"]["high"]]  # within noise of zero, and clear of the CLS's own drop
+    smaller = within and all(abs(within[layer]) < abs(s3[layer]["difference"]) for layer in firm if layer in within)
+    verdict = "**supported at the deep layers**" if firm else "**not shown**"
+    said = (f"{verdict}: " + "; ".join(p for p in parts if p) + ". Where the drop survives every fitting choice it "
+            "belongs to this model's CLS token as a linear head reads it, trained on one video and scored on another")
+    if harmless:
+        said += (f", not to any concatenated global vector: the frame's mean patch token in its place costs nothing "
+                 f"measurable at {_layers(sorted(harmless))}, its interval clear of the CLS's drop")
+    if firm and smaller:
+        said += "; on held-out frames of the training video the drop is smaller, so it grows with the change of video"
+    return said + ". Whether that is the saliency fine-tuning or DINO's CLS token in general, one model cannot say"
 
 
 def cls_reason(stage: dict[str, Any], camvid: dict[str, Any] | None = None) -> str:
