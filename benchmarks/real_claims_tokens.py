@@ -35,6 +35,12 @@ NO_MODE = ("this model's last-layer patch norms have no separate high-norm mode 
            "verdict)")
 
 
+def _registers_scope() -> str:
+    import real_claims as main
+
+    return main.REGISTERS_SCOPE
+
+
 def _names():
     import real_claims as main
 
@@ -99,7 +105,8 @@ def stage_cifar(ctx: Any) -> dict[str, Any]:
     model_name, twin_name, scope = _names()
     data = cifar10(ctx, ctx.scale(200, 40))  # the 200-image sample (seed 0) of the locality stage
     layers = LAYERS if not ctx.quick else [3, 12]
-    where = f"{scope}; CIFAR-10 test images ({len(data)}, class-stratified, 32 px shown at 224 px, bicubic)"
+    images = f"CIFAR-10 test images ({len(data)}, class-stratified, 32 px shown at 224 px, bicubic)"
+    where, registers_where = f"{scope}; {images}", f"{_registers_scope()}; {images}"
     out: dict[str, Any] = {"images": len(data), "claims": [], "rows": [], "norms": {}, "r9": {}}
     for name, backbone in ((model_name, ctx.model), (twin_name, ctx.twin)):
         norms = extract_features(backbone, data, [12], norm=False, batch_size=32, cache=ctx.cache)[12]
@@ -122,10 +129,10 @@ def stage_cifar(ctx: Any) -> dict[str, Any]:
             out["claims"].append(judgement.to_json())
             for cid, metric in (("R8-local", "pixels_mse"), ("R8-global", "class_top1")):
                 found = judge_groups(claim(cid), groups, model=name, metric=metric, layer=12, a_group="top-norm",
-                                     b_group="rest", scope=f"{where}; group: {STAND_IN}",
+                                     b_group="rest", scope=f"{registers_where}; group: {STAND_IN}",
                                      a_label="top-5 norm tokens (stand-in)", b_label="the other patch tokens")
                 out["claims"].append(on_stand_in(found.to_json(), mode.separate))
-        out["r9"][name] = _r9(ctx, backbone, data, top, name, where)
+        out["r9"][name] = _r9(ctx, backbone, data, top, name, registers_where)
     separate = out["norms"][model_name]["separate"]
     out["claims"].append(on_stand_in(out["r9"][model_name].pop("judgement"), separate))
     out["r9"][twin_name].pop("judgement")
