@@ -20,6 +20,7 @@ from typing import Any
 from vitscope.claims.judgement import NOT_JUDGED, Judgement, Reading
 from vitscope.claims.registry import Claim
 from vitscope.stats import NOT_TESTABLE, Precondition, compare, equivalence, verdict
+from vitscope.stats import judge as rule
 
 Values = Sequence[float]
 
@@ -217,3 +218,26 @@ def _floats(values: Values | float) -> list[float]:
 def _mean(values: Values) -> float:
     finite = [float(v) for v in values if not math.isnan(float(v))]
     return sum(finite) / len(finite) if finite else math.nan
+
+
+def judge_estimate(claim: Claim, difference: float, low: float, high: float, *, method: str, n_a: int,
+                   n_b: int = 0, unit: str = "images", sign: int | None = None, scope: str = "",
+                   layer: int | None = None, rows: list[dict[str, Any]] | None = None, a_label: str | None = None,
+                   b_label: str | None = None, measure: str | None = None, precondition: Precondition | None = None,
+                   details: dict[str, Any] | None = None) -> Judgement:
+    """A difference or direction claim judged by the one rule (``vitscope.stats.judge``) on an estimate whose 95 %
+    interval was built elsewhere: a dataset-level score such as mIoU, whose interval over images is a jackknife
+    (``vitscope.probes.dense.intervals``), not a mean over units. ``sign``: the paper's direction on this measure
+    when it differs from the claim's (-1 where lower is better, e.g. depth RMSE for 'helps depth')."""
+    test = claim.test
+    if test.kind not in ("difference", "direction"):
+        raise ValueError(f"claim {claim.id} is a {test.kind} claim; judge_estimate judges a difference or a direction")
+    direction = sign if sign is not None else test.direction
+    threshold = abs(test.effect) / 2 if test.kind == "difference" else None
+    decided, reason = verdict(rule(difference, low, high, sign=direction, threshold=threshold), precondition)
+    return Judgement(
+        claim.id, claim.study, claim.statement, test.kind, decided, reason, measure=measure or claim.measure,
+        a=a_label or claim.a, b=b_label or claim.b, difference=float(difference), ci95_low=float(low),
+        ci95_high=float(high), method=method, n_a=n_a, n_b=n_b, unit=unit, paper=claim.paper.describe(),
+        paper_effect=test.effect, size=size_words(float(difference) * direction * test.direction, claim),
+        scope=scope, layer=layer, family=claim.family, details=details or {}, rows=rows or [])

@@ -17,6 +17,8 @@ MARGIN_WHY = "vitscope's: the seed gives no margin; one top-1 point"
 HIGH_VS_REST = ("the high-norm patch tokens (above the census's first threshold, by default the split of the "
                 "separate-mode test) against the other patch tokens of the same images, at each model's deepest layer "
                 "whose own norms have a separate mode")
+STAND_IN = ("; on a model without a separate mode, a stand-in group (e.g. each image's top-k norms) may be measured, "
+            "labelled as such, never as artifacts")
 
 
 CLAIMS = (
@@ -91,13 +93,13 @@ CLAIMS = (
           "The loud tokens are very bad at describing their own piece (they cannot rebuild its texture).",
           Paper({}, "", "standard (plain) ViTs", NO_NUMBER), ClaimTest("direction", sign=+1, unit="pixel MSE"),
           measure="pixels_mse", a="high-norm", b="other patches", family="plain",
-          vitscope="pixel reconstruction error of a linear probe, " + HIGH_VS_REST),
+          vitscope="pixel reconstruction error of a linear probe, " + HIGH_VS_REST + STAND_IN),
     Claim("R8-global", "registers", "High-norm tokens predict the image class well (global information)",
           "The loud tokens are surprisingly good at telling what the whole image is, which confirms they store the "
           "big picture there.",
           Paper({}, "", "standard (plain) ViTs", NO_NUMBER), ClaimTest("direction", sign=+1, unit="class top-1"),
           measure="class_top1", a="high-norm", b="other patches", family="plain",
-          vitscope="image class from a single token by a linear probe, " + HIGH_VS_REST),
+          vitscope="image class from a single token by a linear probe, " + HIGH_VS_REST + STAND_IN),
     Claim("R9", "registers", "Adding the high-norm tokens to the classifier adds little beyond CLS",
           "Using the loud tokens to help guess the image label did not help much: the [CLS] token already carried "
           "the global information, so they only repeated what was known.",
@@ -106,7 +108,7 @@ CLAIMS = (
           measure="class_top1", a="CLS + high-norm tokens", b="CLS", family="plain",
           vitscope="a linear image classifier on CLS concatenated with the mean of the image's high-norm tokens, "
                    "minus one on CLS alone, both fitted and scored on the same images (those with a high-norm "
-                   "token), paired per held-out image (probes/cls_with_tokens.py)"),
+                   "token), paired per held-out image (probes/cls_with_tokens.py)" + STAND_IN),
     Claim("R10", "registers", "Registers are not a universal fix: each architecture has to be understood first",
           "Registers are a good tool to clean up visual noise in standard models, but the fix cannot be copied to "
           "every kind of model: in hierarchical models the loud tokens may carry the most important details.",

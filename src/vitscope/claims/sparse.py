@@ -41,21 +41,25 @@ CLAIMS = (
           Paper({}, "", DINO_S16 + " (the baseline model)", IMAGENET_200),
           ClaimTest("direction", sign=+1, unit="PiB (%) or position top-1"), measure="spatial_alignment", a="shallow",
           b="deep",
-          vitscope="PiB with vitscope's own definition (docs/definitions.md; the seed defines none) and a position "
-                   "probe, shallow minus deep layer"),
+          vitscope="Point-in-Box with vitscope's class-evidence score (each patch's logit of the image's class under "
+                   "a linear patch-token classifier; docs/definitions.md; the seed defines no score) and a position "
+                   "probe; shallow (token layer L/4) minus deep (the last layer), paired by image"),
     Claim("S2-semantics", "sparse", "Deep layers carry more meaning than shallow ones (semantic richness)",
           "Shallow layers lack the semantic richness of the deeper layers.",
           Paper({}, "", DINO_S16 + " (the baseline model)", IMAGENET_200),
           ClaimTest("direction", sign=+1, unit="top-1 or mIoU"), measure="semantics", a="deep", b="shallow",
-          vitscope="class from single patch tokens and segmentation, deep minus shallow layer"),
+          vitscope="class from single patch tokens and segmentation mIoU, deep (the last layer) minus shallow "
+                   "(token layer L/4)"),
     Claim("S3", "sparse", "The CLS token holds complementary global information: concatenated to the patch features "
           "it helps dense prediction substantially",
           "The [CLS] token keeps complementary global information which, combined with the patch features, helps "
           "dense prediction substantially; global context should be kept, but managed better.",
           Paper({}, "", DINO_S16, IMAGENET_200),
           ClaimTest("direction", sign=+1, unit="mIoU (points)"), measure="miou", a="with CLS", b="without CLS",
-          vitscope="the dense probe with the same layer's CLS concatenated to every patch minus without, per layer; "
-                   "'substantially' is not a number, so the direction is judged"),
+          vitscope="the dense probe (optimiser steps, a learning-rate and weight-decay sweep on held-out training "
+                   "images, head seeds) with the same layer's CLS concatenated to every patch minus without, per "
+                   "layer, its interval a jackknife over evaluation images plus the seed spread; 'substantially' is "
+                   "not a number, so the direction is judged"),
     Claim("S4", "sparse", "entmax-1.5 raises ImageNet linear-probe top-1 over the CLS baseline: 69.50 -> 70.06",
           "The entmax-1.5 variant reached 70.06 % top-1 in ImageNet linear probing, slightly above the CLS baseline "
           "(69.50 %).",

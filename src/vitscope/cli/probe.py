@@ -14,6 +14,25 @@ from vitscope.cli.options import add_common, add_model_changes, positive_float, 
 from vitscope.cli.out_folders import check_output_dir, locked_out, output_dir, print_files
 
 METRICS = {"linear": "top1", "knn": "knn_top1"}
+DEFAULT_STEPS = 1000  # vitscope.probes.dense.training.DEFAULT_STEPS (not imported: the CLI loads torch lazily)
+DEFAULT_LRS = (1e-3, 1e-2, 1e-1)  # vitscope.probes.dense.settings' defaults, as above
+DEFAULT_WEIGHT_DECAYS = (1e-4, 1e-1)
+DEFAULT_HELD_FRACTION = 0.2
+
+
+def _numbers(least: float, inclusive: bool):
+    """An argparse type: comma-separated numbers, each > ``least`` (>= with ``inclusive``)."""
+    def parse(text: str) -> tuple[float, ...]:
+        try:
+            values = tuple(float(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            values = ()
+        if not values or any(not (v >= least if inclusive else v > least) or v != v or v == float("inf")
+                             for v in values):
+            raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated numbers "
+                                             f"{'>=' if inclusive else '>'} {least:g}, e.g. 0.001,0.01")
+        return values
+    return parse
 
 
 def register(commands) -> None:
@@ -32,7 +51,8 @@ def register(commands) -> None:
         add_common(sub, f"vitscope-probe-{sub.prog.split()[-1]}")  # the folder run_* writes without --out
         add_model_changes(sub)
         sub.add_argument("--layers", default="last", help="token layers: last, all or e.g. 0,4,last "
-                                                          "(0 = embedding, l = output of block l)")
+                                                          "(0 = embedding, l = output of block l); segment and "
+                                                          "depth default to spread: 5 layers from 0 to the last")
         sub.add_argument("--no-norm", dest="norm", action="store_false",
                          help="read tokens before the final norm (default: after it)")
         sub.add_argument("--no-baseline", dest="baseline", action="store_false",
@@ -42,9 +62,30 @@ def register(commands) -> None:
                          help="do not keep features in $VITSCOPE_CACHE/features")
     for sub in (segment, depth):
         sub.add_argument("--with-cls", default="both", choices=["no", "yes", "both"],
-                         help="concatenate the CLS token to every patch: no, yes or both")
-        sub.add_argument("--epochs", type=positive_int, default=20, help="training epochs of the linear head")
-        sub.add_argument("--lr", type=positive_float, default=1e-2, help="learning rate of the linear head")
+                         help="concatenate the CLS token to every patch: no, yes or both (both: claim S3 judged "
+                              "per layer, with-minus-without and its 95 %% interval)")
+        sub.set_defaults(layers="spread")
+        sub.add_argument("--steps", type=positive_int, default=None,
+                         help=f"optimiser steps of every head (default {DEFAULT_STEPS}; the loss is recorded and a "
+                              "line says when it had not converged)")
+        sub.add_argument("--epochs", type=positive_float, default=None,
+                         help="instead of --steps: passes over the training images")
+        sub.add_argument("--lr", type=_numbers(0.0, False), default=None, metavar="LR[,LR...]",
+                         help="learning rates swept on a held-out part of the training split (default "
+                              f"{','.join(f'{x:g}' for x in DEFAULT_LRS)}); one value and one --weight-decay: "
+                              "no sweep")
+        sub.add_argument("--weight-decay", type=_numbers(0.0, True), default=None, metavar="WD[,WD...]",
+                         help=f"weight decays swept (default {','.join(f'{x:g}' for x in DEFAULT_WEIGHT_DECAYS)})")
+        sub.add_argument("--held-fraction", type=unit_fraction, default=DEFAULT_HELD_FRACTION,
+                         help="the last share of the training images (file order) that chooses each head's lr and "
+                              "weight decay (default 0.2)")
+        sub.add_argument("--head-seeds", type=positive_int, default=1,
+                         help="heads refitted with this many seeds; scores are their mean and intervals add their "
+                              "spread (default 1)")
+        sub.add_argument("--head-batch-size", type=positive_int, default=16, help="images per head training step")
+        sub.add_argument("--blocks", type=positive_int, default=None,
+                         help="jackknife the intervals over this many runs of consecutive evaluation images "
+                              "(frames of a video; default: one image a group)")
         sub.add_argument("--train-images", type=positive_int, default=None,
                          help="a seeded sample of N training images (default: all)")
         sub.add_argument("--size", type=positive_int, default=None,
@@ -77,8 +118,10 @@ def register(commands) -> None:
                         help="comma-separated: position, pixels, pixels-mlp, class")
     tokens.add_argument("--max-tokens", type=positive_int, default=2048, help="tokens per group and split")
     tokens.set_defaults(handler=run_tokens, layers="0,last")
-    pib.add_argument("--score", default="attention", choices=["attention", "norm", "cosine"],
-                     help="patch score: CLS-to-patch attention (mean over heads), token norm, cosine to CLS")
+    pib.add_argument("--score", default="attention", choices=["attention", "norm", "cosine", "class"],
+                     help="patch score: CLS-to-patch attention (mean over heads), token norm, cosine to CLS, or "
+                          "class (each patch's evidence for the image's class from a linear patch-token classifier "
+                          "fitted on half the images; PiB on the other half)")
     pib.set_defaults(handler=run_pib, layers="all")
     pca.add_argument("--count", type=positive_int, default=8, help="images shown")
     pca.add_argument("--per-image", dest="joint", action="store_false", help="fit the PCA per image")
@@ -262,12 +305,33 @@ def run_dense(args: argparse.Namespace) -> int:
     train = load_dense(args.dataset, args.data_dir, "train", task=task).subset(args.train_images, seed=args.seed)
     held = load_dense(args.dataset, args.data_dir, "eval", task=task).subset(args.num_images, seed=args.seed)
     with_cls = {"no": (False,), "yes": (True,), "both": (False, True)}[args.with_cls]
+    sweep = {key: value for key, value in (("lrs", args.lr), ("weight_decays", args.weight_decay)) if value}
     settings = DenseProbeSettings(
-        with_cls=with_cls, epochs=args.epochs, lr=args.lr, eigen_crop=getattr(args, "eigen_crop", None),
+        with_cls=with_cls, steps=args.steps, epochs=args.epochs, eigen_crop=getattr(args, "eigen_crop", None),
         max_depth=getattr(args, "max_depth", 10.0), baseline=args.baseline, label=label, norm=args.norm,
         batch_size=args.batch_size, device=device, img_size=args.img_size, cache=args.cache, seed=args.seed,
         size=args.size, crops_per_image=args.crops_per_image, loss_points=args.loss_points,
-        **({"bin_resolution": args.bin_resolution} if task == "depth" else {}))
+        held_fraction=args.held_fraction, head_seeds=args.head_seeds, head_batch_size=args.head_batch_size,
+        blocks=args.blocks, **sweep, **({"bin_resolution": args.bin_resolution} if task == "depth" else {}))
     result = _cached(args, model, [train, held], lambda: dense_probe(model, train, held, args.layers, settings))
     subsets = {"train": train.settings.get("subset"), "eval": held.settings.get("subset")}
-    return _finish(args, result, out, device, subsets, ["miou", "rmse"])
+    code = _finish(args, result, out, device, subsets, ["miou", "rmse"])
+    _print_dense_summary(result)
+    return code
+
+
+def _print_dense_summary(result) -> None:
+    """The best layer, each layer's with-minus-without CLS verdict, and any training note, one line each."""
+    best = result.settings.get("best")
+    if best:
+        cls = " with CLS" if best.get("with_cls") else " without CLS" if best.get("with_cls") is False else ""
+        layers = ",".join(str(x) for x in result.settings.get("layers", []))
+        print(f"best layer of {result.settings['model']} among {layers}: {best['layer']}{cls} "
+              f"({best['metric']} {best['value']:.2f})")
+    for claim in result.claims:
+        low, high = claim.get("ci95_low"), claim.get("ci95_high")
+        interval = f"95 % interval {low:+.2f} to {high:+.2f}" if low is not None else "no interval"
+        print(f"claim {claim['claim_id']} layer {claim['layer']}: with CLS minus without {claim['difference']:+.2f} "
+              f"({interval}): {claim['verdict']}")
+    for note in result.settings.get("notes", []):
+        print(f"note: {note}")

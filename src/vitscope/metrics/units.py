@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -20,3 +21,12 @@ def per_image_picked(values: Tensor, pick: Tensor) -> dict[str, list]:
     """``per_image`` of the picked entries of ``values`` (images, patches), ``pick`` a boolean mask of that shape
     (row i is image i); images with no picked patch are left out."""
     return per_image(values[pick], pick.nonzero()[:, 0])
+
+
+def unit_values(units: dict[str, list]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-unit values and image labels from ``per_image``'s sums and counts: each image's mean repeated once per
+    unit, which gives an image-clustered interval (``vitscope.stats.compare`` with ``clusters``) exactly each
+    image's sum and count."""
+    counts = np.asarray(units["counts"], dtype=int)
+    means = np.asarray(units["sums"], dtype=float) / np.maximum(counts, 1)
+    return np.repeat(means, counts), np.repeat(np.asarray(units["images"]), counts)

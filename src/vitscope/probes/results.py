@@ -28,11 +28,13 @@ def row(**fields: Any) -> dict[str, Any]:
 
 @dataclass
 class ProbeResult:
-    """A probe's rows and the settings that produced them (``settings["model"]`` is the probed label)."""
+    """A probe's rows and the settings that produced them (``settings["model"]`` is the probed label), and the
+    claims it judged (``claims``: ``vitscope.claims.Judgement.to_json()`` entries, written when there are any)."""
 
     kind: str
     rows: list[dict[str, Any]]
     settings: dict[str, Any] = field(default_factory=dict)
+    claims: list[dict[str, Any]] = field(default_factory=list)
 
     def value(self, layer: int | None = None, group: str | None = None, metric: str | None = None,
               model: str | None = None, **other: Any) -> float:
@@ -46,10 +48,11 @@ class ProbeResult:
         return found[0]["value"]
 
     def write(self, out: str | Path, provenance: dict[str, Any], stem: str = "results") -> dict[str, Path]:
-        """``<stem>.json`` as ``{schema_version, kind, settings, rows, provenance}`` and ``<stem>.csv``."""
+        """``<stem>.json`` as ``{schema_version, kind, settings, rows, [claims,] provenance}`` and ``<stem>.csv``."""
         out = Path(out)
         payload = {"schema_version": provenance.get("schema_version", 1), "kind": self.kind,
-                   "settings": self.settings, "rows": self.rows, "provenance": provenance}
+                   "settings": self.settings, "rows": self.rows,
+                   **({"claims": self.claims} if self.claims else {}), "provenance": provenance}
         columns = [name for name in ROW_FIELDS if any(name in r for r in self.rows)]
         table = [{name: r.get(name, "") for name in columns} for r in self.rows]
         return {"json": write_json(out / f"{stem}.json", payload), "csv": write_csv(out / f"{stem}.csv", table)}

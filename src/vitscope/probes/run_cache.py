@@ -41,8 +41,8 @@ def cached_probe(run_dir: str | Path | None, kind: str, key: Mapping[str, Any],
     path = result_path(run_dir, kind, key)
     if path.exists():
         stored = json.loads(path.read_text())
-        return ProbeResult(stored["kind"], stored["rows"], stored["settings"]), True
+        return ProbeResult(stored["kind"], stored["rows"], stored["settings"], stored.get("claims", [])), True
     result = compute()
     write_json(path, {"schema_version": 1, "kind": result.kind, "key": dict(key), "settings": result.settings,
-                      "rows": result.rows})
+                      "rows": result.rows, "claims": result.claims})
     return result, False

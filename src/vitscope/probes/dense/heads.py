@@ -15,17 +15,24 @@ standardised once per layer and step, and the heads of one layer share one matri
 normalise their bins on the patch grid upsampled x4 by default (DINOv2's head, ``vitscope.probes.dense.depth_grid``).
 The inputs, statistics, head module and fused multi-head algebra are ``vitscope.probes.dense.modules``; this module
 trains them (batching, the steps, the thread count).
+
+Training runs a fixed number of optimiser steps (``steps``; ``epochs`` x batches per epoch when only epochs are
+given), each head with its own learning rate and weight decay where ``hyper`` names them per head (a sweep trains
+every candidate in the same pass), records every step's loss of every head and leaves each head's summary in
+``head.fit_summary`` (``vitscope.probes.dense.training.HeadTraining``); ``progress`` shows a bar with the rate and
+the time left.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from vitscope.memory import freed_memory_kept
 from vitscope.metrics.dense import depth_valid
@@ -48,6 +55,7 @@ from vitscope.probes.dense.points import (
     point_silog,
     rows_at,
 )
+from vitscope.probes.dense.training import steps_for, summarise
 from vitscope.probes.linear import threads_for
 from vitscope.threads import CoreShare
 
@@ -58,18 +66,19 @@ Corners = tuple[Tensor, Tensor]  # PointBatch.corners(grid): (points, 4) cell in
 @dataclass(frozen=True)
 class _Plan:
     """How ``_train`` runs: the heads' ``with_cls`` settings, the point sampler (None: every pixel), the optimiser
-    and its per-step schedule, the batch-order ``generator``, ``epochs``, ``batch_size``, ``device``, and the loss
-    options (task, ignore index, depth bins, ``grid_bins``, the depth range)."""
+    and its per-step schedule, the batch-order ``generator``, ``steps``, ``batch_size``, ``device``, the loss
+    options (task, ignore index, depth bins, ``grid_bins``, the depth range) and whether to show ``progress``."""
 
     with_cls: Sequence[bool]
     sampler: PointSampler | None
     optimizer: torch.optim.Optimizer
     schedule: torch.optim.lr_scheduler.LRScheduler
     generator: torch.Generator
-    epochs: int
+    steps: int
     batch_size: int
     device: torch.device | str
     loss_options: dict[str, Any]
+    progress: bool = False
 
 
 def depth_bins(min_depth: float, max_depth: float, device: torch.device | str = "cpu") -> Tensor:
@@ -100,10 +109,11 @@ def size_groups(targets: Sequence[Tensor], batch_size: int, generator: torch.Gen
 
 def fit_heads(inputs: dict[Hashable, HeadInputs], targets: Sequence[Tensor], task: str, *,
               with_cls: Sequence[bool] = (False,), loss_points: int | None = 4096, num_classes: int = 0,
-              ignore_index: int | None = None, min_depth: float = 1e-3, max_depth: float = 10.0, epochs: int = 20,
-              lr: float = 1e-2, weight_decay: float = 1e-4, batch_size: int = 16, seed: int = 0,
-              bin_resolution: str = DEFAULT_BIN_RESOLUTION, device: torch.device | str = "cpu"
-              ) -> dict[tuple[Hashable, bool], DenseHead]:
+              ignore_index: int | None = None, min_depth: float = 1e-3, max_depth: float = 10.0,
+              epochs: float | None = 20, steps: int | None = None, lr: float = 1e-2, weight_decay: float = 1e-4,
+              hyper: Mapping[tuple[Hashable, bool], tuple[float, float]] | None = None, batch_size: int = 16,
+              seed: int = 0, bin_resolution: str = DEFAULT_BIN_RESOLUTION, device: torch.device | str = "cpu",
+              progress: bool = False) -> dict[tuple[Hashable, bool], DenseHead]:
     """Heads by (key, with_cls) trained on ``inputs`` by key (a layer, or any label: (backbone, layer)) against
     per-image ``targets`` (H_i, W_i), all in one pass (the same batches and points for every key):
     cross-entropy (segmentation) or the scale-invariant log loss of the bin-weighted depth (depth), at
@@ -111,20 +121,35 @@ def fit_heads(inputs: dict[Hashable, HeadInputs], targets: Sequence[Tensor], tas
     the full-resolution upsampling (also when no label has more pixels than ``loss_points``). Depth bins are
     normalised on the patch grid upsampled x4 and the depth resized (``bin_resolution="x4"``, DINOv2's head) or at
     every label pixel (``"label"``), see ``vitscope.probes.dense.depth_grid``. CLS heads are skipped for layers without
-    a CLS token."""
+    a CLS token.
+
+    ``steps`` optimiser steps (AdamW, cosine schedule from the peak learning rate to 0); without ``steps``,
+    ``epochs`` passes over the images (``steps_for``). Every head uses ``lr`` and ``weight_decay`` unless ``hyper``
+    gives its own (lr, weight decay) by its key (key, with_cls); keys may share one ``HeadInputs`` (a sweep), whose
+    statistics are then computed once. Each returned head carries its ``fit_summary`` (``HeadTraining``: the loss
+    record)."""
     outputs = num_classes if task == "segmentation" else DEPTH_BINS
     grid_bins = task == "depth" and check_bin_resolution(bin_resolution) == "x4"
     heads: dict[tuple[Hashable, bool], DenseHead] = {}
+    standardisers: dict[int, Standardiser] = {}
+    groups = []
     for layer, layer_inputs in inputs.items():
-        standardiser = Standardiser(layer_inputs).to(device)
+        if id(layer_inputs) not in standardisers:
+            standardisers[id(layer_inputs)] = Standardiser(layer_inputs).to(device)
+        standardiser = standardisers[id(layer_inputs)]
         for cls in with_cls:
             if cls and layer_inputs.cls is None:
                 continue
             torch.manual_seed(seed)  # each head starts as it would alone
             heads[layer, cls] = DenseHead(standardiser, layer_inputs.patches.shape[-1], outputs, cls).to(device)
-    parameters = [p for head in heads.values() for p in head.parameters()]
-    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
-    steps = epochs * len(size_groups(targets, batch_size, torch.Generator().manual_seed(seed)))
+        for cls in with_cls:
+            if (layer, cls) in heads:
+                chosen = (hyper or {}).get((layer, cls), (lr, weight_decay))
+                groups.append({"params": list(heads[layer, cls].parameters()), "lr": float(chosen[0]),
+                               "weight_decay": float(chosen[1])})
+    optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+    per_epoch = len(size_groups(targets, batch_size, torch.Generator().manual_seed(seed)))
+    steps = steps_for(steps, None if steps is not None else epochs, per_epoch)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, steps))
     generator = torch.Generator().manual_seed(seed)
     if loss_points is not None and loss_points >= max(t.numel() for t in targets):
@@ -140,8 +165,11 @@ def fit_heads(inputs: dict[Hashable, HeadInputs], targets: Sequence[Tensor], tas
                 (min_depth, max_depth))
         # every step allocates the same large temporaries (reuse their pages); other processes may hold cores
         with freed_memory_kept(), CoreShare(device) as cores:
-            _train(heads, inputs, targets, _Plan(with_cls, sampler, optimizer, schedule, generator, epochs,
-                                                 batch_size, device, loss_options), cores)
+            losses = _train(heads, inputs, targets, _Plan(with_cls, sampler, optimizer, schedule, generator, steps,
+                                                          batch_size, device, loss_options, progress), cores)
+    for (key, head), group in zip(heads.items(), optimizer.param_groups, strict=True):
+        head.fit_summary = summarise(losses[key], lr=group["initial_lr"], weight_decay=group["weight_decay"],
+                                  batch_size=min(batch_size, len(targets)), images=len(targets))
     return {key: head.eval() for key, head in heads.items()}
 
 
@@ -161,35 +189,50 @@ def _step_work(inputs: dict[Hashable, HeadInputs], targets: Sequence[Tensor],
     return min(batch_size, len(targets)) * max(work.values(), default=0.0)
 
 
+def _batches(targets: Sequence[Tensor], batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
+    """Batches without end: each pass over the images shuffled anew (``size_groups``)."""
+    while True:
+        yield from size_groups(targets, batch_size, generator)
+
+
 def _train(heads: dict[tuple[Hashable, bool], DenseHead], inputs: dict[Hashable, HeadInputs], targets: Sequence[Tensor],
-           plan: _Plan, cores: CoreShare) -> None:
-    """Every epoch, every batch: each head's loss backpropagated, one optimiser and schedule step, a ``cores``
-    tick."""
+           plan: _Plan, cores: CoreShare) -> dict[tuple[Hashable, bool], Tensor]:
+    """``plan.steps`` steps, each on the next batch: every head's loss backpropagated, one optimiser and schedule
+    step, a ``cores`` tick. Returns each head's loss at every step (steps,)."""
     with_cls, sampler, optimizer, schedule = plan.with_cls, plan.sampler, plan.optimizer, plan.schedule
-    generator, epochs, batch_size, device, loss_options = (plan.generator, plan.epochs, plan.batch_size,
-                                                           plan.device, plan.loss_options)
-    for _ in range(epochs):
-        for batch in size_groups(targets, batch_size, generator):
-            indices = batch.tolist()
-            with threads_for(0, "cpu"):
-                points = sampler.batch(indices) if sampler is not None else None
-                grid = next(iter(inputs.values())).grid
-                if loss_options["grid_bins"]:  # points read the depth map on the x4 grid
-                    grid = (grid[0] * DEPTH_UPSAMPLE, grid[1] * DEPTH_UPSAMPLE)
-                corners = points.corners(grid) if points is not None else None
-            full = None if points is not None else torch.stack([targets[i] for i in indices]).to(device)
-            optimizer.zero_grad(set_to_none=True)
-            groups = [(key, [heads[key, cls] for cls in with_cls if (key, cls) in heads]) for key in inputs]
-            groups = [(key, group) for key, group in groups if group]
-            if points is not None and loss_options["task"] == "segmentation" \
-                    and len({len(group) for _, group in groups}) == 1:
-                _segment_step(groups, inputs, batch, points, corners, device)
-            else:
-                for key, group in groups:
-                    _layer_step(group, inputs[key], batch, points, corners, full, device, loss_options)
-            optimizer.step()
-            schedule.step()
-            cores.tick()
+    device, loss_options = plan.device, plan.loss_options
+    shared: dict[int, tuple[HeadInputs, list[tuple[Hashable, bool]]]] = {}  # heads by the inputs they read
+    for key, one in inputs.items():
+        shared.setdefault(id(one), (one, []))[1].extend((key, cls) for cls in with_cls if (key, cls) in heads)
+    order = [(one, [heads[name] for name in names]) for one, names in shared.values() if names]
+    names = [name for _, group in shared.values() for name in group]
+    record = torch.zeros(plan.steps, len(names))
+    batches = _batches(targets, plan.batch_size, plan.generator)
+    bar = tqdm(range(plan.steps), unit="step", desc=f"dense heads ({len(names)})", disable=not plan.progress,
+               dynamic_ncols=True, mininterval=1.0)
+    for step in bar:
+        batch = next(batches)
+        indices = batch.tolist()
+        with threads_for(0, "cpu"):
+            points = sampler.batch(indices) if sampler is not None else None
+            grid = next(iter(inputs.values())).grid
+            if loss_options["grid_bins"]:  # points read the depth map on the x4 grid
+                grid = (grid[0] * DEPTH_UPSAMPLE, grid[1] * DEPTH_UPSAMPLE)
+            corners = points.corners(grid) if points is not None else None
+        full = None if points is not None else torch.stack([targets[i] for i in indices]).to(device)
+        optimizer.zero_grad(set_to_none=True)
+        if points is not None and loss_options["task"] == "segmentation":
+            record[step] = _segment_step(order, batch, points, corners, device)
+        else:
+            record[step] = torch.cat([_layer_step(group, one, batch, points, corners, full, device, loss_options)
+                                      for one, group in order])
+        optimizer.step()
+        schedule.step()
+        cores.tick()
+        if plan.progress and (step % 20 == 0 or step == plan.steps - 1):
+            bar.set_postfix(loss=f"{float(record[max(0, step - 19): step + 1].mean()):.3f}", refresh=False)
+    bar.close()
+    return {name: record[:, i] for i, name in enumerate(names)}
 
 
 def _head_table(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, device: torch.device | str) -> Tensor:
@@ -200,32 +243,37 @@ def _head_table(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, devic
     return stacked_table(heads, patches, cls)
 
 
-def _segment_step(groups: list[tuple[Hashable, list[DenseHead]]], inputs: dict[Hashable, HeadInputs],
-                  batch: Tensor, points: PointBatch, corners: Corners, device: torch.device | str) -> None:
-    """Backpropagate the point-sampled losses of the segmentation heads of every layer (key) at once: their
-    logits side by side as channels, read at the points in one ``rows_at`` and scored by one cross-entropy. The
-    summed loss is the sum of the per-head ones, so every head gets the gradient it would alone, for a few
-    operations instead of a few per layer."""
-    table = torch.cat([_head_table(group, inputs[key], batch, device).flatten(2) for key, group in groups], -1)
+def _segment_step(groups: list[tuple[HeadInputs, list[DenseHead]]], batch: Tensor, points: PointBatch,
+                  corners: Corners, device: torch.device | str) -> Tensor:
+    """Backpropagate the point-sampled losses of the segmentation heads of every layer at once (``groups``: the
+    heads that read each layer's inputs): their logits side by side as channels, read at the points in one
+    ``rows_at`` and scored by one cross-entropy. The summed loss is the sum of the per-head ones, so every head gets
+    the gradient it would alone, for a few operations instead of a few per layer. Returns each head's loss
+    (heads,), detached."""
+    table = torch.cat([_head_table(group, one, batch, device).flatten(2) for one, group in groups], -1)
     sampled = rows_at(table, corners)  # (B, K, layers x heads x C)
-    heads = len(groups) * len(groups[0][1])
-    point_cross_entropy(sampled.unflatten(-1, (heads, -1)), points).backward()
+    heads = sum(len(group) for _, group in groups)
+    losses = point_cross_entropy(sampled.unflatten(-1, (heads, -1)), points, per_head=True)
+    losses.sum().backward()
+    return losses.detach().cpu()
 
 
 def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, points: PointBatch | None,
                 corners: Corners | None, full: Tensor | None, device: torch.device | str,
-                options: dict[str, Any]) -> None:
-    """Backpropagate the losses of one layer's heads on one batch (gradients accumulate per head)."""
+                options: dict[str, Any]) -> Tensor:
+    """Backpropagate the losses of one layer's heads on one batch (gradients accumulate per head); returns each
+    head's loss (heads,), detached."""
     table = _head_table(heads, inputs, batch, device)  # (B, P, heads, C)
     if options["grid_bins"]:
-        _grid_depth_step(len(heads), table.flatten(2).unflatten(1, inputs.grid), points, corners, full, options)
-        return
+        return _grid_depth_step(len(heads), table.flatten(2).unflatten(1, inputs.grid), points, corners, full,
+                                options)
     if points is not None:
         sampled = rows_at(table.flatten(2), corners).unflatten(-1, (len(heads), -1))  # (B, K, heads, C)
-        losses = [_point_loss(sampled[:, :, h], points, options) for h in range(len(heads))]
-        torch.stack(losses).sum().backward()
-        return
+        losses = torch.stack([_point_loss(sampled[:, :, h], points, options) for h in range(len(heads))])
+        losses.sum().backward()
+        return losses.detach().cpu()
     logits = table.permute(0, 2, 3, 1).unflatten(-1, inputs.grid)  # (B, heads, C, rows, cols)
+    values = []
     for h in range(len(heads)):  # one head's full-resolution graph at a time
         upsampled = F.interpolate(logits[:, h], size=tuple(full.shape[-2:]), mode="bilinear", align_corners=False)
         if options["task"] == "segmentation":
@@ -234,12 +282,15 @@ def _layer_step(heads: list[DenseHead], inputs: HeadInputs, batch: Tensor, point
         else:
             loss = silog_loss(depth_at(upsampled, options["bins"]), full.float(), *options["depth_range"])
         loss.backward(retain_graph=h < len(heads) - 1)
+        values.append(loss.detach().cpu())
+    return torch.stack(values)
 
 
 def _grid_depth_step(heads: int, table: Tensor, points: PointBatch | None, corners: Corners | None, full: Tensor | None,
-                     options: dict[str, Any]) -> None:
+                     options: dict[str, Any]) -> Tensor:
     """Backpropagate the depth losses of ``heads`` heads from channel-last (B, rows, cols, heads * bins) logits:
-    depth on the x4 grid, then resized to the label at the points (or at every pixel)."""
+    depth on the x4 grid, then resized to the label at the points (or at every pixel); returns each head's loss
+    (heads,), detached."""
     depth = grid_depth(table, options["bins"])  # (B, 4 rows, 4 cols, heads)
     if points is not None:
         sampled = cells_at(depth.flatten(1, 2), corners)  # (B, K, heads)
@@ -248,7 +299,9 @@ def _grid_depth_step(heads: int, table: Tensor, points: PointBatch | None, corne
         size = tuple(full.shape[-2:])
         losses = [silog_loss(resize_depth(depth[..., h], size), full.float(), *options["depth_range"])
                   for h in range(heads)]
-    torch.stack(losses).sum().backward()
+    stacked = torch.stack(losses)
+    stacked.sum().backward()
+    return stacked.detach().cpu()
 
 
 def _point_loss(logits: Tensor, points: PointBatch, options: dict[str, Any]) -> Tensor:

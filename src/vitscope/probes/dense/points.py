@@ -143,16 +143,17 @@ def cells_at(values: Tensor, corners: tuple[Tensor, Tensor]) -> Tensor:
     return weighted.sum(1).view(len(values), -1, values.shape[-1])
 
 
-def point_cross_entropy(logits: Tensor, points: PointBatch) -> Tensor:
+def point_cross_entropy(logits: Tensor, points: PointBatch, per_head: bool = False) -> Tensor:
     """Estimate of the batch's mean cross-entropy over valid pixels from channel-last (B, K, C) logits at the
-    points; with (B, K, heads, C) logits, the sum of every head's estimate. Cross-entropy as log-sum-exp less the
-    label's logit: the same value as ``F.cross_entropy``, about 3x faster forward and backward on a CPU at few
-    classes (its log-softmax is slow along a short last dimension)."""
+    points; with (B, K, heads, C) logits, the sum of every head's estimate (``per_head``: each head's, (heads,)).
+    Cross-entropy as log-sum-exp less the label's logit: the same value as ``F.cross_entropy``, about 3x faster
+    forward and backward on a CPU at few classes (its log-softmax is slow along a short last dimension)."""
     extra = logits.dim() - 3  # dimensions between the points and the classes
     values = points.values.to(logits.device).long().view(*points.values.shape, *[1] * extra, 1)
     per_point = torch.logsumexp(logits, -1) - logits.gather(-1, values.expand(*logits.shape[:-1], 1))[..., 0]
     weights = points.weights.to(logits.device).view(-1, *[1] * extra)
-    return (per_point.mean(1) * weights).sum()
+    per_image = per_point.mean(1) * weights  # (B, heads...)
+    return per_image.sum(0) if per_head else per_image.sum()
 
 
 def depth_last(logits: Tensor, bins: Tensor) -> Tensor:

@@ -6,8 +6,13 @@ upsampled bilinearly to each label's own size (labels are only ever resized near
 crop). Training (``loss_points``, default 4096): the loss at that many label pixels per image sampled uniformly
 from the valid ones, where the upsampling is evaluated exactly (``vitscope.probes.dense.points``; an unbiased
 estimate of the full-resolution loss); ``"full"``: the loss over every pixel of the full-resolution upsampling.
-All heads (every layer, with and without CLS) train in one pass over the cached features. Evaluation: every pixel
-of every label, computed in tiles of label rows (``vitscope.probes.dense.tiles``).
+All heads (every layer, with and without CLS) train in one pass over the cached features, for a fixed number of
+optimiser steps (``vitscope.probes.dense.training``: the loss recorded, convergence checked). Each head's learning
+rate and weight decay are chosen on the last part of the training split (``vitscope.probes.dense.sweep``), then
+the chosen heads are refitted with one or more head seeds. Evaluation: every pixel of every label, computed in tiles
+of label rows (``vitscope.probes.dense.tiles``), per image (``vitscope.probes.dense.evaluate``), so that scores and
+differences carry intervals over images and seeds (``vitscope.probes.dense.intervals``) and claim S3 is judged per
+layer (``vitscope.probes.dense.verdicts``). Layers default to ``spread`` (``spread_layers``).
 Segmentation: cross-entropy with the dataset's ignore index; scores from one confusion matrix over the eval split
 (``vitscope.metrics.dense``). Depth (DINOv2's linear head): 256 bins spaced linearly in [``min_depth``,
 ``max_depth``] metres, depth = the bin centres weighted by DINOv2's ``linear`` normalisation (ReLU + 0.1, divided by
@@ -43,21 +48,28 @@ from vitscope.probes.dense.depth_grid import (
     check_bin_resolution,
     predict_depth_x4,
 )
+from vitscope.probes.dense.evaluate import depth_values, segment_confusions, segment_confusions_by_prediction
 from vitscope.probes.dense.heads import DEPTH_BINS, DenseHead, HeadInputs, depth_bins, fit_heads, silog_loss
 from vitscope.probes.dense.points import depth_at
+from vitscope.probes.dense.scores import DenseProbeResult, best_layer, depth_rows, score_intervals, segment_rows
 from vitscope.probes.dense.settings import DEFAULT_LOSS_POINTS, DenseProbeSettings
+from vitscope.probes.dense.sweep import sweep
 from vitscope.probes.dense.tiles import TILE_VALUES, predict_full
+from vitscope.probes.dense.training import not_converged_line, steps_for
+from vitscope.probes.dense.verdicts import cls_judgements, default_scope
 from vitscope.probes.dense.windows import eval_windows, stitch, train_crops
 from vitscope.probes.features import LayerFeatures, depth_of, extract_features, parse_layers
 from vitscope.probes.linear import threads_for
-from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, ProbeResult, row
+from vitscope.probes.results import CHANCE, RANDOM_SUFFIX, row
 
 EVAL_CHUNK = 16  # eval images whose low-resolution logits are computed together
+DEFAULT_LAYERS = "spread"  # the dense probes' default layers (``spread_layers``)
+SPREAD_COUNT = 5
 # placements (image, y, x) of each window, resized (height, width) of each image, window side in pixels
 Windows = tuple[list[tuple[int, int, int]], list[tuple[int, int]], int]
-__all__ = ["DEPTH_BINS", "DenseHead", "DenseProbeSettings", "HeadInputs", "dense_probe", "depth_at", "fit_dense_head",
-           "fit_heads", "iter_predictions", "loss_points_of", "patch_maps", "predict_dense", "score_dense",
-           "silog_loss", "trivial_scores"]
+__all__ = ["DEPTH_BINS", "DenseHead", "DenseProbeResult", "DenseProbeSettings", "HeadInputs", "dense_layers",
+           "dense_probe", "depth_at", "fit_dense_head", "fit_heads", "iter_predictions", "loss_points_of", "patch_maps",
+           "predict_dense", "score_dense", "silog_loss", "spread_layers", "trivial_scores"]
 
 
 def loss_points_of(value: int | str | None) -> int | None:
@@ -173,26 +185,37 @@ def trivial_scores(train: DenseDataset, eval_set: DenseDataset, *, eigen_crop: b
                        eigen_crop=eigen_crop, min_depth=min_depth, max_depth=max_depth)
 
 
+def spread_layers(depth: int, count: int = SPREAD_COUNT) -> list[int]:
+    """``count`` token layers spread evenly over 0..``depth`` (the embedding and the last layer included): the
+    dense probes' default, so that a best layer in the middle is seen (12 blocks: 0, 3, 6, 9, 12)."""
+    return sorted({round(i * depth / (count - 1)) for i in range(count)})
+
+
+def dense_layers(layers: str | Sequence[int | str], depth: int) -> list[int]:
+    """``parse_layers`` with ``"spread"`` (``spread_layers``) understood."""
+    if isinstance(layers, str) and layers.strip().lower() == DEFAULT_LAYERS:
+        return spread_layers(depth)
+    return parse_layers(layers, depth)
+
+
 def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, layers: str | Sequence[int | str]
-                = "last", settings: DenseProbeSettings | None = None) -> ProbeResult:
+                = DEFAULT_LAYERS, settings: DenseProbeSettings | None = None) -> DenseProbeResult:
     """Segmentation or depth probe (by ``train.task``) per token layer, with and without CLS concatenated; what it
-    fits and how is ``settings`` (``DenseProbeSettings``; the module docstring says what is computed)."""
+    fits and how is ``settings`` (``DenseProbeSettings``; the module docstring says what is computed). With both
+    CLS settings, ``claims`` holds claim S3 judged per layer."""
     settings = settings or DenseProbeSettings()
     points = loss_points_of(settings.loss_points)
     resolution = check_bin_resolution(settings.bin_resolution)
     if train.task != eval_set.task:
         raise ValueError(f"train is a {train.task} set but eval a {eval_set.task} set")
+    task = train.task
     eigen_crop = eval_set.settings.get("eigen_crop", False) if settings.eigen_crop is None else settings.eigen_crop
     depth_range = {"min_depth": settings.min_depth, "max_depth": settings.max_depth}
-    wanted = parse_layers(layers, depth_of(model))
+    wanted = dense_layers(layers, depth_of(model))
     if not len(train) or not len(eval_set):
         raise ValueError(f"dense probes need training and evaluation images; got {len(train)} and {len(eval_set)}")
     one = train.subset(1)
     side = model_input(model, one.model_view(min(one.images[0].shape[-2:])), settings.img_size)[0]
-    head_options = {"num_classes": train.num_classes, "ignore_index": train.ignore_index, **depth_range,
-                    "epochs": settings.epochs, "lr": settings.lr, "batch_size": settings.batch_size,
-                    "seed": settings.seed, "device": settings.device, "loss_points": points,
-                    "with_cls": tuple(settings.with_cls), "bin_resolution": resolution}
     label = settings.label
     models = [(label, model)] + ([(label + RANDOM_SUFFIX, random_twin(model, settings.seed))]
                                  if settings.baseline else [])
@@ -205,33 +228,95 @@ def dense_probe(model: nn.Module, train: DenseDataset, eval_set: DenseDataset, l
         windows = (placements, shapes, side)
     feats = {name: [extract_features(backbone, view, wanted, **settings.feature_options())
                     for view in (fit_data.model_view(side), eval_view)] for name, backbone in models}
-    # the heads of both backbones train in one pass: the same batches and points (one seed), shared steps
-    heads = fit_heads({(name, layer): HeadInputs.of(feats[name][0][layer]) for name, _ in models for layer in wanted},
-                      fit_data.targets, train.task, **head_options)
-    rows = []
-    for ((name, layer), cls), head in sorted(heads.items()):
-        preds = iter_predictions(head, HeadInputs.of(feats[name][1][layer]), sizes, train.task, **depth_range,
-                                 device=settings.device, windows=windows, tile_values=settings.tile_values,
-                                 bin_resolution=resolution)
-        with threads_for(head.outputs * max(h * w for h, w in sizes), settings.device):  # one thread: small labels
-            scores = score_dense(preds, eval_set, eigen_crop=eigen_crop, **depth_range)
-        rows += _rows(name, layer, cls, scores, eval_set)
+    fit_inputs = {(name, layer): HeadInputs.of(feats[name][0][layer]) for name, _ in models for layer in wanted}
+    eval_inputs = {(name, layer): HeadInputs.of(feats[name][1][layer]) for name, _ in models for layer in wanted}
+    per_epoch = -(-len(fit_data) // settings.head_batch_size)
+    steps = steps_for(settings.steps, settings.epochs, per_epoch)
+    head_options = {"num_classes": train.num_classes, "ignore_index": train.ignore_index, **depth_range,
+                    "steps": steps, "batch_size": settings.head_batch_size, "device": settings.device,
+                    "loss_points": points, "with_cls": tuple(settings.with_cls), "bin_resolution": resolution,
+                    "progress": settings.progress}
+    predict_options = {**depth_range, "device": settings.device, "windows": windows,
+                       "tile_values": settings.tile_values, "bin_resolution": resolution}
+
+    def predict(head: DenseHead, inputs: HeadInputs, label_sizes: Sequence[tuple[int, int]]) -> Iterator[Tensor]:
+        return iter_predictions(head, inputs, label_sizes, task, **{**predict_options, "windows": None})
+
+    chosen = sweep(fit_inputs, fit_data.targets, task, settings.grid(), held_fraction=settings.held_fraction,
+                   options={**head_options, "seed": settings.seed}, predict=predict,
+                   depth_options={"crop": eigen_crop, **depth_range})
+    fitted = [fit_heads(fit_inputs, fit_data.targets, task, hyper=chosen.chosen, seed=settings.seed + s,
+                        **head_options) for s in range(settings.head_seeds)]
+    result = DenseProbeResult("segment" if task == "segmentation" else "depth", [], task=task)
+    for (name, layer), inputs in eval_inputs.items():
+        keys = [cls for cls in settings.with_cls if (name, layer, cls) in _keys(fitted[0])]
+        heads = [fitted[s][(name, layer), cls] for cls in keys for s in range(settings.head_seeds)]
+        outcome = _per_image(heads, inputs, eval_set, sizes, task, windows, predict_options, eigen_crop,
+                             depth_range)
+        for i, cls in enumerate(keys):
+            part = slice(i * settings.head_seeds, (i + 1) * settings.head_seeds)
+            if task == "segmentation":
+                result.per_image[name, layer, cls] = outcome[part]
+                result.rows += segment_rows(name, layer, cls, outcome[part], eval_set.classes)
+            else:
+                values = {metric: v[part] for metric, v in outcome[0].items()}
+                result.per_image[name, layer, cls] = (values, outcome[1])
+                result.rows += depth_rows(name, layer, cls, values, outcome[1])
     trivial = trivial_scores(train, eval_set, eigen_crop=eigen_crop, **depth_range)
     for layer in wanted:
-        rows += _rows(CHANCE, layer, None, trivial, eval_set)
-    return ProbeResult("segment" if train.task == "segmentation" else "depth", rows, {
-        "model": label, "layers": wanted, "with_cls": list(settings.with_cls), "epochs": settings.epochs,
-        "lr": settings.lr, "norm": settings.norm, "input_side": side, "train_images": len(train),
-        "eval_images": len(eval_set), "eigen_crop": eigen_crop, "depth_range": [settings.min_depth, settings.max_depth],
+        result.rows += _rows(CHANCE, layer, None, trivial, eval_set)
+    trainings = {f"{name} layer {layer}{' +CLS' if cls else ''}" + (f" seed {s}" if settings.head_seeds > 1 else ""):
+                 head.fit_summary for s, heads in enumerate(fitted) for ((name, layer), cls), head in heads.items()}
+    metric = "miou" if task == "segmentation" else "rmse"
+    result.settings = {
+        "model": label, "layers": wanted, "with_cls": list(settings.with_cls), "steps": steps,
+        "epochs": round(steps * settings.head_batch_size / len(fit_data), 2), "head_batch_size":
+        settings.head_batch_size, "head_seeds": settings.head_seeds, "seeds": [settings.seed + s for s in
+                                                                             range(settings.head_seeds)],
+        "sweep": {"lrs": list(settings.lrs), "weight_decays": list(settings.weight_decays),
+                  "held_fraction": settings.held_fraction, **chosen.as_dict()},
+        "norm": settings.norm, "input_side": side, "train_images": len(train), "eval_images": len(eval_set),
+        "eigen_crop": eigen_crop, "depth_range": [settings.min_depth, settings.max_depth],
         "bin_norm": DEFAULT_BIN_NORM, "seed": settings.seed, "dataset": eval_set.name,
-        **({"bin_resolution": resolution, "depth_head": _DEPTH_HEADS[resolution]} if train.task == "depth" else {}),
+        **({"bin_resolution": resolution, "depth_head": _DEPTH_HEADS[resolution]} if task == "depth" else {}),
         "loss_points": "full" if points is None else points,
         "loss": "full-resolution, every valid pixel" if points is None else
         f"{points} uniformly sampled valid pixels per image (unbiased estimate of the full-resolution loss; "
         "every pixel when no label has more)",
         "geometry": "whole image resized to the input side" if settings.size is None else
         f"short side {settings.size}, {settings.crops_per_image} random crop(s) of {side} px, sliding window stride "
-        f"{side * 2 // 3}"})
+        f"{side * 2 // 3}",
+        "heads": [{"head": name, **t.as_dict()} for name, t in trainings.items()],
+        "best": best_layer(result.rows, label, metric)}
+    result.settings["scores"] = score_intervals(result, settings.blocks)
+    late = not_converged_line(trainings)
+    result.settings["notes"] = [late] if late else []
+    if set(settings.with_cls) == {False, True}:
+        result.claims = cls_judgements(result, label, scope=default_scope(result, label), blocks=settings.blocks)
+    return result
+
+
+def _keys(heads: dict) -> set[tuple[Any, int, bool]]:
+    return {(name, layer, cls) for (name, layer), cls in heads}
+
+
+def _per_image(heads: list[DenseHead], inputs: HeadInputs, eval_set: DenseDataset, sizes: list[tuple[int, int]],
+               task: str, windows: Windows | None, predict_options: dict[str, Any], eigen_crop: bool,
+               depth_range: dict[str, float]) -> Any:
+    """Per-image outcomes of ``heads`` on the evaluation set: (heads, images, C, C) confusions, or depth errors
+    and scored pixel counts (``vitscope.probes.dense.evaluate``)."""
+    def predict(head: DenseHead) -> Iterator[Tensor]:
+        return iter_predictions(head, inputs, sizes, task, **predict_options)
+
+    if task == "segmentation":
+        if windows is None:
+            with threads_for(heads[0].outputs * max(h * w for h, w in sizes), predict_options["device"]):
+                return segment_confusions(heads, inputs, eval_set.targets, eval_set.num_classes,
+                                          eval_set.ignore_index, device=predict_options["device"],
+                                          tile_values=predict_options["tile_values"])
+        return segment_confusions_by_prediction(heads, predict, eval_set.targets, eval_set.num_classes,
+                                                eval_set.ignore_index)
+    return depth_values(heads, predict, eval_set.targets, crop=eigen_crop, **depth_range)
 
 
 _DEPTH_HEADS = {
