@@ -50,9 +50,9 @@ def register(commands) -> None:
     for sub in (linear, knn, tokens, pib, pca, segment, depth):
         add_common(sub, f"vitscope-probe-{sub.prog.split()[-1]}")  # the folder run_* writes without --out
         add_model_changes(sub)
-        sub.add_argument("--layers", default="last", help="token layers: last, all or e.g. 0,4,last "
-                                                          "(0 = embedding, l = output of block l); segment and "
-                                                          "depth default to spread: 5 layers from 0 to the last")
+        spread = ", spread (5 layers from 0 to the last)" if sub in (segment, depth) else ""
+        sub.add_argument("--layers", default="last", help=f"token layers: last, all{spread} or e.g. 0,4,last (0 = "
+                                                          "embedding, l = output of block l; default: %(default)s)")
         sub.add_argument("--no-norm", dest="norm", action="store_false",
                          help="read tokens before the final norm (default: after it)")
         sub.add_argument("--no-baseline", dest="baseline", action="store_false",
@@ -69,7 +69,8 @@ def register(commands) -> None:
                          help=f"optimiser steps of every head (default {DEFAULT_STEPS}; the loss is recorded and a "
                               "line says when it had not converged)")
         sub.add_argument("--epochs", type=positive_float, default=None,
-                         help="instead of --steps: passes over the training images")
+                         help="instead of --steps: passes over the training images (default: none, --steps "
+                              "decides)")
         sub.add_argument("--lr", type=_numbers(0.0, False), default=None, metavar="LR[,LR...]",
                          help="learning rates swept on a held-out part of the training split (default "
                               f"{','.join(f'{x:g}' for x in DEFAULT_LRS)}); one value and one --weight-decay: "
