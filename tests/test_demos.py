@@ -78,10 +78,11 @@ def test_a_trained_backbone_segments_the_demo_scenes_better_than_its_random_twin
         model = load(folder)
     sets = [load_dense("synthetic-texture", None, split, synthetic_images=n) for split, n in (("train", 128),
                                                                                               ("eval", 32))]
-    # 300 steps with the default learning-rate sweep, measured: mIoU 8.3 vs twin 5.1, chance 5.1 (8 epochs of 128
-    # images, 64 steps, left the sweep's twin at 6.4 and the trained backbone at 7.0)
-    result = dense_probe(model, *sets, "last", DenseProbeSettings(with_cls=(False,), steps=300, progress=False,
-                                                                  cache=False, label="trained"))
+    # 300 steps at one learning rate, measured: mIoU 8.1 vs twin 5.1, chance 5.1 (8 epochs of 128 images, 64 steps
+    # with the default sweep, left the twin at 6.4 and the trained backbone at 7.0)
+    result = dense_probe(model, *sets, "last", DenseProbeSettings(with_cls=(False,), steps=300, lrs=(1e-2,),
+                                                                  weight_decays=(1e-4,), progress=False, cache=False,
+                                                                  label="trained"))
     miou = {r["model"]: r["value"] for r in result.rows if r["metric"] == "miou"}
     assert miou["trained"] > miou["trained (random init)"] + 1.0, miou
     assert miou["trained"] > miou["chance"] + 1.0, miou

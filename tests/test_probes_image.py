@@ -47,6 +47,7 @@ def test_cls_pool_refused_on_a_model_without_cls():
                   ImageProbeSettings(cache=False, progress=False, baseline=False))
 
 
+@pytest.mark.real_model  # real photos at length: run apart with the real-model tests
 @pytest.mark.skipif(not CIFAR10.exists(), reason="real CIFAR-10 archive absent")
 def test_linear_and_knn_read_real_cifar10_above_chance():
     train = load_dataset("cifar10", CIFAR10, "train").subset(400, seed=0)

@@ -131,6 +131,7 @@ def test_report_renders_in_headless_chromium(finished_study, tmp_path):
     assert shot.is_file() and shot.stat().st_size > 20_000  # figures were decoded and painted
 
 
+@pytest.mark.real_model  # real photos at length (26 s): run apart with the real-model tests
 @pytest.mark.skipif(not (SHARED / "cifar10_jpg.tar.gz").exists(), reason="../shared/data is not present")
 def test_real_cifar10_images_tiny_run(tmp_path, monkeypatch):
     monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path / "cache"))
