@@ -41,17 +41,27 @@ def glibc() -> ctypes.CDLL | None:
 def freed_memory_kept() -> Iterator[bool]:
     """Within: large blocks come from glibc's heap and freed memory is kept there; yields whether that took.
     Process-wide while active (meant for the main thread's training loops)."""
-    if _state["active"] == 0:
-        libc = glibc()
-        _state["took"] = libc is not None and bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)) and bool(
-            libc.mallopt(_M_MMAP_MAX, 0))
-    _state["active"] += 1
+    with mallopt_while(_state, ((_M_TRIM_THRESHOLD, 2**31 - 1), (_M_MMAP_MAX, 0)),
+                       ((_M_MMAP_MAX, _DEFAULT_MMAP_MAX), (_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD))) as took:
+        yield took
+
+
+@contextmanager
+def mallopt_while(state: dict, settings: tuple[tuple[int, int], ...], restore: tuple[tuple[int, int], ...],
+                  allowed: bool = True) -> Iterator[bool]:
+    """Within: glibc's ``mallopt`` (parameter, value) ``settings``, process-wide, set by the outermost of the nested
+    contexts that share ``state`` (``{"active": 0, "took": False}``) when ``allowed``; on leaving the outermost,
+    ``restore`` is set and freed memory handed back (``malloc_trim``). Yields whether the settings took."""
+    if state["active"] == 0:
+        libc = glibc() if allowed else None
+        state["took"] = libc is not None and all(bool(libc.mallopt(parameter, value)) for parameter, value in settings)
+    state["active"] += 1
     try:
-        yield _state["took"]
+        yield state["took"]
     finally:
-        _state["active"] -= 1
-        if _state["active"] == 0 and _state["took"]:
+        state["active"] -= 1
+        if state["active"] == 0 and state["took"]:
             libc = glibc()
-            libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
-            libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
+            for parameter, value in restore:
+                libc.mallopt(parameter, value)
             libc.malloc_trim(0)

@@ -38,17 +38,8 @@ def _threshold_set_by_environment() -> bool:
 def freed_memory_returned() -> Iterator[bool]:
     """Within: blocks of 4 MiB and more are mapped on their own and returned when freed; yields whether that took.
     Process-wide while active."""
-    if _state["active"] == 0:
-        libc = kept.glibc() if kept.active() == 0 and not _threshold_set_by_environment() else None
-        _state["took"] = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, THRESHOLD)) and bool(
-            libc.mallopt(_M_TRIM_THRESHOLD, 2 * THRESHOLD))
-    _state["active"] += 1
-    try:
-        yield _state["took"]
-    finally:
-        _state["active"] -= 1
-        if _state["active"] == 0 and _state["took"]:
-            libc = kept.glibc()
-            libc.mallopt(_M_MMAP_THRESHOLD, _DEFAULT_MMAP_THRESHOLD)
-            libc.mallopt(_M_TRIM_THRESHOLD, kept._DEFAULT_TRIM_THRESHOLD)
-            libc.malloc_trim(0)
+    allowed = kept.active() == 0 and not _threshold_set_by_environment()
+    with kept.mallopt_while(_state, ((_M_MMAP_THRESHOLD, THRESHOLD), (_M_TRIM_THRESHOLD, 2 * THRESHOLD)),
+                            ((_M_MMAP_THRESHOLD, _DEFAULT_MMAP_THRESHOLD),
+                             (_M_TRIM_THRESHOLD, kept._DEFAULT_TRIM_THRESHOLD)), allowed) as took:
+        yield took
