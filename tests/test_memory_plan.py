@@ -175,3 +175,10 @@ def test_the_estimate_covers_a_measured_batch_without_wasting_much(work):
     measured = grown_and_estimate(work)
     grown, estimated = measured["grown"], 5 * measured["per_image"]
     assert grown <= estimated <= 2.5 * grown, (grown / 2**20, estimated / 2**20)
+
+
+def test_sizes_in_messages_never_read_zero():
+    """vit-micro's per-image share of a batch (a few hundred KB) was printed as '128 x 0 MB per image'."""
+    from vitscope.memory.budget import gigabytes
+
+    assert [gigabytes(b) for b in (4.4 * 2**30, 310 * 2**20, 0.38 * 2**20)] == ["4.4 GB", "310 MB", "0.38 MB"]

@@ -33,8 +33,11 @@ def parse_size(text: str, name: str = BUDGET_VARIABLE) -> int:
 
 
 def gigabytes(size: float) -> str:
-    """``size`` bytes as GB (binary, one decimal; MB below 1 GB), for messages: '4.4 GB', '310 MB'."""
-    return f"{size / 2**30:.1f} GB" if size >= 2**30 else f"{size / 2**20:.0f} MB"
+    """``size`` bytes as GB (binary, one decimal; MB below 1 GB, two significant digits below 10 MB), for messages:
+    '4.4 GB', '310 MB', '0.38 MB' (a tiny model's per-image share read '0 MB')."""
+    if size >= 2**30:
+        return f"{size / 2**30:.1f} GB"
+    return f"{size / 2**20:.0f} MB" if size >= 10 * 2**20 else f"{size / 2**20:.2g} MB"
 
 
 def available_memory() -> int | None:
