@@ -159,3 +159,14 @@ def test_a_one_class_folder_gets_no_class_top1_that_cannot_tell_a_model_from_cha
     with pytest.raises(ValueError, match="two or more classes.*'one-class' gives 1 and 1.*position,pixels"):
         probe_tokens(model, one_class, "0", probes=("class",), baseline=False, cache=False, progress=False,
                      fit_options=FAST)
+
+
+def test_an_empty_patch_group_gets_no_rows_instead_of_an_error(scenes):
+    """A model with no high-norm tokens (a random timm ViT in the registers demo) hands an empty group: its chance
+    level was 'a chance level needs examples on both sides (got 0 to fit and 0 held out)' and the demo exited 2."""
+    none = torch.zeros(len(scenes), 64, dtype=torch.bool)
+    rows = probe_tokens(create("vit-micro"), scenes, "0", probes=("position", "class"), patch_groups={"none": none},
+                        fit_options=FAST, baseline=False, cache=False, progress=False).rows
+    assert not [r for r in rows if r["group"] == "none"]
+    assert {r["group"] for r in rows} >= {"patch", "cls"}
+    assert {r["n"] for r in rows if r["group"] == "cls"} != {2}  # the empty group did not shrink the images

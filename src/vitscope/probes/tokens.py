@@ -284,6 +284,10 @@ def _probe_layer(prober: _Prober, features: LayerFeatures, name: str, patch_grou
             raise ValueError(f"patch mask {group!r} has shape {tuple(mask.shape)}; it must be (images, patches) = "
                              f"({n_images}, {n_patches}) for this dataset and model")
         masks[group] = mask
+    # a group with no token on the fitting or the held-out side (a model without high-norm tokens) has nothing to fit
+    # or score: it gets no rows, and does not shrink every group's common size (and the images) to 0
+    masks = {group: mask for group, mask in masks.items()
+             if int(mask[prober.fit].sum()) and int(mask[prober.held].sum())}
     picks = prober.samples(masks)
     images = _common_images(prober, picks)
     singles: dict[str, Tensor] = {}
