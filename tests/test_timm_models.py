@@ -389,3 +389,13 @@ def test_an_image_size_off_the_patch_grid_is_refused_before_anything_is_read(tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert "img_size=225 is not a multiple" in err[-1] and "224 or 238" in err[-1]
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_an_overlapping_patch_embedding_takes_any_size():
+    """PVT-v2 embeds with a padded 7 x 7 convolution at stride 4: 64 px is no multiple of 7 and is no grid error
+    (the size check refused it, and the registers demo exited 2 on its PVT-v2 model)."""
+    from vitscope.models.adapters.timm import check_timm_img_size
+
+    assert check_timm_img_size("pvt_v2_b0", 64, {}) == 64
+    with pytest.raises(ValueError, match="patch size 14"):
+        check_timm_img_size("vit_small_patch14_dinov2", 225, {})

@@ -56,8 +56,10 @@ def check_timm_img_size(name: str, img_size: int, overrides: dict[str, Any]) -> 
     probe = _build(name, dict(overrides), device="meta")
     embed = getattr(probe, "patch_embed", None) or getattr(probe, "embeds", None)
     patch = getattr(embed, "patch_size", None)
-    if patch is None:  # no patch embedding of timm's kind (PVT-v2 takes any size): nothing to check
-        return img_size
+    proj = getattr(embed, "proj", None)
+    overlapping = isinstance(proj, nn.Conv2d) and tuple(proj.stride) != tuple(proj.kernel_size)
+    if patch is None or overlapping:  # no patchify of timm's kind (PVT-v2's overlapping 7 x 7 convolution at stride
+        return img_size  # 4, padded, takes any size): nothing to check
     return check_img_size(img_size, int(patch[0] if isinstance(patch, tuple | list) else patch), f"timm:{name}")
 
 
