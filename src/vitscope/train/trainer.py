@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vitscope.run_folder import is_empty_but_lock, writer_lock
-from vitscope.train.checkpoint import CHECKPOINT_NAME, checkpoint_root
+from vitscope.train.checkpoint import latest_checkpoint
 from vitscope.train.config import TrainConfig
 from vitscope.train.distributed import setup_distributed
 from vitscope.train.engine import EpochHook, TrainingDiverged, TrainingInterrupted, run
@@ -71,5 +71,4 @@ def _refused_before_a_checkpoint(err: BaseException, run_dir: Path) -> bool:
     before its first checkpoint: its folder holds only a config and logs, nothing a resume could use."""
     if not isinstance(err, ValueError):  # divergence, interruption, a crash: their logs are kept
         return False
-    root = checkpoint_root(run_dir)
-    return not (root.is_dir() and any(CHECKPOINT_NAME.fullmatch(p.name) for p in root.iterdir()))
+    return latest_checkpoint(run_dir) is None
